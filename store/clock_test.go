@@ -1,0 +1,34 @@
+package store
+
+import (
+	"testing"
+	"time"
+)
+
+func TestWallClock(t *testing.T) {
+	c := NewWallClock()
+	before := time.Now().UnixNano()
+	a := c.Now()
+	if d := a - before; d < -int64(time.Second) || d > int64(time.Second) {
+		t.Fatalf("Now() = %d, time.Now() = %d", a, before)
+	}
+	prev := a
+	for i := range 1000 {
+		if i%100 == 0 {
+			c.Reanchor()
+		}
+		n := c.Now()
+		if n < prev {
+			t.Fatalf("clock went back: %d after %d", n, prev)
+		}
+		prev = n
+	}
+	// A wall clock stepped back (simulated by an anchor in the future)
+	// is not followed.
+	future := c.Now() + int64(time.Hour)
+	c.a.Store(&anchor{mono: time.Now(), wall: future})
+	c.Reanchor()
+	if n := c.Now(); n < future {
+		t.Fatalf("after reanchoring under a backward step Now() = %d, want ≥ %d", n, future)
+	}
+}

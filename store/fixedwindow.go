@@ -1,0 +1,95 @@
+package store
+
+import "time"
+
+// Fixed-window state: the window's end in Unix seconds in the high 32 bits,
+// the count of that window in the low 32 bits. Zero is the fresh state (a
+// window that ended in 1970). The end is compared modulo 2^32, which is
+// exact until 2106-02-07, and the count never exceeds MaxFixedWindowLimit,
+// so the low half is never all ones (see Tombstone).
+
+const nsPerSec = uint64(time.Second)
+
+// windowEnd returns now in whole seconds and the end, in Unix seconds, of
+// the window holding now. now is clamped to 0 or later.
+func windowEnd(r *Rule, now uint64) (nowSec, end uint64) {
+	w := uint64(r.period / time.Second)
+	nowSec = now / nsPerSec
+	return nowSec, (nowSec/w + 1) * w
+}
+
+// windowCount is the count s holds for the window ending at end.
+func windowCount(s, end uint64) uint64 {
+	if uint32(s>>32) != uint32(end) {
+		return 0
+	}
+	return s & 0xffffffff
+}
+
+func packWindow(end, count uint64) uint64 { return end<<32 | count }
+
+// TakeWindow applies cost at now (Unix nanoseconds) to the fixed window
+// whose state is s, returning the new state and the decision.
+//
+// The hit is allowed iff the window's count plus cost is at most the
+// limit (a limit of 0 denies everything, checks included). An allowed hit
+// adds cost to the count; a denied hit consumes nothing. Cost 0 checks
+// without consuming. ResetAfter is the time until the window ends, never
+// 0; a denied hit may retry when the window ends, or Never if cost exceeds
+// the limit.
+func TakeWindow(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
+	t := clampNow(now)
+	_, end := windowEnd(r, t)
+	count := windowCount(s, end)
+	d := Decision{Limit: r.limit, ResetAfter: time.Duration(end*nsPerSec - t)}
+	switch {
+	case r.limit > 0 && count <= r.limit && cost <= r.limit-count:
+		d.Allowed = true
+		if cost > 0 {
+			count += cost
+			s = packWindow(end, count)
+		}
+	case r.limit == 0 || cost > r.limit:
+		d.RetryAfter = Never
+	default:
+		d.RetryAfter = d.ResetAfter
+	}
+	if count < r.limit {
+		d.Remaining = r.limit - count
+	}
+	return s, d
+}
+
+// refundWindow rolls back an allowed take of cost made at now: the count
+// drops by cost if s still holds the window of that take. If the window
+// has turned since, the take no longer counts anywhere and nothing changes.
+// Counts are sums, so taking cost away again leaves exactly the count the
+// other hits of that window made: never more capacity than without the take.
+func refundWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
+	_, end := windowEnd(r, clampNow(now))
+	if uint32(s>>32) != uint32(end) {
+		return s
+	}
+	count := s & 0xffffffff
+	if cost >= count {
+		return packWindow(end, 0)
+	}
+	return packWindow(end, count-cost)
+}
+
+// saturateWindow consumes what is left of the window, up to cost.
+func saturateWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
+	_, end := windowEnd(r, clampNow(now))
+	count := windowCount(s, end)
+	if count >= r.limit || cost == 0 {
+		return s
+	}
+	return packWindow(end, count+min(cost, r.limit-count))
+}
+
+// freshWindow reports whether s holds no count for a window still open at
+// now (or later).
+func freshWindow(s uint64, now int64) bool {
+	nowSec := clampNow(now) / nsPerSec
+	return s&0xffffffff == 0 || uint64(uint32(s>>32)) <= uint64(uint32(nowSec))
+}

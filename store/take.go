@@ -1,0 +1,63 @@
+package store
+
+import "math"
+
+// Tombstone is a state no algorithm ever produces: a fixed-window count
+// never exceeds MaxFixedWindowLimit (< 2^32-1, so the low half is never
+// all ones) and a token bucket's TAT stays below 2^63 + 2^62 + 1. Stores
+// use it to mark a state as removed.
+const Tombstone uint64 = math.MaxUint64
+
+// clampNow treats instants before the Unix epoch as the epoch.
+func clampNow(now int64) uint64 {
+	if now < 0 {
+		return 0
+	}
+	return uint64(now)
+}
+
+// Take applies cost at now (Unix nanoseconds) to state s by the rule's
+// algorithm (TakeWindow or TakeTokens). The zero state is fresh.
+func Take(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
+	if r.alg == TokenBucket {
+		return TakeTokens(s, r, now, cost)
+	}
+	return TakeWindow(s, r, now, cost)
+}
+
+// Refund rolls back an allowed Take of cost made at now, given the state
+// s as it is now (other takes may have happened since). It never leaves
+// more capacity than the state had before that take.
+func Refund(s uint64, r *Rule, now int64, cost uint64) uint64 {
+	if r.alg == TokenBucket {
+		return refundTokens(s, r, cost)
+	}
+	return refundWindow(s, r, now, cost)
+}
+
+// Saturate is Take for a hit that is charged even when denied: if cost
+// does not fit, it consumes what is left (up to cost) and reports the
+// denial as seen from the drained state.
+func Saturate(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
+	n, d := Take(s, r, now, cost)
+	if d.Allowed {
+		return n, d
+	}
+	if r.alg == TokenBucket {
+		n = saturateTokens(s, r, now, cost)
+	} else {
+		n = saturateWindow(s, r, now, cost)
+	}
+	_, d = Take(n, r, now, cost)
+	return n, d
+}
+
+// Fresh reports whether state s at now equals the fresh state: a lapsed
+// or empty window, a full bucket. Dropping a fresh state changes no
+// decision at now or later.
+func Fresh(s uint64, r *Rule, now int64) bool {
+	if r.alg == TokenBucket {
+		return freshTokens(s, r, now)
+	}
+	return freshWindow(s, now)
+}
