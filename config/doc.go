@@ -1,0 +1,18 @@
+// Package config reads envoyproxy/ratelimit limits files, compiles them into
+// an immutable Table and matches request descriptors to rules.
+//
+// Load reads a file, or every *.yaml and *.yml file of a directory (dotfiles
+// and subdirectories are skipped), validates all of it and reports every
+// problem with its file, line and descriptor path. Table.Match walks a
+// descriptor down the compiled tree with map lookups only and appends the
+// rule's counter key to a caller's buffer; it allocates nothing else.
+//
+// A Reloader keeps the current Table behind an atomic pointer: Reload parses
+// everything, then swaps the pointer, so a request sees the old table or the
+// new one, never a mix; a bad config keeps the old table in force. Run
+// watches the config directory (not the files, so Kubernetes ConfigMap
+// symlink swaps are seen) and reloads after a short debounce.
+//
+// docs/CONFIG.md describes the file format, Sluice's extensions and the
+// counter key format.
+package config

@@ -1,0 +1,51 @@
+package config
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// ErrEmpty is wrapped by Load's error when a config directory holds no
+// limits files, so that a server can choose to start without a config.
+var ErrEmpty = errors.New("no *.yaml or *.yml files")
+
+// Error is one problem in a limits file.
+type Error struct {
+	File string // the file's path as Load read it
+	Line int    // 1-based; 0 when the problem is not tied to a line
+	Path string // the descriptor's path, e.g. "descriptors[2].descriptors[0]"; "" for the file's top level
+	Msg  string
+}
+
+// Error formats the problem as
+// `config: limits/api.yaml:14: descriptors[2]: unknown unit "fortnight"`.
+func (e Error) Error() string {
+	var b strings.Builder
+	b.WriteString("config: ")
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		b.WriteByte(':')
+		b.WriteString(strconv.Itoa(e.Line))
+	}
+	b.WriteString(": ")
+	if e.Path != "" {
+		b.WriteString(e.Path)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Errors is every problem Load found, in file order and, within a file, in
+// line order. Get it from Load's error with errors.As.
+type Errors []Error
+
+// Error lists every problem, one per line.
+func (es Errors) Error() string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,118 @@
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// DefaultMaxValueBytes is the longest key or value written into a counter
+// key as is; longer ones are replaced by a hash.
+const DefaultMaxValueBytes = 256
+
+// Counter keys look like
+//
+//	domain|key=value|key2=value2|fw:60s
+//	domain|key=value|tb:10/60s:20
+//
+// The domain comes first, then one key=value part per descriptor entry, then
+// the algorithm with its window (fw:<seconds>s) or, for a token bucket, its
+// rate, period and burst (tb:<rate>/<seconds>s:<burst>), because a bucket's
+// stored state is only meaningful for those parameters. '%', '|', '=' and
+// '#' inside the domain, keys and values are written as %25, %7C, %3D and
+// %23, so a key splits back unambiguously. A part longer than the maximum is
+// written as '#' and the first 16 bytes of its SHA-256 in hex.
+
+const hexDigits = "0123456789ABCDEF"
+
+// appendPart appends s escaped, or its hash when it is longer than max.
+func appendPart(dst []byte, s string, max int) []byte {
+	if len(s) > max {
+		// Hash in dst's own spare room: no allocation beyond growing dst.
+		start := len(dst)
+		dst = append(dst, s...)
+		sum := sha256.Sum256(dst[start:])
+		dst = append(dst[:start], '#')
+		return hex.AppendEncode(dst, sum[:16])
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', '|', '=', '#':
+			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
+func escapePart(s string, max int) string { return string(appendPart(nil, s, max)) }
+
+// keySuffix is the part of a rule's counter key after its entries.
+func keySuffix(r *Rule) string {
+	if r.Unlimited {
+		return "|unlimited"
+	}
+	secs := strconv.FormatInt(int64(r.Limit.Period()/time.Second), 10)
+	if r.Algorithm == store.TokenBucket {
+		return "|tb:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + secs + "s:" +
+			strconv.FormatUint(r.Limit.Burst(), 10)
+	}
+	return "|fw:" + secs + "s"
+}
+
+// OverrideKey appends the counter key for a descriptor's limit override:
+// the domain, the request's entries as sent and the override's unit, as a
+// fixed window. It is the key a rule matching the same entries exactly with
+// the same unit uses, as in envoyproxy/ratelimit. Parts longer than
+// DefaultMaxValueBytes are hashed.
+func OverrideKey(dst []byte, domain string, entries []Entry, unit Unit) []byte {
+	dst = appendPart(dst, domain, DefaultMaxValueBytes)
+	for _, e := range entries {
+		dst = append(dst, '|')
+		dst = appendPart(dst, e.Key, DefaultMaxValueBytes)
+		dst = append(dst, '=')
+		dst = appendPart(dst, e.Value, DefaultMaxValueBytes)
+	}
+	dst = append(dst, "|fw:"...)
+	dst = strconv.AppendInt(dst, int64(unit.Duration()/time.Second), 10)
+	return append(dst, 's')
+}
+
+// glob is a compiled wildcard value: '*' matches any run of bytes,
+// including none.
+type glob struct {
+	prefix, suffix string
+	middle         []string
+	min            int // the length of the literal parts
+}
+
+func compileGlob(pattern string) glob {
+	parts := strings.Split(pattern, "*")
+	g := glob{prefix: parts[0], suffix: parts[len(parts)-1], middle: parts[1 : len(parts)-1]}
+	for _, p := range parts {
+		g.min += len(p)
+	}
+	return g
+}
+
+// match reports whether s matches. Taking each middle part at its leftmost
+// place is enough: '*' is the only metacharacter.
+func (g *glob) match(s string) bool {
+	if len(s) < g.min || !strings.HasPrefix(s, g.prefix) || !strings.HasSuffix(s, g.suffix) {
+		return false
+	}
+	s = s[len(g.prefix) : len(s)-len(g.suffix)]
+	for _, m := range g.middle {
+		i := strings.Index(s, m)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(m):]
+	}
+	return true
+}

@@ -1,0 +1,646 @@
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// Limits that keep a hostile file (deep nesting, YAML alias bombs) from
+// exhausting the stack or the CPU.
+const (
+	maxDepth       = 64
+	maxDescriptors = 1 << 20 // per file, aliases expanded
+)
+
+// Load reads and compiles the limits files at path: a file, or every
+// *.yaml and *.yml file directly inside a directory. Dotfiles (Kubernetes'
+// ..data) and subdirectories are not read; symbolic links are followed. A
+// directory without limits files is an error wrapping ErrEmpty. A config
+// that does not validate returns Errors listing every problem of every
+// file.
+func Load(path string, opts Options) (*Table, error) {
+	files, err := listFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	srcs := make([]source, 0, len(files))
+	var readErrs Errors
+	for _, name := range files {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			readErrs = append(readErrs, Error{File: name, Msg: err.Error()})
+			continue
+		}
+		srcs = append(srcs, source{name: name, data: data})
+	}
+	return compile(srcs, opts, readErrs)
+}
+
+// source is one limits file's name and content.
+type source struct {
+	name string
+	data []byte
+}
+
+// compile builds a Table from files' contents; errs holds problems found
+// before parsing (unreadable files).
+func compile(srcs []source, opts Options, errs Errors) (*Table, error) {
+	l := &loader{opts: opts, max: opts.maxValueBytes(), domains: map[string]*domain{}, errs: errs}
+	h := sha256.New()
+	for _, src := range srcs {
+		base := filepath.Base(src.name)
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(base))))
+		h.Write([]byte(base))
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(src.data))))
+		h.Write(src.data)
+		l.file(src.name, src.data)
+	}
+	l.checkReplaces()
+	if len(l.errs) > 0 {
+		slices.SortStableFunc(l.errs, func(a, b Error) int {
+			if c := strings.Compare(a.File, b.File); c != 0 {
+				return c
+			}
+			return a.Line - b.Line
+		})
+		return nil, l.errs
+	}
+	t := &Table{domains: l.domains, max: l.max, hash: hex.EncodeToString(h.Sum(nil))}
+	for name := range l.domains {
+		t.names = append(t.names, name)
+	}
+	slices.Sort(t.names)
+	for _, name := range t.names {
+		t.rules = append(t.rules, l.domains[name].rules...)
+	}
+	return t, nil
+}
+
+// listFiles returns the files Load reads at path, sorted.
+func listFiles(path string) ([]string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if !fi.IsDir() {
+		return []string{path}, nil
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	var files []string
+	for _, e := range ents {
+		name := e.Name()
+		if ext := filepath.Ext(name); strings.HasPrefix(name, ".") || ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		p := filepath.Join(path, name)
+		st, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a dangling symlink, e.g. in the middle of a ConfigMap swap
+		}
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		if st.Mode().IsRegular() {
+			files = append(files, p)
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("config: %s: %w", path, ErrEmpty)
+	}
+	return files, nil
+}
+
+type loader struct {
+	opts    Options
+	max     int
+	errs    Errors
+	domains map[string]*domain
+	budget  int // descriptors left for the current file
+}
+
+func (l *loader) errorf(file string, line int, path, format string, args ...any) {
+	l.errs = append(l.errs, Error{File: file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// file parses one limits file into its domain.
+func (l *loader) file(name string, data []byte) {
+	l.budget = maxDescriptors
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if err == io.EOF {
+			l.errorf(name, 0, "", "file is empty; want a domain and descriptors")
+		} else {
+			l.syntaxError(name, err)
+		}
+		return
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case err == io.EOF:
+	case err != nil:
+		l.syntaxError(name, err)
+		return
+	case len(extra.Content) > 0 && extra.Content[0].ShortTag() != "!!null":
+		l.errorf(name, extra.Line, "", "a second YAML document; put each domain in its own file")
+		return
+	}
+	if len(doc.Content) == 0 {
+		l.errorf(name, 0, "", "file is empty; want a domain and descriptors")
+		return
+	}
+	root := resolve(doc.Content[0])
+	if root.Kind != yaml.MappingNode {
+		l.errorf(name, root.Line, "", "want a mapping with domain and descriptors, got %s", describe(root))
+		return
+	}
+	fields := l.fields(name, "", "", root, 0, "domain", "descriptors")
+	df, ok := fields["domain"]
+	if !ok {
+		l.errorf(name, root.Line, "", "missing domain")
+		return
+	}
+	dname, ok := l.str(name, "", "domain", df)
+	if !ok {
+		return
+	}
+	if dname == "" {
+		l.errorf(name, df.val.Line, "", "domain is empty")
+		return
+	}
+	d := l.domains[dname]
+	switch {
+	case d == nil:
+		d = &domain{part: escapePart(dname, l.max), root: &level{keys: map[string]*keyNodes{}}, file: name, line: df.val.Line}
+		l.domains[dname] = d
+	case !l.opts.MergeDomains:
+		l.errorf(name, df.val.Line, "", "domain %q is also defined at %s:%d (merge them with --merge-domains)", dname, d.file, d.line)
+		// Still validate the descriptors, into a domain of their own.
+		d = &domain{root: &level{keys: map[string]*keyNodes{}}}
+	}
+	if f, ok := fields["descriptors"]; ok {
+		l.descriptors(name, dname, d, d.root, f.val, "", "", 1)
+	}
+}
+
+// syntaxError reports a YAML parse error at the line yaml names, if any.
+func (l *loader) syntaxError(file string, err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if num, after, ok := strings.Cut(rest, ": "); ok {
+			if n, err := strconv.Atoi(num); err == nil {
+				line, msg = n, after
+			}
+		}
+	}
+	l.errorf(file, line, "", "invalid YAML: %s", msg)
+}
+
+// descriptors compiles the descriptor list n into lv. path is the list's
+// owner in error messages, stat its stats-key path.
+func (l *loader) descriptors(file, dname string, d *domain, lv *level, n *yaml.Node, path, stat string, depth int) {
+	n = resolve(n)
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.SequenceNode {
+		l.errorf(file, n.Line, path, "descriptors: want a list, got %s", describe(n))
+		return
+	}
+	if depth > maxDepth {
+		l.errorf(file, n.Line, path, "descriptors nested deeper than %d levels", maxDepth)
+		return
+	}
+	for i, item := range n.Content {
+		if l.budget--; l.budget < 0 {
+			if l.budget == -1 {
+				l.errorf(file, item.Line, path, "more than %d descriptors (recursive YAML aliases?)", maxDescriptors)
+			}
+			return
+		}
+		p := fmt.Sprintf("descriptors[%d]", i)
+		if path != "" {
+			p = path + "." + p
+		}
+		l.descriptor(file, dname, d, lv, resolve(item), p, stat, depth)
+	}
+}
+
+var descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
+	"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
+
+func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.Node, path, stat string, depth int) {
+	if n.Kind != yaml.MappingNode {
+		l.errorf(file, n.Line, path, "want a descriptor (a mapping with a key), got %s", describe(n))
+		return
+	}
+	fields := l.fields(file, path, "", n, 0, descriptorFields...)
+	var key, value string
+	keyOK := false
+	if f, ok := fields["key"]; !ok {
+		l.errorf(file, n.Line, path, "descriptor has no key")
+	} else if key, keyOK = l.str(file, path, "key", f); keyOK && key == "" {
+		l.errorf(file, f.val.Line, path, "descriptor has an empty key")
+		keyOK = false
+	}
+	valueOK := true
+	if f, ok := fields["value"]; ok {
+		value, valueOK = l.str(file, path, "value", f)
+	}
+	flag := func(name string) bool {
+		f, ok := fields[name]
+		if !ok {
+			return false
+		}
+		b, _ := l.bool(file, path, name, f)
+		return b
+	}
+	nd := &node{file: file, line: n.Line}
+	seg := key
+	if value != "" {
+		seg += "_" + value
+	}
+	if stat != "" {
+		seg = stat + "." + seg
+	}
+	wildcard := strings.Contains(value, "*")
+	if flag("share_threshold") {
+		if wildcard {
+			nd.pattern = escapePart(value, l.max)
+		} else {
+			l.errorf(file, fields["share_threshold"].key.Line, path, "share_threshold needs a wildcard value (with '*'), got %s", quoteOrNone(value))
+		}
+	}
+	if wildcard {
+		nd.glob = compileGlob(value)
+	}
+	if f, ok := fields["rate_limit"]; ok {
+		nd.rule = l.rateLimit(file, dname, path, seg, n.Line, f, flags{
+			shadow:        flag("shadow_mode"),
+			detailed:      flag("detailed_metric"),
+			valueToMetric: flag("value_to_metric"),
+			quota:         flag("quota_mode"),
+		})
+		if nd.rule != nil {
+			d.rules = append(d.rules, nd.rule)
+		}
+	} else {
+		for _, name := range []string{"shadow_mode", "detailed_metric", "value_to_metric", "quota_mode"} {
+			flag(name) // type-check flags that have no rule to act on, as the reference accepts them
+		}
+	}
+	if f, ok := fields["descriptors"]; ok {
+		nd.children = &level{keys: map[string]*keyNodes{}}
+		l.descriptors(file, dname, d, nd.children, f.val, path, seg, depth+1)
+		if len(nd.children.keys) == 0 {
+			nd.children = nil
+		}
+	}
+	if !keyOK || !valueOK {
+		return
+	}
+	kn := lv.keys[key]
+	if kn == nil {
+		kn = &keyNodes{part: "|" + escapePart(key, l.max) + "=", exact: map[string]*node{}}
+		lv.keys[key] = kn
+	}
+	prev := kn.def
+	if value != "" {
+		prev = kn.exact[value]
+	}
+	if prev != nil {
+		if value == "" {
+			l.errorf(file, n.Line, path, "duplicate descriptor: key %q without value is also defined at %s:%d", key, prev.file, prev.line)
+		} else {
+			l.errorf(file, n.Line, path, "duplicate descriptor: key %q value %q is also defined at %s:%d", key, value, prev.file, prev.line)
+		}
+		return
+	}
+	if value == "" {
+		kn.def = nd
+		return
+	}
+	kn.exact[value] = nd
+	if wildcard {
+		kn.wild = append(kn.wild, nd)
+	}
+}
+
+type flags struct{ shadow, detailed, valueToMetric, quota bool }
+
+var rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst"}
+
+// rateLimit compiles a rate_limit block; nil if it is null or invalid.
+func (l *loader) rateLimit(file, dname, path, stat string, line int, f field, fl flags) *Rule {
+	n := f.val
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		l.errorf(file, n.Line, path, "rate_limit: want a mapping, got %s", describe(n))
+		return nil
+	}
+	nerr := len(l.errs)
+	fields := l.fields(file, path, " in rate_limit", n, 0, rateLimitFields...)
+	r := &Rule{Domain: dname, Path: stat, File: file, Line: line, Algorithm: store.FixedWindow,
+		ShadowMode: fl.shadow, DetailedMetric: fl.detailed, ValueToMetric: fl.valueToMetric, QuotaMode: fl.quota}
+	if f, ok := fields["unlimited"]; ok {
+		r.Unlimited, _ = l.bool(file, path, "unlimited", f)
+	}
+	if f, ok := fields["name"]; ok {
+		r.Name, _ = l.str(file, path, "name", f)
+	}
+	unitField, hasUnit := fields["unit"]
+	unit := ""
+	if hasUnit {
+		unit, hasUnit = l.str(file, path, "unit", unitField)
+		hasUnit = hasUnit && unit != ""
+	}
+	switch {
+	case r.Unlimited && hasUnit:
+		l.errorf(file, unitField.key.Line, path, "an unlimited rate_limit takes no unit")
+	case r.Unlimited:
+	case !hasUnit:
+		l.errorf(file, n.Line, path, "rate_limit has no unit")
+	default:
+		u, err := ParseUnit(unit)
+		if err != nil {
+			l.errorf(file, unitField.val.Line, path, "%v", err)
+		}
+		r.Unit = u
+	}
+	if f, ok := fields["requests_per_unit"]; ok {
+		if v, ok := l.uint(file, path, "requests_per_unit", f); ok {
+			if v > math.MaxUint32 {
+				l.errorf(file, f.val.Line, path, "requests_per_unit: %d exceeds %d", v, uint64(math.MaxUint32))
+			}
+			r.RequestsPerUnit = uint32(v)
+		}
+	}
+	if f, ok := fields["algorithm"]; ok {
+		a, _ := l.str(file, path, "algorithm", f)
+		switch {
+		case r.Unlimited:
+			l.errorf(file, f.key.Line, path, "an unlimited rate_limit takes no algorithm")
+		case a == "fixed_window":
+		case a == "token_bucket":
+			r.Algorithm = store.TokenBucket
+		default:
+			l.errorf(file, f.val.Line, path, "unknown algorithm %q (want fixed_window or token_bucket)", a)
+		}
+	}
+	r.Burst = uint64(r.RequestsPerUnit)
+	if f, ok := fields["burst"]; ok {
+		switch v, ok := l.uint(file, path, "burst", f); {
+		case !ok:
+		case r.Algorithm != store.TokenBucket:
+			l.errorf(file, f.key.Line, path, "burst needs algorithm: token_bucket")
+		default:
+			r.Burst = v
+		}
+	}
+	if f, ok := fields["replaces"]; ok {
+		r.Replaces = l.replaces(file, path, r.Name, f.val)
+	}
+	if len(l.errs) > nerr {
+		return nil
+	}
+	if !r.Unlimited {
+		var err error
+		if r.Algorithm == store.TokenBucket {
+			r.Limit, err = store.NewTokenBucket(uint64(r.RequestsPerUnit), r.Unit.Duration(), r.Burst)
+		} else {
+			r.Limit, err = store.NewFixedWindow(uint64(r.RequestsPerUnit), r.Unit.Duration())
+		}
+		if err != nil {
+			l.errorf(file, n.Line, path, "rate_limit: %s", strings.TrimPrefix(err.Error(), "store: "))
+			return nil
+		}
+	}
+	r.suffix = keySuffix(r)
+	return r
+}
+
+func (l *loader) replaces(file, path, self string, n *yaml.Node) []string {
+	n = resolve(n)
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		l.errorf(file, n.Line, path, "replaces: want a list of {name: ...}, got %s", describe(n))
+		return nil
+	}
+	var names []string
+	for i, item := range n.Content {
+		item = resolve(item)
+		if item.Kind != yaml.MappingNode {
+			l.errorf(file, item.Line, path, "replaces[%d]: want {name: ...}, got %s", i, describe(item))
+			continue
+		}
+		fields := l.fields(file, path, fmt.Sprintf(" in replaces[%d]", i), item, 0, "name")
+		name := ""
+		if f, ok := fields["name"]; ok {
+			name, _ = l.str(file, path, fmt.Sprintf("replaces[%d].name", i), f)
+		}
+		switch {
+		case name == "":
+			l.errorf(file, item.Line, path, "replaces[%d] has an empty name", i)
+		case name == self:
+			l.errorf(file, item.Line, path, "replaces[%d] names the rule itself (%q)", i, name)
+		default:
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// checkReplaces reports replaces that name no rule of their domain.
+func (l *loader) checkReplaces() {
+	for dname, d := range l.domains {
+		named := map[string]bool{}
+		for _, r := range d.rules {
+			named[r.Name] = true
+		}
+		for _, r := range d.rules {
+			for _, name := range r.Replaces {
+				if !named[name] {
+					l.errorf(r.File, r.Line, "", "rule %s replaces %q, but no rule of domain %q has that name", r.Path, name, dname)
+				}
+			}
+		}
+	}
+}
+
+// field is one key: value pair of a mapping.
+type field struct{ key, val *yaml.Node }
+
+// fields indexes mapping n's fields and reports unknown and repeated ones.
+// YAML merge keys (<<: *anchor) are expanded; explicit fields win.
+func (l *loader) fields(file, path, where string, n *yaml.Node, depth int, allowed ...string) map[string]field {
+	m := map[string]field{}
+	var merged []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), n.Content[i+1]
+		if k.ShortTag() == "!!merge" {
+			merged = append(merged, resolve(v))
+			continue
+		}
+		if k.Kind != yaml.ScalarNode {
+			l.errorf(file, k.Line, path, "field names must be strings, got %s%s", describe(k), where)
+			continue
+		}
+		if !slices.Contains(allowed, k.Value) {
+			l.errorf(file, k.Line, path, "unknown field %q%s", k.Value, where)
+			continue
+		}
+		if prev, dup := m[k.Value]; dup {
+			l.errorf(file, k.Line, path, "field %q given twice (first at line %d)", k.Value, prev.key.Line)
+			continue
+		}
+		m[k.Value] = field{key: k, val: v}
+	}
+	if depth > maxDepth {
+		return m
+	}
+	for _, v := range merged {
+		var maps []*yaml.Node
+		switch v.Kind {
+		case yaml.MappingNode:
+			maps = []*yaml.Node{v}
+		case yaml.SequenceNode:
+			for _, c := range v.Content {
+				maps = append(maps, resolve(c))
+			}
+		}
+		for _, mm := range maps {
+			if mm.Kind != yaml.MappingNode {
+				l.errorf(file, mm.Line, path, "a merge key (<<) needs a mapping, got %s", describe(mm))
+				continue
+			}
+			for name, f := range l.fields(file, path, where, mm, depth+1, allowed...) {
+				if _, set := m[name]; !set {
+					m[name] = f
+				}
+			}
+		}
+	}
+	return m
+}
+
+// str reads a scalar as a string, as yaml.v2 does for string fields: any
+// scalar's text, null as "".
+func (l *loader) str(file, path, name string, f field) (string, bool) {
+	v := resolve(f.val)
+	if isNull(v) {
+		return "", true
+	}
+	if v.Kind == yaml.ScalarNode {
+		return v.Value, true
+	}
+	l.errorf(file, v.Line, path, "%s: want a string, got %s", name, describe(v))
+	return "", false
+}
+
+// bool reads a YAML 1.1 boolean (true/false, yes/no, on/off, y/n), which
+// is what envoyproxy/ratelimit's yaml.v2 accepts. Null is false.
+func (l *loader) bool(file, path, name string, f field) (bool, bool) {
+	v := resolve(f.val)
+	if isNull(v) {
+		return false, true
+	}
+	if v.Kind == yaml.ScalarNode && v.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+		switch v.Value {
+		case "true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON", "y", "Y":
+			return true, true
+		case "false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF", "n", "N":
+			return false, true
+		}
+	}
+	l.errorf(file, v.Line, path, "%s: want true or false, got %s", name, describe(v))
+	return false, false
+}
+
+// uint reads a non-negative integer in YAML's forms (1000, 1_000, 0x3e8,
+// 0o1750). Null is 0.
+func (l *loader) uint(file, path, name string, f field) (uint64, bool) {
+	v := resolve(f.val)
+	if isNull(v) {
+		return 0, true
+	}
+	if v.Kind == yaml.ScalarNode && v.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+		s := strings.TrimPrefix(strings.ReplaceAll(v.Value, "_", ""), "+")
+		if s != "" && s[0] != '-' && s[0] != '+' {
+			n, err := strconv.ParseUint(s, 0, 64)
+			if err == nil {
+				return n, true
+			}
+			if errors.Is(err, strconv.ErrRange) {
+				l.errorf(file, v.Line, path, "%s: %s is out of range", name, v.Value)
+				return 0, false
+			}
+		}
+	}
+	l.errorf(file, v.Line, path, "%s: want a non-negative integer, got %s", name, describe(v))
+	return 0, false
+}
+
+// resolve follows aliases to the node they name.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < maxDepth; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" || n.Kind == 0
+}
+
+// describe names a node's kind for error messages, quoting scalars.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if isNull(n) {
+			return "null"
+		}
+		return strconv.Quote(n.Value)
+	case yaml.AliasNode:
+		return "an unresolved alias"
+	}
+	return "nothing"
+}
+
+func quoteOrNone(s string) string {
+	if s == "" {
+		return "no value"
+	}
+	return strconv.Quote(s)
+}

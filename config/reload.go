@@ -1,0 +1,182 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// DefaultDebounce is how long Run waits after the last change in the config
+// directory before it reloads, so that an editor's or kubelet's burst of
+// events causes one reload.
+const DefaultDebounce = 100 * time.Millisecond
+
+// ReloadStatus describes the reload history, for health checks and metrics.
+type ReloadStatus struct {
+	LastOK      bool      // whether the last attempt succeeded
+	LastError   error     // the last attempt's error; nil if it succeeded
+	Successes   uint64    // attempts that loaded a valid config
+	Failures    uint64    // attempts that kept the old table
+	LastSuccess time.Time // the zero time before the first success
+	Hash        string    // Table.Hash of the table in force; "" if none
+}
+
+// Reloader holds the current Table and replaces it when the config changes.
+// Its methods are safe for concurrent use.
+type Reloader struct {
+	path     string
+	opts     Options
+	log      *slog.Logger
+	debounce time.Duration
+
+	cur atomic.Pointer[Table]
+
+	mu     sync.Mutex // serialises reloads; guards status and hooks
+	status ReloadStatus
+	hooks  []func(*Table, error)
+}
+
+// NewReloader loads the config at path once and returns a Reloader for it.
+// The Reloader is returned even when the load fails, together with the
+// error (which wraps ErrEmpty for an empty directory): a server that allows
+// starting without a config runs it and waits for a first good load;
+// Current is nil until then.
+func NewReloader(path string, opts Options, logger *slog.Logger) (*Reloader, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Reloader{path: path, opts: opts, log: logger, debounce: DefaultDebounce}
+	return r, r.Reload()
+}
+
+// Current returns the table in force: one atomic load. It is nil only
+// before a first successful load.
+func (r *Reloader) Current() *Table { return r.cur.Load() }
+
+// Status reports the reload history.
+func (r *Reloader) Status() ReloadStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status
+}
+
+// OnReload registers fn to be called after every reload attempt with the
+// table in force afterwards and the attempt's error (nil on success). Hooks
+// run one at a time, in the reloading goroutine; they must not call Reload.
+// Register them before Run.
+func (r *Reloader) OnReload(fn func(*Table, error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hooks = append(r.hooks, fn)
+}
+
+// Reload parses the whole config and, if it is valid, swaps it in with one
+// pointer store. On failure the old table stays in force and the error,
+// listing every problem, is logged and returned. A config whose files are
+// unchanged keeps the current table (and its counters' keys) as it is.
+func (r *Reloader) Reload() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t, err := Load(r.path, r.opts)
+	cur := r.cur.Load()
+	if err != nil {
+		r.status.LastOK, r.status.LastError = false, err
+		r.status.Failures++
+		r.logError(err, cur != nil)
+	} else {
+		if cur == nil || cur.Hash() != t.Hash() {
+			r.cur.Store(t)
+			r.log.Info("config loaded", "path", r.path, "domains", len(t.Domains()), "rules", len(t.Rules()), "hash", t.Hash())
+		}
+		cur = r.cur.Load()
+		r.status.LastOK, r.status.LastError = true, nil
+		r.status.Successes++
+		r.status.LastSuccess = time.Now()
+		r.status.Hash = cur.Hash()
+	}
+	for _, fn := range r.hooks {
+		fn(cur, err)
+	}
+	return err
+}
+
+func (r *Reloader) logError(err error, kept bool) {
+	msg := "config not loaded"
+	if kept {
+		msg = "config not reloaded; the previous config stays in force"
+	}
+	var es Errors
+	if !errors.As(err, &es) {
+		r.log.Error(msg, "path", r.path, "err", err)
+		return
+	}
+	for _, e := range es {
+		r.log.Error(msg, "file", e.File, "line", e.Line, "descriptor", e.Path, "err", e.Msg)
+	}
+}
+
+// Run watches the config directory (a file's parent directory) and reloads
+// after changes settle, until ctx is done. Watching the directory rather
+// than the files sees edits, added and removed files, and the Kubernetes
+// ConfigMap swap of the ..data symlink. Run returns nil when ctx is done,
+// or an error if it cannot watch.
+func (r *Reloader) Run(ctx context.Context) error {
+	dir := r.path
+	if fi, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("config: watch: %w", err)
+	} else if !fi.IsDir() {
+		dir = filepath.Dir(dir)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("config: watch: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("config: watch %s: %w", dir, err)
+	}
+	// Reload once things have been quiet for the debounce time, or at the
+	// latest ten debounce times after the first event of a burst.
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var first time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			r.log.Debug("config change", "event", ev.String())
+			now := time.Now()
+			if first.IsZero() {
+				first = now
+			}
+			wait := r.debounce
+			if deadline := first.Add(10 * r.debounce); now.Add(wait).After(deadline) {
+				wait = max(deadline.Sub(now), 0)
+			}
+			timer.Reset(wait)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			r.log.Warn("config watch", "err", err)
+			// Events may have been lost (queue overflow): reload to be sure.
+			timer.Reset(r.debounce)
+		case <-timer.C:
+			first = time.Time{}
+			_ = r.Reload() // logged and counted; the old table stays
+		}
+	}
+}

@@ -1,0 +1,222 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// Entry is one key/value pair of a request descriptor.
+type Entry struct{ Key, Value string }
+
+// Options adjust Load. The zero value means the defaults.
+type Options struct {
+	// MergeDomains lets several files define the same domain; their
+	// descriptors are merged (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+	// Without it a domain defined twice is an error.
+	MergeDomains bool
+	// MaxValueBytes is the longest key or value a counter key holds as is;
+	// longer ones are hashed. 0 means DefaultMaxValueBytes.
+	MaxValueBytes int
+}
+
+func (o Options) maxValueBytes() int {
+	if o.MaxValueBytes <= 0 {
+		return DefaultMaxValueBytes
+	}
+	return o.MaxValueBytes
+}
+
+// Rule is one compiled rate_limit. It is immutable.
+type Rule struct {
+	Domain string
+	// Name is rate_limit.name, "" if none.
+	Name string
+	// Path is the rule's place in the config in envoyproxy/ratelimit's
+	// stats-key convention: each level's key, or key_value when the
+	// descriptor has a value, joined by dots ("remote_address",
+	// "key1_value1.key2"). Domain + "." + Path is the reference's stats key.
+	Path            string
+	Unit            Unit
+	RequestsPerUnit uint32
+	// Algorithm is store.FixedWindow unless rate_limit.algorithm says
+	// token_bucket (a Sluice extension).
+	Algorithm store.Algorithm
+	// Burst is a token bucket's capacity (rate_limit.burst, default
+	// RequestsPerUnit); for a fixed window it equals RequestsPerUnit.
+	Burst     uint64
+	Unlimited bool
+	// ShadowMode, DetailedMetric, ValueToMetric and QuotaMode are the
+	// flags of the descriptor that carries the rate_limit.
+	ShadowMode     bool
+	DetailedMetric bool
+	ValueToMetric  bool
+	QuotaMode      bool
+	// Replaces lists the names of rules this rule's match drops.
+	Replaces []string
+	// Limit is the compiled store rule; nil when Unlimited.
+	Limit *store.Rule
+	// File and Line locate the descriptor that defines the rule.
+	File string
+	Line int
+
+	suffix string // the end of the counter key, see keySuffix
+}
+
+// String describes the rule in one line for logs and `sluice check`.
+func (r *Rule) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s.%s: ", r.Domain, r.Path)
+	switch {
+	case r.Unlimited:
+		b.WriteString("unlimited")
+	case r.Algorithm == store.TokenBucket:
+		fmt.Fprintf(&b, "%d/%s token_bucket burst %d", r.RequestsPerUnit, r.Unit, r.Burst)
+	default:
+		fmt.Fprintf(&b, "%d/%s fixed_window", r.RequestsPerUnit, r.Unit)
+	}
+	if r.Name != "" {
+		fmt.Fprintf(&b, " name=%s", r.Name)
+	}
+	if len(r.Replaces) > 0 {
+		fmt.Fprintf(&b, " replaces=%s", strings.Join(r.Replaces, ","))
+	}
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{r.ShadowMode, "shadow_mode"}, {r.QuotaMode, "quota_mode"}, {r.DetailedMetric, "detailed_metric"}, {r.ValueToMetric, "value_to_metric"}} {
+		if f.on {
+			b.WriteString(" " + f.name)
+		}
+	}
+	return b.String()
+}
+
+// node is one descriptor of the compiled tree.
+type node struct {
+	rule     *Rule  // nil when the descriptor has no rate_limit
+	children *level // nil when it has no nested descriptors
+	// pattern is the escaped wildcard value written into counter keys
+	// instead of the request's value (share_threshold); "" otherwise.
+	pattern string
+	glob    glob
+	file    string
+	line    int
+}
+
+// level is one list of descriptors, indexed by key.
+type level struct {
+	keys map[string]*keyNodes
+}
+
+// keyNodes are the descriptors of one key at one level.
+type keyNodes struct {
+	part  string           // "|" + escaped key + "=", the key's counter-key part
+	exact map[string]*node // by value, wildcard values included (literal match first)
+	wild  []*node          // wildcard values in file order
+	def   *node            // the key-only descriptor
+}
+
+type domain struct {
+	part  string // the escaped domain
+	root  *level
+	file  string // where it was first defined
+	line  int
+	rules []*Rule
+}
+
+// Table is a compiled config. It is immutable and safe for concurrent use.
+type Table struct {
+	domains map[string]*domain
+	names   []string
+	rules   []*Rule
+	hash    string
+	max     int
+}
+
+// HasDomain reports whether the config defines domain.
+func (t *Table) HasDomain(name string) bool { return t.domains[name] != nil }
+
+// Domains lists the configured domains in sorted order.
+func (t *Table) Domains() []string { return slices.Clone(t.names) }
+
+// Rules lists every rule, by domain and then in file order.
+func (t *Table) Rules() []*Rule { return slices.Clone(t.rules) }
+
+// Hash is a SHA-256 (hex) of the loaded files' names and contents.
+func (t *Table) Hash() string { return t.hash }
+
+// String lists the rules like envoyproxy/ratelimit's /rlconfig endpoint,
+// one per line, with Sluice's algorithm and burst when not the default.
+func (t *Table) String() string {
+	var b strings.Builder
+	for _, r := range t.rules {
+		unit := strings.ToUpper(r.Unit.String())
+		fmt.Fprintf(&b, "%s.%s: unit=%s requests_per_unit=%d, shadow_mode: %t", r.Domain, r.Path, unit, r.RequestsPerUnit, r.ShadowMode)
+		if r.Unlimited {
+			b.WriteString(", unlimited: true")
+		}
+		if r.Algorithm == store.TokenBucket {
+			fmt.Fprintf(&b, ", algorithm: token_bucket, burst: %d", r.Burst)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// Match finds the rule for one request descriptor and appends its counter
+// key to dst. Each entry, in order, picks the descriptor with the same key
+// and value, else the first wildcard value (file order) that matches, else
+// the descriptor with the key only; there is no backtracking. The rule
+// applies only if its descriptor is reached at the last entry.
+//
+// rule is nil when no rule applies (unknown domain, no entries, no match,
+// or the level rule); key is then dst unchanged. Match allocates nothing
+// beyond growing dst.
+func (t *Table) Match(domainName string, entries []Entry, dst []byte) (rule *Rule, key []byte) {
+	d := t.domains[domainName]
+	if d == nil || len(entries) == 0 {
+		return nil, dst
+	}
+	key = append(dst, d.part...)
+	lv := d.root
+	for i, e := range entries {
+		if lv == nil {
+			return nil, dst
+		}
+		kn := lv.keys[e.Key]
+		if kn == nil {
+			return nil, dst
+		}
+		n := kn.exact[e.Value]
+		if n == nil {
+			for _, w := range kn.wild {
+				if w.glob.match(e.Value) {
+					n = w
+					break
+				}
+			}
+		}
+		if n == nil {
+			if n = kn.def; n == nil {
+				return nil, dst
+			}
+		}
+		key = append(key, kn.part...)
+		if n.pattern != "" {
+			key = append(key, n.pattern...)
+		} else {
+			key = appendPart(key, e.Value, t.max)
+		}
+		if i == len(entries)-1 {
+			rule = n.rule
+		}
+		lv = n.children
+	}
+	if rule == nil {
+		return nil, dst
+	}
+	return rule, append(key, rule.suffix...)
+}
