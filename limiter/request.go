@@ -1,0 +1,187 @@
+package limiter
+
+import (
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/store"
+)
+
+// Request is one rate-limit question in protocol-neutral form. Adapters
+// fill it from their wire messages; a Request may be reused after Reset.
+type Request struct {
+	Domain      string
+	Descriptors []Descriptor
+	// HitsAddend is the cost of every descriptor that has no cost of its
+	// own. Zero means 1, as in Envoy's RateLimitRequest.
+	HitsAddend uint64
+}
+
+// Reset empties r for reuse, keeping its descriptors' capacity.
+func (r *Request) Reset() {
+	for i := range r.Descriptors {
+		e := r.Descriptors[i].Entries
+		clear(e) // drop references to the last request's strings
+		r.Descriptors[i] = Descriptor{Entries: e[:0]}
+	}
+	r.Domain, r.Descriptors, r.HitsAddend = "", r.Descriptors[:0], 0
+}
+
+// AddDescriptor appends an empty descriptor and returns it. The
+// descriptor's Entries keep the capacity of an earlier use of r.
+func (r *Request) AddDescriptor() *Descriptor {
+	if len(r.Descriptors) < cap(r.Descriptors) {
+		r.Descriptors = r.Descriptors[:len(r.Descriptors)+1]
+	} else {
+		r.Descriptors = append(r.Descriptors, Descriptor{})
+	}
+	d := &r.Descriptors[len(r.Descriptors)-1]
+	d.Entries = d.Entries[:0]
+	return d
+}
+
+// Descriptor is an ordered list of entries with an optional cost and an
+// optional limit override.
+type Descriptor struct {
+	Entries []config.Entry
+	// Cost, when HasCost, replaces the request's HitsAddend for this
+	// descriptor; zero checks without consuming.
+	Cost    uint64
+	HasCost bool
+	// Override, when set (Unit != 0), replaces the matched rule by a
+	// fixed window of RequestsPerUnit per Unit.
+	Override Override
+}
+
+// Override is a limit carried by the request itself (Envoy's
+// RateLimitDescriptor.limit).
+type Override struct {
+	RequestsPerUnit uint32
+	Unit            config.Unit
+}
+
+// Code is a descriptor's or a request's outcome. Its values equal Envoy's
+// RateLimitResponse.Code; there is no UNKNOWN.
+type Code int32
+
+const (
+	OK        Code = 1
+	OverLimit Code = 2
+)
+
+// String returns "OK" or "OVER_LIMIT".
+func (c Code) String() string {
+	if c == OverLimit {
+		return "OVER_LIMIT"
+	}
+	return "OK"
+}
+
+// Status is the outcome for one descriptor.
+type Status struct {
+	Code Code
+	// Rule is the matched rule, nil when none applied (no match, unknown
+	// domain, replaced) or when an override applied.
+	Rule *config.Rule
+	// Limited reports that a limit was counted (a rule or an override),
+	// so Decision, RequestsPerUnit and Unit are meaningful.
+	Limited bool
+	// Unlimited reports a rule with `unlimited: true`.
+	Unlimited bool
+	// Name, RequestsPerUnit and Unit describe the limit in Envoy's terms:
+	// for a token bucket RequestsPerUnit is the refill per Unit.
+	Name            string
+	RequestsPerUnit uint32
+	Unit            config.Unit
+	// Decision is the store's answer. For a rule in shadow mode it keeps
+	// Allowed=false when the rule was exceeded although Code is OK.
+	Decision store.Decision
+}
+
+// Remaining is Envoy's limit_remaining: requests or whole tokens left,
+// saturated to uint32; 4294967295 for an unlimited rule; 0 with no limit.
+func (s *Status) Remaining() uint32 {
+	if s.Unlimited {
+		return math.MaxUint32
+	}
+	if s.Decision.Remaining > math.MaxUint32 {
+		return math.MaxUint32
+	}
+	return uint32(s.Decision.Remaining)
+}
+
+// ResetAfter is Envoy's duration_until_reset: the time until the window
+// ends or the bucket is full, rounded up to whole seconds (so at least 1 s
+// whenever it is not zero).
+func (s *Status) ResetAfter() time.Duration {
+	return ceilSecond(s.Decision.ResetAfter)
+}
+
+// RetryAfter is the time, rounded up to whole seconds, until a denied
+// descriptor's cost could succeed; 0 when allowed; store.Never when no
+// wait helps.
+func (s *Status) RetryAfter() time.Duration {
+	if s.Decision.RetryAfter == store.Never {
+		return store.Never
+	}
+	return ceilSecond(s.Decision.RetryAfter)
+}
+
+func ceilSecond(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	if r := d % time.Second; r != 0 {
+		d += time.Second - r
+	}
+	return d
+}
+
+// Response is the outcome of a request: the overall code and one status
+// per descriptor, in order. A Response may be reused across Check calls.
+type Response struct {
+	Overall  Code
+	Statuses []Status
+}
+
+// MostRestrictive returns the index of the limited status with the least
+// remaining (the longest reset breaks ties), or -1 when no descriptor was
+// limited. Response headers describe that descriptor.
+func (r *Response) MostRestrictive() int {
+	best := -1
+	for i := range r.Statuses {
+		s := &r.Statuses[i]
+		if !s.Limited {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := &r.Statuses[best]
+		if s.Decision.Remaining < b.Decision.Remaining ||
+			s.Decision.Remaining == b.Decision.Remaining && s.Decision.ResetAfter > b.Decision.ResetAfter {
+			best = i
+		}
+	}
+	return best
+}
+
+// RetryAfter is the time until a denied request could succeed: the
+// longest RetryAfter of its over-limit descriptors, rounded up to whole
+// seconds; store.Never when one of them can never succeed; 0 when the
+// request was allowed.
+func (r *Response) RetryAfter() time.Duration {
+	if r.Overall != OverLimit {
+		return 0
+	}
+	var longest time.Duration
+	for i := range r.Statuses {
+		s := &r.Statuses[i]
+		if s.Code == OverLimit {
+			longest = max(longest, s.RetryAfter())
+		}
+	}
+	return longest
+}

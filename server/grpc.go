@@ -1,0 +1,118 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// GRPCOptions configure the gRPC server. The zero value means defaults.
+type GRPCOptions struct {
+	Options
+	// Logger receives panics and, at debug level, one line per call
+	// (failed calls at warn). nil discards.
+	Logger *slog.Logger
+	// MaxRecvMsgSize bounds a request message; 0 means 1 MiB.
+	MaxRecvMsgSize int
+	// MaxConnectionAge closes connections after this long (with
+	// MaxConnectionAgeGrace for in-flight calls), so clients rebalance
+	// across replicas. 0 means never.
+	MaxConnectionAge      time.Duration
+	MaxConnectionAgeGrace time.Duration
+	// KeepaliveTime and KeepaliveTimeout ping idle connections; 0 means
+	// gRPC's defaults (2 h, 20 s).
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
+	// TLS, when not nil, serves TLS (mTLS when it asks for client
+	// certificates).
+	TLS *tls.Config
+	// ServerOptions are appended last: stats handlers, more interceptors.
+	ServerOptions []grpc.ServerOption
+	// Interceptors run after recovery and logging, before the handler.
+	Interceptors []grpc.UnaryServerInterceptor
+}
+
+// NewGRPC returns a gRPC server with Envoy's RateLimitService, our
+// sluice.v1.RateLimiter, grpc.health.v1 (from health) and server
+// reflection registered, behind panic recovery and request logging.
+func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if o.MaxRecvMsgSize <= 0 {
+		o.MaxRecvMsgSize = 1 << 20
+	}
+	unary := []grpc.UnaryServerInterceptor{
+		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+			logger.ErrorContext(ctx, "panic in gRPC handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			return status.Error(codes.Internal, "internal error")
+		})),
+	}
+	if logger.Enabled(context.Background(), slog.LevelWarn) {
+		unary = append(unary, logging.UnaryServerInterceptor(slogLogger(logger),
+			logging.WithLogOnEvents(logging.FinishCall),
+			logging.WithLevels(callLevel)))
+	}
+	unary = append(unary, o.Interceptors...)
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor()),
+		grpc.MaxRecvMsgSize(o.MaxRecvMsgSize),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      o.MaxConnectionAge,
+			MaxConnectionAgeGrace: o.MaxConnectionAgeGrace,
+			Time:                  o.KeepaliveTime,
+			Timeout:               o.KeepaliveTimeout,
+		}),
+		// Envoy pings idle connections; allow it as often as every 10 s.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+	if o.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS)))
+	}
+	opts = append(opts, o.ServerOptions...)
+	s := grpc.NewServer(opts...)
+	rlspb.RegisterRateLimitServiceServer(s, NewRLS(lim, o.Options))
+	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
+	healthpb.RegisterHealthServer(s, health.grpc)
+	reflection.Register(s)
+	return s
+}
+
+// callLevel logs successful and client-side outcomes at debug and server
+// failures at warn.
+func callLevel(c codes.Code) logging.Level {
+	switch c {
+	case codes.Unavailable, codes.Internal, codes.Unknown, codes.DataLoss:
+		return logging.LevelWarn
+	}
+	return logging.LevelDebug
+}
+
+// slogLogger adapts slog to the logging interceptor, checking the level
+// before any work.
+func slogLogger(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		if sl := slog.Level(lvl); l.Enabled(ctx, sl) {
+			l.Log(ctx, sl, msg, fields...)
+		}
+	})
+}

@@ -1,0 +1,54 @@
+package server
+
+import (
+	"sync/atomic"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
+)
+
+// Health is the serving state that grpc.health.v1 and GET /healthcheck
+// report. It starts NOT_SERVING. Safe for concurrent use.
+type Health struct {
+	grpc    *health.Server
+	serving atomic.Bool
+}
+
+// healthServices are the names grpc.health.v1 answers for, besides "".
+var healthServices = []string{
+	rlspb.RateLimitService_ServiceDesc.ServiceName,
+	sluicev1.RateLimiter_ServiceDesc.ServiceName,
+}
+
+// NewHealth returns a Health that is not serving.
+func NewHealth() *Health {
+	h := &Health{grpc: health.NewServer()}
+	h.SetServing(false)
+	return h
+}
+
+// SetServing flips every reported service to SERVING or NOT_SERVING.
+func (h *Health) SetServing(ok bool) {
+	h.serving.Store(ok)
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	h.grpc.SetServingStatus("", st)
+	for _, s := range healthServices {
+		h.grpc.SetServingStatus(s, st)
+	}
+}
+
+// Serving reports the current state.
+func (h *Health) Serving() bool { return h.serving.Load() }
+
+// Shutdown sets every service NOT_SERVING for good, ending Watch streams'
+// updates: call it when draining starts.
+func (h *Health) Shutdown() {
+	h.serving.Store(false)
+	h.grpc.Shutdown()
+}

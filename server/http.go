@@ -1,0 +1,185 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/store"
+)
+
+// maxBody bounds an HTTP request body.
+const maxBody = 1 << 20
+
+// HTTP serves the HTTP endpoints: GET /healthcheck, POST /json (the
+// reference's JSON form of ShouldRateLimit) and GET or POST /v1/check
+// (our API). Mount it on a mux beside /metrics.
+type HTTP struct {
+	rls     *RLS
+	api     *API
+	health  *Health
+	headers Headers
+	mux     *http.ServeMux
+}
+
+var (
+	unmarshalJSON = protojson.UnmarshalOptions{DiscardUnknown: true}
+	// The reference answers /json with Envoy's camelCase field names.
+	marshalRLS = protojson.MarshalOptions{}
+	marshalAPI = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
+)
+
+// NewHTTP returns the HTTP endpoints over lim. Health decides
+// /healthcheck; opts names the RateLimit-* headers of /v1/check.
+func NewHTTP(lim *limiter.Limiter, health *Health, opts Options) *HTTP {
+	h := &HTTP{rls: NewRLS(lim, opts), api: NewAPI(lim), health: health,
+		headers: opts.HeaderNames.withDefaults(), mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /healthcheck", h.healthcheck)
+	h.mux.HandleFunc("POST /json", h.json)
+	h.mux.HandleFunc("GET /v1/check", h.checkQuery)
+	h.mux.HandleFunc("POST /v1/check", h.checkJSON)
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// Patterns lists the paths HTTP serves, for mounting on a mux.
+func (h *HTTP) Patterns() []string { return []string{"/healthcheck", "/json", "/v1/check"} }
+
+func (h *HTTP) healthcheck(w http.ResponseWriter, _ *http.Request) {
+	if !h.health.Serving() {
+		http.Error(w, "NOT_SERVING", http.StatusServiceUnavailable)
+		return
+	}
+	io.WriteString(w, "OK\n")
+}
+
+// json is the reference's /json endpoint: a RateLimitRequest in, a
+// RateLimitResponse out, 200 or 429.
+func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
+	var in rlspb.RateLimitRequest
+	if !readJSON(w, r, &in) {
+		return
+	}
+	c := h.rls.calls.Get().(*call)
+	defer h.rls.calls.Put(c)
+	fillRequest(&c.req, &in)
+	if err := h.rls.lim.Check(r.Context(), &c.req, &c.resp); err != nil {
+		writeError(w, err)
+		return
+	}
+	code := http.StatusOK
+	if c.resp.Overall == limiter.OverLimit {
+		code = http.StatusTooManyRequests
+	}
+	writeProto(w, code, marshalRLS, h.rls.response(&c.resp))
+}
+
+// checkQuery is GET /v1/check?domain=D&key=K&value=V[&cost=N].
+func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	in := &sluicev1.CheckRequest{Domain: q.Get("domain"), Key: q.Get("key"), Value: q.Get("value")}
+	if s := q.Get("cost"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			writeError(w, &limiter.InvalidError{Reason: "cost must be a non-negative integer"})
+			return
+		}
+		in.Cost = &n
+	}
+	if in.Key == "" {
+		writeError(w, &limiter.InvalidError{Reason: "key is required"})
+		return
+	}
+	h.check(w, r, in)
+}
+
+// checkJSON is POST /v1/check with a sluice.v1.CheckRequest as JSON.
+func (h *HTTP) checkJSON(w http.ResponseWriter, r *http.Request) {
+	in := new(sluicev1.CheckRequest)
+	if !readJSON(w, r, in) {
+		return
+	}
+	h.check(w, r, in)
+}
+
+func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckRequest) {
+	c := h.api.calls.Get().(*call)
+	defer h.api.calls.Put(c)
+	if err := fillCheck(&c.req, in); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := h.api.lim.Check(r.Context(), &c.req, &c.resp); err != nil {
+		writeError(w, err)
+		return
+	}
+	resp := &c.resp
+	code := http.StatusOK
+	if i := resp.MostRestrictive(); i >= 0 {
+		st := &resp.Statuses[i]
+		hd := w.Header()
+		hd.Set(h.headers.Limit, strconv.FormatUint(st.Decision.Limit, 10))
+		hd.Set(h.headers.Remaining, strconv.FormatUint(st.Decision.Remaining, 10))
+		hd.Set(h.headers.Reset, strconv.FormatInt(int64(st.ResetAfter().Seconds()), 10))
+	}
+	if resp.Overall == limiter.OverLimit {
+		code = http.StatusTooManyRequests
+		if d := resp.RetryAfter(); d > 0 && d != store.Never {
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(d.Seconds()), 10))
+		}
+	}
+	writeProto(w, code, marshalAPI, checkResponse(resp))
+}
+
+func readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err == nil {
+		err = unmarshalJSON.Unmarshal(body, m)
+	}
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid request body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func writeProto(w http.ResponseWriter, code int, opts protojson.MarshalOptions, m proto.Message) {
+	b, err := opts.Marshal(m)
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+// writeError answers a limiter error: 400 for a bad request, 503 when the
+// store failed or no config is loaded.
+func writeError(w http.ResponseWriter, err error) {
+	var inv *limiter.InvalidError
+	switch {
+	case errors.As(err, &inv):
+		writeJSONError(w, http.StatusBadRequest, inv.Reason)
+	default:
+		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
+	}
+}
+
+func writeJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(struct {
+		Error string `json:"error"`
+	}{msg})
+}
