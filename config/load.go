@@ -424,7 +424,8 @@ func (l *loader) rateLimit(file, dname, path, stat string, line int, f field, fl
 		}
 	}
 	if f, ok := fields["replaces"]; ok {
-		r.Replaces = l.replaces(file, path, r.Name, f.val)
+		r.Replaces, r.replacesAt = l.replaces(file, path, r.Name, f.val)
+		r.desc = path
 	}
 	if len(l.errs) > nerr {
 		return nil
@@ -445,16 +446,16 @@ func (l *loader) rateLimit(file, dname, path, stat string, line int, f field, fl
 	return r
 }
 
-func (l *loader) replaces(file, path, self string, n *yaml.Node) []string {
+// replaces reads rate_limit.replaces: the names and their lines.
+func (l *loader) replaces(file, path, self string, n *yaml.Node) (names []string, lines []int) {
 	n = resolve(n)
 	if isNull(n) {
-		return nil
+		return nil, nil
 	}
 	if n.Kind != yaml.SequenceNode {
 		l.errorf(file, n.Line, path, "replaces: want a list of {name: ...}, got %s", describe(n))
-		return nil
+		return nil, nil
 	}
-	var names []string
 	for i, item := range n.Content {
 		item = resolve(item)
 		if item.Kind != yaml.MappingNode {
@@ -473,9 +474,10 @@ func (l *loader) replaces(file, path, self string, n *yaml.Node) []string {
 			l.errorf(file, item.Line, path, "replaces[%d] names the rule itself (%q)", i, name)
 		default:
 			names = append(names, name)
+			lines = append(lines, item.Line)
 		}
 	}
-	return names
+	return names, lines
 }
 
 // checkReplaces reports replaces that name no rule of their domain.
@@ -486,9 +488,9 @@ func (l *loader) checkReplaces() {
 			named[r.Name] = true
 		}
 		for _, r := range d.rules {
-			for _, name := range r.Replaces {
+			for i, name := range r.Replaces {
 				if !named[name] {
-					l.errorf(r.File, r.Line, "", "rule %s replaces %q, but no rule of domain %q has that name", r.Path, name, dname)
+					l.errorf(r.File, r.replacesAt[i], r.desc, "replaces[%d] names %q, but no rule of domain %q has that name", i, name, dname)
 				}
 			}
 		}
@@ -630,6 +632,9 @@ func describe(n *yaml.Node) string {
 	case yaml.ScalarNode:
 		if isNull(n) {
 			return "null"
+		}
+		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0 {
+			return "the quoted string " + strconv.Quote(n.Value)
 		}
 		return strconv.Quote(n.Value)
 	case yaml.AliasNode:

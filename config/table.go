@@ -62,7 +62,9 @@ type Rule struct {
 	File string
 	Line int
 
-	suffix string // the end of the counter key, see keySuffix
+	suffix     string // the end of the counter key, see keySuffix
+	desc       string // the descriptor's path, for errors found after parsing
+	replacesAt []int  // the line of each Replaces entry
 }
 
 // String describes the rule in one line for logs and `sluice check`.

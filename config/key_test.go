@@ -1,0 +1,71 @@
+package config
+
+import (
+	"testing"
+	"time"
+)
+
+func TestUnit(t *testing.T) {
+	cases := []struct {
+		s    string
+		unit Unit
+		d    time.Duration
+	}{
+		{"second", Second, time.Second},
+		{"MINUTE", Minute, time.Minute},
+		{"Hour", Hour, time.Hour},
+		{"day", Day, 24 * time.Hour},
+		{"week", Week, 7 * 24 * time.Hour},
+		{"month", Month, 30 * 24 * time.Hour},
+		{"year", Year, 365 * 24 * time.Hour},
+	}
+	for _, c := range cases {
+		u, err := ParseUnit(c.s)
+		if err != nil || u != c.unit || u.Duration() != c.d {
+			t.Errorf("ParseUnit(%q) = %v (%v), %v; want %v (%v)", c.s, u, u.Duration(), err, c.unit, c.d)
+		}
+	}
+	for _, bad := range []string{"", "unknown", "fortnight", "seconds"} {
+		if u, err := ParseUnit(bad); err == nil {
+			t.Errorf("ParseUnit(%q) = %v, want an error", bad, u)
+		}
+	}
+	if Unit(99).Duration() != 0 || UnitUnknown.Duration() != 0 || Unit(99).String() != "Unit(99)" || Week.String() != "week" {
+		t.Errorf("out-of-range units: %v %v %q %q", Unit(99).Duration(), UnitUnknown.Duration(), Unit(99).String(), Week.String())
+	}
+}
+
+func TestOverrideKey(t *testing.T) {
+	got := string(OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute))
+	if want := "x:api|user=bob|path=/a%7Cb|fw:60s"; got != want {
+		t.Errorf("OverrideKey = %q, want %q", got, want)
+	}
+	// A rule that matches the same entries exactly with the same unit
+	// shares the counter, as in envoyproxy/ratelimit.
+	tbl := mustCompile(t, `
+domain: api
+descriptors:
+  - key: user
+    value: bob
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	_, key := tbl.Match("api", entries("user=bob"), nil)
+	if ov := OverrideKey(nil, "api", entries("user=bob"), Minute); string(ov) != string(key) {
+		t.Errorf("OverrideKey %q differs from the rule's key %q", ov, key)
+	}
+}
+
+func TestAppendPart_Unambiguous(t *testing.T) {
+	// Distinct inputs never produce the same escaped text.
+	seen := map[string]string{}
+	for _, s := range []string{"a", "a|b", "a%7Cb", "a=b", "a%3Db", "#", "%23", "%", "%25", "", "|", "||"} {
+		e := escapePart(s, DefaultMaxValueBytes)
+		if prev, dup := seen[e]; dup {
+			t.Errorf("%q and %q both escape to %q", prev, s, e)
+		}
+		seen[e] = s
+	}
+	if got := escapePart("abcd", 3); len(got) != 33 || got[0] != '#' {
+		t.Errorf("escapePart of a long part = %q, want # and 32 hex digits", got)
+	}
+}

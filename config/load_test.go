@@ -1,0 +1,226 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/errors")
+
+// TestLoad_ErrorsGolden loads each testdata/errors/*.yaml and compares the
+// error text with the .golden file next to it.
+func TestLoad_ErrorsGolden(t *testing.T) {
+	files, err := filepath.Glob("testdata/errors/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no test files: %v", err)
+	}
+	files = append(files, "testdata/dupdomain")
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) {
+			tbl, err := Load(file, Options{})
+			if err == nil {
+				t.Fatalf("Load(%s) = %v, want an error", file, tbl)
+			}
+			var es Errors
+			if !errors.As(err, &es) {
+				t.Fatalf("Load(%s) error %T %v, want Errors", file, err, err)
+			}
+			got := err.Error() + "\n"
+			golden := strings.TrimSuffix(file, ".yaml") + ".golden"
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test -run TestLoad_ErrorsGolden -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("Load(%s) errors:\n%s\nwant:\n%s", file, got, want)
+			}
+		})
+	}
+}
+
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for name, text := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+const apiYAML = `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`
+
+func TestLoad_ReadsOnlyLimitsFilesOfTheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"api.yaml":           apiYAML,
+		"web.yml":            "domain: web\ndescriptors: [{key: ip, rate_limit: {unit: second, requests_per_unit: 5}}]\n",
+		".hidden.yaml":       "not: [valid",
+		"notes.txt":          "not: [valid",
+		"sub/deeper.yaml":    "not: [valid",
+		"..2026/inner.yaml":  "not: [valid",
+		"dir.yaml/inner.txt": "a directory named like a limits file",
+	})
+	if err := os.Symlink(filepath.Join(dir, "missing.yaml"), filepath.Join(dir, "dangling.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := Load(dir, Options{})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got := strings.Join(tbl.Domains(), ","); got != "api,web" {
+		t.Errorf("Domains() = %s, want api,web", got)
+	}
+	if len(tbl.Rules()) != 2 || !tbl.HasDomain("web") || tbl.HasDomain("sub") {
+		t.Errorf("Rules() = %v, HasDomain(web) = %t, HasDomain(sub) = %t", tbl.Rules(), tbl.HasDomain("web"), tbl.HasDomain("sub"))
+	}
+	r := tbl.Rules()[0]
+	if r.File != filepath.Join(dir, "api.yaml") || r.Line != 4 || r.Domain != "api" || r.Path != "user" {
+		t.Errorf("rule %v defined at %s:%d, want %s:4", r, r.File, r.Line, filepath.Join(dir, "api.yaml"))
+	}
+}
+
+func TestLoad_EmptyDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"README.md": "no limits here", "sub/x.yaml": apiYAML})
+	_, err := Load(dir, Options{})
+	if !errors.Is(err, ErrEmpty) {
+		t.Fatalf("Load(empty dir) = %v, want ErrEmpty", err)
+	}
+	if _, err := Load(filepath.Join(dir, "nope"), Options{}); err == nil || errors.Is(err, ErrEmpty) {
+		t.Errorf("Load(missing path) = %v, want a not-exist error", err)
+	}
+}
+
+func TestLoad_SingleFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"limits.conf": apiYAML})
+	tbl, err := Load(filepath.Join(dir, "limits.conf"), Options{})
+	if err != nil || !tbl.HasDomain("api") {
+		t.Fatalf("Load(file) = %v, %v; want domain api", tbl, err)
+	}
+}
+
+func TestLoad_MergeDomains(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"a.yaml": apiYAML,
+		"b.yaml": "domain: api\ndescriptors: [{key: team, rate_limit: {unit: hour, requests_per_unit: 3}}]\n",
+	})
+	if _, err := Load(dir, Options{}); err == nil || !strings.Contains(err.Error(), "--merge-domains") {
+		t.Fatalf("Load without merging = %v, want a duplicate-domain error", err)
+	}
+	tbl, err := Load(dir, Options{MergeDomains: true})
+	if err != nil {
+		t.Fatalf("Load with merging: %v", err)
+	}
+	if r, _ := tbl.Match("api", entries("team=x"), nil); r == nil || r.RequestsPerUnit != 3 {
+		t.Errorf("merged rule team = %v, want 3/hour", r)
+	}
+	if r, _ := tbl.Match("api", entries("user=x"), nil); r == nil || r.RequestsPerUnit != 10 {
+		t.Errorf("merged rule user = %v, want 10/minute", r)
+	}
+	// The same descriptor in two merged files is a duplicate.
+	writeFiles(t, dir, map[string]string{"c.yaml": apiYAML})
+	_, err = Load(dir, Options{MergeDomains: true})
+	if err == nil || !strings.Contains(err.Error(), "c.yaml:4: descriptors[0]: duplicate descriptor") {
+		t.Errorf("Load with a duplicate across merged files = %v", err)
+	}
+}
+
+func TestLoad_CompatibleSyntax(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: compat
+descriptors:
+  - key: status
+    value: 404           # a number is a string value, as with yaml.v2
+    shadow_mode: yes     # YAML 1.1 booleans, as with yaml.v2
+    quota_mode: on
+    value_to_metric: true
+    metadata: {owner: team-a}
+    rate_limit: &per_second
+      unit: SECOND       # units ignore case
+      requests_per_unit: 1_000
+  - key: hex
+    rate_limit:
+      <<: *per_second
+      requests_per_unit: 0x10
+  - key: weekly
+    rate_limit: {unit: week, requests_per_unit: 7}
+  - key: empty
+    value:
+    rate_limit:
+`)
+	cases := []struct {
+		e     Entry
+		rpu   uint32
+		unit  Unit
+		flags [3]bool // shadow, quota, value_to_metric
+	}{
+		{Entry{"status", "404"}, 1000, Second, [3]bool{true, true, true}},
+		{Entry{"hex", "x"}, 16, Second, [3]bool{}},
+		{Entry{"weekly", "x"}, 7, Week, [3]bool{}},
+	}
+	for _, c := range cases {
+		r, _ := tbl.Match("compat", []Entry{c.e}, nil)
+		if r == nil {
+			t.Errorf("%v: no rule", c.e)
+			continue
+		}
+		if r.RequestsPerUnit != c.rpu || r.Unit != c.unit || [3]bool{r.ShadowMode, r.QuotaMode, r.ValueToMetric} != c.flags {
+			t.Errorf("%v: rule %v, want %d/%s flags %v", c.e, r, c.rpu, c.unit, c.flags)
+		}
+	}
+	// A descriptor with a null rate_limit has no rule, as in the reference.
+	if r, _ := tbl.Match("compat", entries("empty=x"), nil); r != nil {
+		t.Errorf("empty: rule %v, want none", r)
+	}
+}
+
+func TestTable_HashStringRules(t *testing.T) {
+	a := mustCompile(t, apiYAML)
+	b := mustCompile(t, apiYAML)
+	c := mustCompile(t, strings.Replace(apiYAML, "10", "11", 1))
+	if a.Hash() != b.Hash() || a.Hash() == c.Hash() || len(a.Hash()) != 64 {
+		t.Errorf("hashes %s %s %s: want equal for equal files, different otherwise", a.Hash(), b.Hash(), c.Hash())
+	}
+	tbl := mustCompile(t, `
+domain: s
+descriptors:
+  - key: a
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: b
+    rate_limit: {unlimited: true}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 9}
+`)
+	want := "s.a: unit=MINUTE requests_per_unit=10, shadow_mode: true\n" +
+		"s.b: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, unlimited: true\n" +
+		"s.c: unit=SECOND requests_per_unit=5, shadow_mode: false, algorithm: token_bucket, burst: 9\n"
+	if got := tbl.String(); got != want {
+		t.Errorf("String() =\n%s\nwant\n%s", got, want)
+	}
+	rules := tbl.Rules()
+	rules[0] = nil // Rules returns a copy
+	if tbl.Rules()[0] == nil {
+		t.Error("Rules() exposes the table's own slice")
+	}
+}
