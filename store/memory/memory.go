@@ -1,0 +1,332 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// DefaultMaxKeys is the key bound when Options.MaxKeys is 0: about 100 MB
+// of state plus the key strings.
+const DefaultMaxKeys = 1 << 20
+
+// sweepGrace keeps Sweep and eviction from removing a state that became
+// fresh only in the last second, so that a Take holding a clock reading
+// a little older than the sweeper's never finds its state gone early.
+const sweepGrace = int64(time.Second)
+
+// Options configure a Store. The zero value means defaults.
+type Options struct {
+	// MaxKeys bounds the number of keys held; 0 means DefaultMaxKeys.
+	// Inserting a key at the bound first drops fresh states and, if
+	// there are too few, evicts live ones: an evicted key starts fresh,
+	// which can grant that key more than its limit once. Concurrent
+	// inserts can overshoot the bound briefly by the number of callers.
+	MaxKeys int
+}
+
+// Stats are cumulative counters and the current key count.
+type Stats struct {
+	Keys      int    // keys held now
+	Inserts   uint64 // keys inserted
+	Swept     uint64 // fresh states removed (Sweep, or room made at the bound)
+	Evictions uint64 // live states dropped at the bound (lossy)
+}
+
+// Store is the in-memory store. Safe for concurrent use.
+type Store struct {
+	m          *xsync.Map[string, *cell]
+	maxKeys    int64
+	evictBatch int
+
+	keys      atomic.Int64 // live map entries
+	inserts   atomic.Uint64
+	swept     atomic.Uint64
+	evictions atomic.Uint64
+	evicting  atomic.Bool
+}
+
+// cell is one key's state. The rule lets Sweep judge a token bucket's
+// freshness; a key's rule may be replaced by an equal one on reload, never
+// by one with other quanta (the key names the algorithm and its numbers).
+type cell struct {
+	state atomic.Uint64
+	rule  atomic.Pointer[store.Rule]
+}
+
+// New returns an empty Store.
+func New(opts Options) *Store {
+	maxKeys := opts.MaxKeys
+	if maxKeys <= 0 {
+		maxKeys = DefaultMaxKeys
+	}
+	return &Store{
+		m:          xsync.NewMap[string, *cell](),
+		maxKeys:    int64(maxKeys),
+		evictBatch: max(1, maxKeys/128),
+	}
+}
+
+// taken records a consumption to roll back if the batch is denied.
+type taken struct {
+	c             *cell
+	before, after uint64
+}
+
+// Take applies hits as one all-or-nothing batch at now, per store.Store.
+//
+// Vetoing hits are taken first, in order; once one is denied the rest are
+// only evaluated, and after the non-vetoing hits have been evaluated the
+// taken ones are rolled back. Non-vetoing (shadow) hits consume only when
+// the batch commits. Saturate hits always consume: what fits, or what is
+// left. Hits on the same key see each other in order. Hits beyond the
+// eighth of a batch cost one allocation.
+func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store.Decision) error {
+	if len(out) != len(hits) {
+		return fmt.Errorf("memory: %d decisions for %d hits", len(out), len(hits))
+	}
+	var buf [8]taken
+	tk := buf[:]
+	if len(hits) > len(buf) {
+		tk = make([]taken, len(hits))
+	}
+	denied := false
+	for i := range hits {
+		h := &hits[i]
+		switch {
+		case !h.Veto:
+			continue
+		case denied && !h.Saturate:
+			out[i] = s.peek(h, now)
+			continue
+		}
+		c, before, after, d := s.apply(h, now)
+		out[i] = d
+		switch {
+		case !d.Allowed:
+			denied = true
+		case !h.Saturate && after != before:
+			tk[i] = taken{c, before, after}
+		}
+	}
+	for i := range hits {
+		h := &hits[i]
+		switch {
+		case h.Veto:
+		case denied && !h.Saturate:
+			out[i] = s.peek(h, now)
+		default:
+			_, _, _, out[i] = s.apply(h, now)
+		}
+	}
+	if !denied {
+		return nil
+	}
+	for i := len(hits) - 1; i >= 0; i-- {
+		if tk[i].c != nil {
+			refund(tk[i], &hits[i], now)
+		}
+	}
+	for i := range hits {
+		if tk[i].c != nil {
+			_, out[i] = store.Take(s.load(hits[i].Key), hits[i].Rule, now, 0)
+			out[i].Allowed = true
+		}
+	}
+	return nil
+}
+
+// apply runs the hit's algorithm on its key's cell with a CAS loop,
+// returning the cell, the states before and after, and the decision.
+func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d store.Decision) {
+	for {
+		c = s.cell(h.Key, h.Rule, now)
+		for {
+			before = c.state.Load()
+			if before == store.Tombstone {
+				break
+			}
+			if h.Saturate {
+				after, d = store.Saturate(before, h.Rule, now, h.Cost)
+			} else {
+				after, d = store.Take(before, h.Rule, now, h.Cost)
+			}
+			if after == before || c.state.CompareAndSwap(before, after) {
+				return c, before, after, d
+			}
+		}
+		// Swept or evicted: help remove the dead entry, then find or
+		// insert the live one.
+		s.remove(h.Key, c)
+	}
+}
+
+// refund rolls back one take. If nothing touched the state since, it goes
+// back exactly; otherwise store.Refund takes the cost away. A tombstone
+// means the state was swept (it had lapsed) or evicted: nothing to undo.
+func refund(t taken, h *store.Hit, now int64) {
+	for {
+		cur := t.c.state.Load()
+		if cur == store.Tombstone {
+			return
+		}
+		n := t.before
+		if cur != t.after {
+			n = store.Refund(cur, h.Rule, now, h.Cost)
+		}
+		if t.c.state.CompareAndSwap(cur, n) {
+			return
+		}
+	}
+}
+
+// peek decides a hit of a denied batch without consuming: a denial as
+// Take reports it, or a fit reported as Allowed with what remains now.
+func (s *Store) peek(h *store.Hit, now int64) store.Decision {
+	st := s.load(h.Key)
+	_, d := store.Take(st, h.Rule, now, h.Cost)
+	if d.Allowed && h.Cost > 0 {
+		_, d = store.Take(st, h.Rule, now, 0)
+		d.Allowed = true
+	}
+	return d
+}
+
+// load returns key's state, fresh if it has none.
+func (s *Store) load(key string) uint64 {
+	c, ok := s.m.Load(key)
+	if !ok {
+		return 0
+	}
+	if st := c.state.Load(); st != store.Tombstone {
+		return st
+	}
+	return 0
+}
+
+// cell finds or inserts the key's cell.
+func (s *Store) cell(key string, r *store.Rule, now int64) *cell {
+	if c, ok := s.m.Load(key); ok {
+		if c.rule.Load() != r {
+			c.rule.Store(r)
+		}
+		return c
+	}
+	if s.keys.Load() >= s.maxKeys {
+		s.makeRoom(now)
+	}
+	c := new(cell)
+	c.rule.Store(r)
+	// The key may alias the caller's reused buffer: keep a copy.
+	actual, loaded := s.m.LoadOrStore(strings.Clone(key), c)
+	if !loaded {
+		s.keys.Add(1)
+		s.inserts.Add(1)
+	}
+	return actual
+}
+
+// kill marks c dead if its state is fresh at now (or at any state when
+// evict is set) and reports whether it did. A Take racing it either
+// committed first (then the state is no longer fresh and kill re-judges)
+// or finds the tombstone and moves to a new cell: no update is lost.
+func kill(c *cell, now int64, evict bool) bool {
+	for {
+		st := c.state.Load()
+		if st == store.Tombstone || !evict && !store.Fresh(st, c.rule.Load(), now) {
+			return false
+		}
+		if c.state.CompareAndSwap(st, store.Tombstone) {
+			return true
+		}
+	}
+}
+
+// remove deletes key's entry if it still maps to c.
+func (s *Store) remove(key string, c *cell) {
+	removed := false
+	s.m.Compute(key, func(old *cell, loaded bool) (*cell, xsync.ComputeOp) {
+		if loaded && old == c {
+			removed = true
+			return nil, xsync.DeleteOp
+		}
+		return old, xsync.CancelOp
+	})
+	if removed {
+		s.keys.Add(-1)
+	}
+}
+
+// Sweep removes every state that was fresh a second before now (so a
+// concurrent Take with a slightly older clock reading is unaffected) and
+// returns how many it removed. Removing a fresh state changes no decision.
+// It is safe to run concurrently with Take; the caller owns the ticker.
+func (s *Store) Sweep(now int64) (removed int) {
+	now -= sweepGrace
+	s.m.Range(func(key string, c *cell) bool {
+		if kill(c, now, false) {
+			s.remove(key, c)
+			removed++
+		}
+		return true
+	})
+	s.swept.Add(uint64(removed))
+	return removed
+}
+
+// makeRoom runs when an insert finds the store at its bound. One caller
+// at a time removes a batch of MaxKeys/128 entries: fresh states from the
+// first 4 batches' worth of entries it visits, then, if that freed too
+// few, live states (evictions). So the work per insert stays bounded
+// (amortised over the batch), however many distinct keys arrive.
+func (s *Store) makeRoom(now int64) {
+	if !s.evicting.CompareAndSwap(false, true) {
+		return
+	}
+	defer s.evicting.Store(false)
+	if s.keys.Load() < s.maxKeys {
+		return
+	}
+	now -= sweepGrace
+	freed, seen := 0, 0
+	s.m.Range(func(key string, c *cell) bool {
+		if kill(c, now, false) {
+			s.remove(key, c)
+			freed++
+		}
+		seen++
+		return freed < s.evictBatch && seen < 4*s.evictBatch
+	})
+	s.swept.Add(uint64(freed))
+	if freed >= s.evictBatch {
+		return
+	}
+	evicted := 0
+	s.m.Range(func(key string, c *cell) bool {
+		if kill(c, now, true) {
+			s.remove(key, c)
+			evicted++
+		}
+		return freed+evicted < s.evictBatch
+	})
+	s.evictions.Add(uint64(evicted))
+}
+
+// Len returns the number of keys held.
+func (s *Store) Len() int { return int(s.keys.Load()) }
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Keys:      s.Len(),
+		Inserts:   s.inserts.Load(),
+		Swept:     s.swept.Load(),
+		Evictions: s.evictions.Load(),
+	}
+}

@@ -1,0 +1,437 @@
+// Package storetest is the conformance suite every store.Store passes,
+// and a fake clock for tests.
+//
+// Run(t, newStore) checks exact decisions (to the nanosecond) for both
+// algorithms at fixed instants, all-or-nothing batches, shadow and
+// saturating hits, checks of cost 0, duplicate keys in a batch, and
+// concurrent takes that must grant exactly the budget.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// Clock is a fake store.Clock that moves only when told. Safe for
+// concurrent use.
+type Clock struct{ ns atomic.Int64 }
+
+// NewClock returns a Clock reading start (Unix nanoseconds).
+func NewClock(start int64) *Clock {
+	c := &Clock{}
+	c.ns.Store(start)
+	return c
+}
+
+// Now returns the clock's reading.
+func (c *Clock) Now() int64 { return c.ns.Load() }
+
+// Set moves the clock to ns, forwards or backwards.
+func (c *Clock) Set(ns int64) { c.ns.Store(ns) }
+
+// Advance moves the clock by d.
+func (c *Clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// T0 is the suite's reference instant, a day boundary
+// (2023-11-14T00:00:00Z), so every window and quantum is aligned on it.
+const T0 = int64(1_699_920_000) * int64(time.Second)
+
+// Options size the concurrency cases. The zero value means 16 goroutines
+// of 10,000 takes each against a budget of 1,000.
+type Options struct {
+	Goroutines int // concurrent callers
+	Takes      int // takes per caller
+	Budget     int // the limit they contend for; less than Goroutines*Takes
+}
+
+func (o Options) withDefaults() Options {
+	if o.Goroutines <= 0 {
+		o.Goroutines = 16
+	}
+	if o.Takes <= 0 {
+		o.Takes = 10_000
+	}
+	if o.Budget <= 0 {
+		o.Budget = 1_000
+	}
+	return o
+}
+
+// Run runs the suite with the default sizes. newStore returns a fresh
+// store for each case.
+func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
+	RunOptions(t, newStore, Options{})
+}
+
+// RunOptions runs the suite with the given concurrency sizes.
+func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Options) {
+	opts = opts.withDefaults()
+	cases := []struct {
+		name string
+		run  func(t *testing.T, st *tester)
+	}{
+		{"FixedWindowSteps", testFixedWindowSteps},
+		{"TokenBucketSteps", testTokenBucketSteps},
+		{"TokenBucketRetryAfterExact", testTokenBucketRetryAfterExact},
+		{"CostZeroChecks", testCostZero},
+		{"KeysIndependent", testKeysIndependent},
+		{"BatchAllOrNothing", testBatchAllOrNothing},
+		{"BatchDuplicateKeys", testBatchDuplicateKeys},
+		{"ShadowHits", testShadowHits},
+		{"SaturateHits", testSaturateHits},
+		{"DecisionCount", testDecisionCount},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.run(t, newTester(t, newStore(t)))
+		})
+	}
+	for _, alg := range []store.Algorithm{store.FixedWindow, store.TokenBucket} {
+		t.Run("ConcurrentOneKey/"+alg.String(), func(t *testing.T) {
+			testConcurrentOneKey(t, newTester(t, newStore(t)), alg, opts)
+		})
+		t.Run("ConcurrentBatches/"+alg.String(), func(t *testing.T) {
+			testConcurrentBatches(t, newTester(t, newStore(t)), alg, opts)
+		})
+	}
+}
+
+// tester wraps a store with helpers that name keys uniquely per test (so
+// stores sharing a server across tests do not collide).
+type tester struct {
+	t      *testing.T
+	st     store.Store
+	prefix string
+}
+
+var run atomic.Int64
+
+func newTester(t *testing.T, st store.Store) *tester {
+	return &tester{t: t, st: st,
+		prefix: fmt.Sprintf("storetest/%d/%d/%s/", time.Now().UnixNano(), run.Add(1), t.Name())}
+}
+
+func (x *tester) key(name string) string { return x.prefix + name }
+
+func (x *tester) take(now int64, hits ...store.Hit) []store.Decision {
+	x.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := make([]store.Decision, len(hits))
+	if err := x.st.Take(ctx, now, hits, out); err != nil {
+		x.t.Fatalf("Take: %v", err)
+	}
+	return out
+}
+
+func (x *tester) hit(key string, r *store.Rule, cost uint64) store.Hit {
+	return store.Hit{Key: x.key(key), Rule: r, Cost: cost, Veto: true}
+}
+
+func window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
+	t.Helper()
+	r, err := store.NewFixedWindow(limit, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func bucket(t testing.TB, rate uint64, per time.Duration, burst uint64) *store.Rule {
+	t.Helper()
+	r, err := store.NewTokenBucket(rate, per, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func allow(limit, remaining uint64, reset time.Duration) store.Decision {
+	return store.Decision{Allowed: true, Limit: limit, Remaining: remaining, ResetAfter: reset}
+}
+
+func deny(limit, remaining uint64, reset, retry time.Duration) store.Decision {
+	return store.Decision{Limit: limit, Remaining: remaining, ResetAfter: reset, RetryAfter: retry}
+}
+
+// step is one single-hit take of a step table.
+type step struct {
+	name string
+	at   time.Duration // since T0
+	cost uint64
+	want store.Decision
+}
+
+func (x *tester) steps(key string, r *store.Rule, steps []step) {
+	x.t.Helper()
+	for i, s := range steps {
+		got := x.take(T0+int64(s.at), x.hit(key, r, s.cost))[0]
+		if got != s.want {
+			x.t.Errorf("step %d %q: take %d at T0+%v = %+v, want %+v", i, s.name, s.cost, s.at, got, s.want)
+		}
+	}
+}
+
+// expect compares a batch's decisions, naming the batch and the hit.
+func (x *tester) expect(batch string, got []store.Decision, want ...store.Decision) {
+	x.t.Helper()
+	for i := range want {
+		if got[i] != want[i] {
+			x.t.Errorf("%s: hit %d = %+v, want %+v", batch, i, got[i], want[i])
+		}
+	}
+}
+
+func testFixedWindowSteps(t *testing.T, x *tester) {
+	r := window(t, 10, time.Minute)
+	var steps []step
+	for i := range 10 {
+		steps = append(steps, step{"fill", 5 * time.Second, 1, allow(10, uint64(9-i), 55*time.Second)})
+	}
+	steps = append(steps,
+		step{"eleventh is denied", 5 * time.Second, 1, deny(10, 0, 55*time.Second, 55*time.Second)},
+		step{"last nanosecond", time.Minute - 1, 1, deny(10, 0, 1, 1)},
+		step{"new window at the boundary", time.Minute, 4, allow(10, 6, time.Minute)},
+		step{"over the limit consumes nothing", time.Minute + time.Second, 11, deny(10, 6, 59*time.Second, store.Never)},
+		step{"7 does not fit", time.Minute + time.Second, 7, deny(10, 6, 59*time.Second, 59*time.Second)},
+		step{"6 fits", time.Minute + time.Second, 6, allow(10, 0, 59*time.Second)},
+	)
+	x.steps("fw", r, steps)
+	x.steps("zero", window(t, 0, time.Hour), []step{
+		{"limit 0 denies", 0, 1, deny(0, 0, time.Hour, store.Never)},
+		{"limit 0 denies checks", 0, 0, deny(0, 0, time.Hour, store.Never)},
+	})
+	max := uint64(store.MaxFixedWindowLimit)
+	x.steps("max", window(t, max, time.Second), []step{
+		{"cost 2^64-1", 0, 1<<64 - 1, deny(max, max, time.Second, store.Never)},
+		{"cost limit-1", 0, max - 1, allow(max, 1, time.Second)},
+		{"cost 2", 0, 2, deny(max, 1, time.Second, time.Second)},
+		{"cost 1", 0, 1, allow(max, 0, time.Second)},
+	})
+}
+
+func testTokenBucketSteps(t *testing.T, x *tester) {
+	r := bucket(t, 8, time.Second, 40)
+	const tick = 125 * time.Millisecond
+	var steps []step
+	for i := range 45 {
+		if i < 40 {
+			steps = append(steps, step{"burst", 0, 1, allow(40, uint64(39-i), time.Duration(i+1)*tick)})
+		} else {
+			steps = append(steps, step{"over the burst", 0, 1, deny(40, 0, 5*time.Second, tick)})
+		}
+	}
+	steps = append(steps,
+		step{"1ns before the refill", tick - 1, 1, deny(40, 0, 5*time.Second-tick+1, 1)},
+		step{"refill", tick, 1, allow(40, 0, 5*time.Second)},
+		step{"cost 41", tick, 41, deny(40, 0, 5*time.Second, store.Never)},
+		step{"cost 3 waits", tick, 3, deny(40, 0, 5*time.Second, 3*tick)},
+		step{"20 ticks later", 21 * tick, 3, allow(40, 17, 23*tick)},
+		step{"clock back 3s", 21*tick - 3*time.Second, 1, deny(40, 0, 47*tick, time.Second)},
+		step{"50 days idle", 50 * 24 * time.Hour, 0, allow(40, 40, 0)},
+		step{"take all", 50 * 24 * time.Hour, 40, allow(40, 0, 5*time.Second)},
+	)
+	x.steps("tb", r, steps)
+
+	const b32 = 1 << 32
+	x.steps("big", bucket(t, 1, time.Second, b32), []step{
+		{"cost 2^64-1", 0, 1<<64 - 1, deny(b32, b32, 0, store.Never)},
+		{"cost 2^32", 0, b32, allow(b32, 0, b32*time.Second)},
+		{"cost 2 waits 2s", time.Second, 2, deny(b32, 1, (b32-1)*time.Second, time.Second)},
+	})
+}
+
+func testTokenBucketRetryAfterExact(t *testing.T, x *tester) {
+	x.steps("3ps", bucket(t, 3, time.Second, 3), []step{
+		{"drain", 0, 3, allow(3, 0, time.Second)},
+		{"empty", 0, 1, deny(3, 0, time.Second, 333_333_334)},
+		{"1ns early", 333_333_333, 1, deny(3, 0, 666_666_667, 1)},
+		{"on time", 333_333_334, 1, allow(3, 0, time.Second)},
+		{"one second in", time.Second, 1, allow(3, 1, 666_666_667)},
+	})
+}
+
+func testCostZero(t *testing.T, x *tester) {
+	w := window(t, 3, time.Minute)
+	b := bucket(t, 1, time.Second, 3)
+	for i := range 5 {
+		got := x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
+		x.expect(fmt.Sprintf("check %d", i), got, allow(3, 3, time.Minute), allow(3, 3, 0))
+	}
+	x.take(T0, x.hit("w", w, 3), x.hit("b", b, 3))
+	got := x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
+	x.expect("check when exhausted", got, allow(3, 0, time.Minute), allow(3, 0, 3*time.Second))
+}
+
+func testKeysIndependent(t *testing.T, x *tester) {
+	w := window(t, 2, time.Minute)
+	x.take(T0, x.hit("a", w, 2))
+	x.expect("a exhausted", x.take(T0, x.hit("a", w, 1)), deny(2, 0, time.Minute, time.Minute))
+	x.expect("b fresh", x.take(T0, x.hit("b", w, 1)), allow(2, 1, time.Minute))
+	// The same key name under another rule's algorithm is another key in
+	// practice (the key names the algorithm); here only the names differ.
+	b := bucket(t, 1, time.Second, 2)
+	x.expect("c fresh", x.take(T0, x.hit("c", b, 2)), allow(2, 0, 2*time.Second))
+}
+
+func testBatchAllOrNothing(t *testing.T, x *tester) {
+	a := window(t, 5, time.Minute)
+	b := bucket(t, 1, time.Second, 2)
+	x.expect("both fit", x.take(T0, x.hit("a", a, 1), x.hit("b", b, 1)),
+		allow(5, 4, time.Minute), allow(2, 1, time.Second))
+	x.expect("b denied", x.take(T0, x.hit("a", a, 2), x.hit("b", b, 2)),
+		allow(5, 4, time.Minute), deny(2, 1, time.Second, time.Second))
+	x.expect("a denied first", x.take(T0, x.hit("a", a, 5), x.hit("b", b, 1)),
+		deny(5, 4, time.Minute, time.Minute), allow(2, 1, time.Second))
+	x.expect("nothing consumed", x.take(T0, x.hit("a", a, 0), x.hit("b", b, 0)),
+		allow(5, 4, time.Minute), allow(2, 1, time.Second))
+	x.expect("three keys, last denied", x.take(T0, x.hit("a", a, 4), x.hit("b", b, 1), x.hit("c", a, 6)),
+		allow(5, 4, time.Minute), allow(2, 1, time.Second), deny(5, 5, time.Minute, store.Never))
+	x.expect("still nothing consumed", x.take(T0, x.hit("a", a, 4), x.hit("b", b, 1), x.hit("c", a, 5)),
+		allow(5, 0, time.Minute), allow(2, 0, 2*time.Second), allow(5, 0, time.Minute))
+}
+
+func testBatchDuplicateKeys(t *testing.T, x *tester) {
+	w := window(t, 5, time.Minute)
+	b := bucket(t, 1, time.Second, 5)
+	x.expect("two takes see each other", x.take(T0, x.hit("w", w, 2), x.hit("w", w, 2), x.hit("b", b, 2), x.hit("b", b, 2)),
+		allow(5, 3, time.Minute), allow(5, 1, time.Minute), allow(5, 3, 2*time.Second), allow(5, 1, 4*time.Second))
+	got := x.take(T0, x.hit("w", w, 1), x.hit("w", w, 1))
+	x.expect("second duplicate denied", got, allow(5, 1, time.Minute), deny(5, 0, time.Minute, time.Minute))
+	x.expect("rolled back", x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0)),
+		allow(5, 1, time.Minute), allow(5, 1, 4*time.Second))
+}
+
+func testShadowHits(t *testing.T, x *tester) {
+	v := window(t, 1, time.Minute)
+	s := window(t, 1, time.Minute)
+	shadow := func(cost uint64) store.Hit {
+		h := x.hit("s", s, cost)
+		h.Veto = false
+		return h
+	}
+	x.expect("shadow denied, batch commits", x.take(T0, x.hit("v", v, 1), shadow(2)),
+		allow(1, 0, time.Minute), deny(1, 1, time.Minute, store.Never))
+	x.expect("vetoing hit denied", x.take(T0, x.hit("v", v, 1), shadow(1)),
+		deny(1, 0, time.Minute, time.Minute), allow(1, 1, time.Minute))
+	x.expect("shadow not consumed by a denied batch", x.take(T0, shadow(1)), allow(1, 0, time.Minute))
+	x.expect("shadow consumed by a committed batch", x.take(T0, shadow(1)), deny(1, 0, time.Minute, time.Minute))
+}
+
+func testSaturateHits(t *testing.T, x *tester) {
+	v := window(t, 1, time.Minute)
+	w := window(t, 10, time.Minute)
+	b := bucket(t, 1, time.Second, 10)
+	sat := func(key string, r *store.Rule, cost uint64, veto bool) store.Hit {
+		h := x.hit(key, r, cost)
+		h.Saturate, h.Veto = true, veto
+		return h
+	}
+	x.take(T0, x.hit("v", v, 1), x.hit("w", w, 7), x.hit("b", b, 7))
+	x.expect("denied batch drains what is left", x.take(T0, x.hit("v", v, 1), sat("w", w, 5, false), sat("b", b, 5, false)),
+		deny(1, 0, time.Minute, time.Minute), deny(10, 0, time.Minute, time.Minute), deny(10, 0, 10*time.Second, 5*time.Second))
+	x.expect("drained", x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0)),
+		allow(10, 0, time.Minute), allow(10, 0, 10*time.Second))
+	x.expect("a saturating hit that fits consumes in a denied batch", x.take(T0, x.hit("v", v, 1), sat("x", w, 4, false)),
+		deny(1, 0, time.Minute, time.Minute), allow(10, 6, time.Minute))
+	x.expect("a vetoing saturating hit denies and drains", x.take(T0, sat("x", w, 7, true), x.hit("y", w, 1)),
+		deny(10, 0, time.Minute, time.Minute), allow(10, 10, time.Minute))
+	x.expect("after", x.take(T0, x.hit("x", w, 0), x.hit("y", w, 0)), allow(10, 0, time.Minute), allow(10, 10, time.Minute))
+}
+
+func testDecisionCount(t *testing.T, x *tester) {
+	w := window(t, 1, time.Minute)
+	out := make([]store.Decision, 1)
+	if err := x.st.Take(context.Background(), T0, []store.Hit{x.hit("a", w, 1), x.hit("b", w, 1)}, out); err == nil {
+		t.Fatal("Take with fewer decisions than hits: no error")
+	}
+}
+
+func rule(t testing.TB, alg store.Algorithm, budget int) *store.Rule {
+	if alg == store.FixedWindow {
+		return window(t, uint64(budget), 24*time.Hour)
+	}
+	return bucket(t, 1, 24*time.Hour, uint64(budget))
+}
+
+// All callers take from one key at one instant: exactly the budget is
+// granted.
+func testConcurrentOneKey(t *testing.T, x *tester, alg store.Algorithm, o Options) {
+	r := rule(t, alg, o.Budget)
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	for range o.Goroutines {
+		wg.Go(func() {
+			ctx := context.Background()
+			hits := []store.Hit{x.hit("one", r, 1)}
+			out := make([]store.Decision, 1)
+			for range o.Takes {
+				if err := x.st.Take(ctx, T0, hits, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if out[0].Allowed {
+					granted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if g := granted.Load(); g != int64(o.Budget) {
+		t.Fatalf("granted %d of %d takes, want exactly the budget %d", g, o.Goroutines*o.Takes, o.Budget)
+	}
+}
+
+// Callers take batches over overlapping keys: each key is granted at most
+// its budget, and what is left is exactly the budget minus the committed
+// batches that hit it (a rollback leaks nothing).
+func testConcurrentBatches(t *testing.T, x *tester, alg store.Algorithm, o Options) {
+	const nkeys = 4
+	budgets := [nkeys]int{o.Budget, o.Budget / 2, o.Budget / 4, o.Budget}
+	var rules [nkeys]*store.Rule
+	for i := range rules {
+		rules[i] = rule(t, alg, budgets[i])
+	}
+	var committed [nkeys]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range o.Goroutines {
+		wg.Go(func() {
+			ctx := context.Background()
+			out := make([]store.Decision, 3)
+			for i := range o.Takes {
+				a, b, c := (g+i)%nkeys, (g+i+1)%nkeys, (g+2*i+3)%nkeys
+				hits := []store.Hit{x.hit(fmt.Sprint(a), rules[a], 1), x.hit(fmt.Sprint(b), rules[b], 1), x.hit(fmt.Sprint(c), rules[c], 1)}
+				if err := x.st.Take(ctx, T0, hits, out); err != nil {
+					t.Error(err)
+					return
+				}
+				denied := false
+				for _, d := range out {
+					denied = denied || !d.Allowed
+				}
+				if !denied {
+					for _, k := range []int{a, b, c} {
+						committed[k].Add(1)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for k := range nkeys {
+		d := x.take(T0, x.hit(fmt.Sprint(k), rules[k], 0))[0]
+		c := committed[k].Load()
+		if c > int64(budgets[k]) {
+			t.Errorf("key %d: %d committed, over its budget %d", k, c, budgets[k])
+		}
+		if want := uint64(int64(budgets[k]) - min(c, int64(budgets[k]))); d.Remaining != want {
+			t.Errorf("key %d: %d remaining after %d committed of %d: consumption leaked", k, d.Remaining, c, budgets[k])
+		}
+	}
+}
