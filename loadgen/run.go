@@ -1,0 +1,293 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+const method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// Options describe a run. The zero value of each field means its default.
+type Options struct {
+	// Target is the server's address, in gRPC's target syntax
+	// (host:port, unix:///path, dns:///name:port).
+	Target string
+	// Requests are sent in turn by every worker. At least one.
+	Requests []*rlspb.RateLimitRequest
+	// Concurrency is the number of workers, each with one request
+	// outstanding at a time (default 1).
+	Concurrency int
+	// Connections is the number of HTTP/2 connections, shared by the
+	// workers in turn (default 1).
+	Connections int
+	// Duration is how long to measure (default 10s), after Warmup.
+	Duration time.Duration
+	// Warmup is how long to send before measuring (default none).
+	Warmup time.Duration
+	// Rate, when positive, sends Rate requests per second on a fixed
+	// schedule shared by the workers (open loop); latency is measured
+	// from each request's scheduled time. Zero sends as fast as replies
+	// come back (closed loop).
+	Rate float64
+	// DialOptions are added to the connections' options, for transport
+	// credentials. Without credentials the connections are plaintext.
+	DialOptions []grpc.DialOption
+}
+
+// Result is what a run measured. Requests counts the calls that started
+// after the warmup and finished before the end; calls still outstanding at
+// the end are cancelled and not counted.
+type Result struct {
+	Target      string  `json:"target"`
+	Concurrency int     `json:"concurrency"`
+	Connections int     `json:"connections"`
+	Rate        float64 `json:"rate,omitempty"`
+	Seconds     float64 `json:"duration_s"`
+	Requests    uint64  `json:"requests"`
+	RPS         float64 `json:"rps"`
+	// Codes counts calls by gRPC status code name ("OK", "Unavailable").
+	Codes map[string]uint64 `json:"grpc_codes"`
+	// Overall counts successful calls by the reply's overall_code.
+	Overall map[string]uint64 `json:"overall_codes"`
+	// StatusMismatches counts replies whose number of statuses differed
+	// from the request's number of descriptors.
+	StatusMismatches uint64  `json:"status_mismatches"`
+	Latency          Latency `json:"latency_us"`
+	// CPUPerRequest is the CPU time this process spent per counted
+	// request, in microseconds: the generator's own cost when the server
+	// runs elsewhere. Zero where the platform cannot tell.
+	CPUPerRequest float64 `json:"cpu_us_per_request"`
+}
+
+// Latency summarises a run's latencies in microseconds.
+type Latency struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	P999 float64 `json:"p99_9"`
+	Max  float64 `json:"max"`
+}
+
+// worker is one concurrency slot and its private tallies.
+type worker struct {
+	conn     *grpc.ClientConn
+	frames   []*frame
+	next     int
+	reply    reply
+	hist     Histogram
+	codes    [maxCode + 1]uint64
+	overall  [3]uint64
+	mismatch uint64
+}
+
+const maxCode = codes.Unauthenticated
+
+// Run connects to o.Target, sends load for o.Warmup + o.Duration and
+// returns what it measured. It returns early, with an error, if ctx ends.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if len(o.Requests) == 0 {
+		return nil, errors.New("loadgen: no requests to send")
+	}
+	if o.Rate < 0 {
+		return nil, fmt.Errorf("loadgen: rate %v is negative", o.Rate)
+	}
+	conc, nconn, dur := max(o.Concurrency, 1), max(o.Connections, 1), o.Duration
+	if dur <= 0 {
+		dur = 10 * time.Second
+	}
+	frames := make([]*frame, len(o.Requests))
+	for i, r := range o.Requests {
+		f, err := newFrame(r)
+		if err != nil {
+			return nil, err
+		}
+		frames[i] = f
+	}
+	conns, err := dial(ctx, o.Target, nconn, o.DialOptions)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+
+	workers := make([]*worker, conc)
+	for i := range workers {
+		workers[i] = &worker{conn: conns[i%nconn], frames: frames, next: i * len(frames) / conc}
+	}
+	cpu0 := cpuTime()
+	start := time.Now()
+	from, end := start.Add(max(o.Warmup, 0)), start.Add(max(o.Warmup, 0)+dur)
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	var ticket atomic.Int64
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			if o.Rate > 0 {
+				w.open(runCtx, &ticket, o.Rate, start, from, end)
+			} else {
+				w.closed(runCtx, from, end)
+			}
+		})
+	}
+	wg.Wait()
+	cpu := cpuTime() - cpu0
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("loadgen: run interrupted: %w", err)
+	}
+	return summarise(o, conc, nconn, dur, workers, cpu), nil
+}
+
+// dial opens n connections and waits until each is ready, so that
+// connection setup is not measured.
+func dial(ctx context.Context, target string, n int, extra []grpc.DialOption) ([]*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{})),
+	}, extra...)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conns := make([]*grpc.ClientConn, 0, n)
+	fail := func(err error) ([]*grpc.ClientConn, error) {
+		for _, c := range conns {
+			c.Close()
+		}
+		return nil, fmt.Errorf("loadgen: connect to %s: %w", target, err)
+	}
+	for range n {
+		c, err := grpc.NewClient(target, opts...)
+		if err != nil {
+			return fail(err)
+		}
+		conns = append(conns, c)
+		c.Connect()
+		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
+			if s == connectivity.TransientFailure {
+				return fail(errors.New("connection failed"))
+			}
+			if !c.WaitForStateChange(ctx, s) {
+				return fail(ctx.Err())
+			}
+		}
+	}
+	return conns, nil
+}
+
+// closed sends back to back until end, recording calls started at or
+// after from.
+func (w *worker) closed(ctx context.Context, from, end time.Time) {
+	for {
+		t0 := time.Now()
+		if !t0.Before(end) {
+			return
+		}
+		f := w.frame()
+		err := w.conn.Invoke(ctx, method, f, &w.reply)
+		t1 := time.Now()
+		if ctx.Err() != nil {
+			return
+		}
+		if !t0.Before(from) {
+			w.record(t1.Sub(t0), f, err)
+		}
+	}
+}
+
+// open takes tickets from the shared schedule: ticket n is due at
+// start + n/rate. A worker that is late sends at once, and the wait is
+// charged to the request's latency.
+func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, start, from, end time.Time) {
+	for {
+		n := ticket.Add(1) - 1
+		due := start.Add(time.Duration(float64(n) / rate * float64(time.Second)))
+		if !due.Before(end) {
+			return
+		}
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		f := w.frame()
+		err := w.conn.Invoke(ctx, method, f, &w.reply)
+		t1 := time.Now()
+		if ctx.Err() != nil {
+			return
+		}
+		if !due.Before(from) {
+			w.record(t1.Sub(due), f, err)
+		}
+	}
+}
+
+func (w *worker) frame() *frame {
+	f := w.frames[w.next]
+	if w.next++; w.next == len(w.frames) {
+		w.next = 0
+	}
+	return f
+}
+
+func (w *worker) record(d time.Duration, f *frame, err error) {
+	w.hist.Record(int64(d))
+	c := status.Code(err)
+	if c > maxCode {
+		c = codes.Unknown
+	}
+	w.codes[c]++
+	if err != nil {
+		return
+	}
+	if int(w.reply.code) < len(w.overall) {
+		w.overall[w.reply.code]++
+	}
+	if w.reply.statuses != f.descriptors {
+		w.mismatch++
+	}
+}
+
+func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker, cpu time.Duration) *Result {
+	var h Histogram
+	r := &Result{
+		Target: o.Target, Concurrency: conc, Connections: nconn, Rate: o.Rate,
+		Seconds: dur.Seconds(), Codes: map[string]uint64{}, Overall: map[string]uint64{},
+	}
+	for _, w := range workers {
+		h.Merge(&w.hist)
+		for c, n := range w.codes {
+			if n > 0 {
+				r.Codes[codes.Code(c).String()] += n
+			}
+		}
+		for c, n := range w.overall {
+			if n > 0 {
+				r.Overall[rlspb.RateLimitResponse_Code(c).String()] += n
+			}
+		}
+		r.StatusMismatches += w.mismatch
+	}
+	r.Requests = h.Count()
+	r.RPS = float64(r.Requests) / dur.Seconds()
+	us := func(ns int64) float64 { return float64(ns) / 1e3 }
+	r.Latency = Latency{
+		Mean: h.Mean() / 1e3, P50: us(h.Quantile(0.5)), P90: us(h.Quantile(0.9)),
+		P99: us(h.Quantile(0.99)), P999: us(h.Quantile(0.999)), Max: us(h.Max()),
+	}
+	if r.Requests > 0 {
+		r.CPUPerRequest = float64(cpu.Microseconds()) / float64(r.Requests)
+	}
+	return r
+}
