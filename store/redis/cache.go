@@ -1,0 +1,75 @@
+package redis
+
+import (
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// overCache remembers keys known to be over their limit, like the
+// reference's local cache: a batch whose every key is in it and that the
+// cached states deny is answered without a Redis call. The cached state
+// can only be behind Redis (other instances only add to it), so a local
+// denial is never wrong; its Remaining and RetryAfter may be slightly
+// optimistic. Safe for concurrent use.
+type overCache struct {
+	m *xsync.Map[string, overEntry]
+}
+
+type overEntry struct {
+	rule  *store.Rule // the entry serves hits of this rule only
+	state uint64      // as the script stores it
+	until int64       // Unix ns after which a cost of 1 may fit again
+}
+
+func newOverCache() *overCache { return &overCache{m: xsync.NewMap[string, overEntry]()} }
+
+// answer decides the batch locally if it can: every hit's key is cached
+// for its rule and still over at now, no hit saturates, and the batch is
+// denied. It reports whether out was written.
+func (c *overCache) answer(s *Store, now int64, hits []store.Hit, keys []string, out []store.Decision) bool {
+	var buf [8]uint64
+	orig := buf[:0]
+	for i, h := range hits {
+		if h.Saturate && h.Cost > 0 {
+			return false
+		}
+		e, ok := c.m.Load(keys[i])
+		if !ok || e.rule != h.Rule || now >= e.until {
+			return false
+		}
+		orig = append(orig, e.state)
+	}
+	committed, _ := s.decide(now, nil, hits, keys, orig, out)
+	return !committed
+}
+
+// update caches the vetoing hits whose keys are now over their limit,
+// from the batch's final states. With the server clock token buckets are
+// not cached: their time is Redis's, not the caller's.
+func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []string, final []uint64) {
+	for i, h := range hits {
+		tb := h.Rule.Algorithm() == store.TokenBucket
+		if !h.Veto || tb && tbNow != nil {
+			continue
+		}
+		_, d := store.Take(final[i], h.Rule, now, 1)
+		if d.Allowed {
+			continue
+		}
+		wait := d.RetryAfter
+		if wait == store.Never {
+			wait = d.ResetAfter
+		}
+		st := final[i]
+		if !tb {
+			st &= 0xffffffff
+		}
+		c.m.Store(keys[i], overEntry{rule: h.Rule, state: st, until: now + int64(wait)})
+	}
+}
+
+// sweep drops the entries that lapsed before now.
+func (c *overCache) sweep(now int64) {
+	c.m.DeleteMatching(func(_ string, e overEntry) (bool, bool) { return e.until <= now, false })
+}

@@ -1,0 +1,116 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// takeCluster runs one script per hash slot, in parallel. When a slot
+// denies the batch (or fails), the slots that committed are refunded: until
+// the refund lands a concurrent request may be denied for capacity this
+// batch held briefly (an over-deny), never granted capacity it did not
+// have. A refund that fails leaves the takes in place until the keys
+// expire, also an over-deny; RefundFailures counts them.
+func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, keys []string) (reply, error) {
+	var bs []batch
+	var slots []uint16
+	for i := range hits {
+		sl := slot(keys[i])
+		j := 0
+		for j < len(slots) && slots[j] != sl {
+			j++
+		}
+		if j == len(slots) {
+			slots = append(slots, sl)
+			bs = append(bs, batch{})
+		}
+		bs[j].idx = append(bs[j].idx, i)
+		bs[j].keys = append(bs[j].keys, keys[i])
+	}
+	for j := range bs {
+		bs[j].args = s.args(hits, bs[j].idx, now)
+	}
+	if len(bs) == 1 {
+		return s.run(ctx, bs[0])
+	}
+
+	c := s.client
+	cmds := make(rueidis.Commands, len(bs))
+	for j, b := range bs {
+		cmds[j] = c.B().Evalsha().Sha1(takeSHA).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build()
+	}
+	res := c.DoMulti(ctx, cmds...)
+	n := len(hits)
+	whole := reply{committed: true, orig: make([]uint64, n), final: make([]uint64, n)}
+	if s.opt.ServerClock {
+		whole.now = make([]int64, n)
+	}
+	replies := make([]reply, len(bs))
+	var errs []error
+	for j, b := range bs {
+		if e, ok := rueidis.IsRedisErr(res[j].Error()); ok && e.IsNoScript() {
+			res[j] = c.Do(ctx, c.B().Eval().Script(takeLua).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build())
+		}
+		r, err := parseReply(res[j], len(b.keys))
+		if err != nil {
+			errs = append(errs, err)
+			whole.committed = false
+			continue
+		}
+		replies[j] = r
+		whole.committed = whole.committed && r.committed
+		for k, i := range b.idx {
+			whole.orig[i], whole.final[i] = r.orig[k], r.final[k]
+			if r.now != nil {
+				whole.now[i] = r.now[k]
+			}
+		}
+	}
+	if whole.committed {
+		return whole, nil
+	}
+	// Refund every slot that committed, by its own replay's takes.
+	var rkeys, rargs []string
+	for j, b := range bs {
+		r := replies[j]
+		if !r.committed {
+			continue
+		}
+		sub := make([]store.Hit, len(b.idx))
+		for k, i := range b.idx {
+			sub[k] = hits[i]
+		}
+		out := make([]store.Decision, len(sub))
+		s.decide(now, r.now, sub, b.keys, r.orig, out)
+		rkeys, rargs = rkeys[:0], append(rargs[:0], "r")
+		for k, h := range sub {
+			if !out[k].Allowed || h.Saturate || h.Cost == 0 {
+				continue
+			}
+			amount := h.Cost
+			if h.Rule.Algorithm() == store.TokenBucket {
+				tk, _, _ := h.Rule.Quanta()
+				amount *= tk
+			}
+			rkeys = append(rkeys, b.keys[k])
+			rargs = append(rargs, strconv.FormatUint(amount, 10))
+		}
+		if len(rkeys) == 0 {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Timeout)
+		if err := s.eval(rctx, rkeys, rargs).Error(); err != nil {
+			s.refundFailures.Add(1)
+		}
+		cancel()
+	}
+	if len(errs) > 0 {
+		return whole, errors.Join(errs...)
+	}
+	return whole, nil
+}

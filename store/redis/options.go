@@ -1,0 +1,66 @@
+package redis
+
+import (
+	"crypto/tls"
+	"time"
+)
+
+// Options configure a Store. The zero value of every field means its
+// default; at least one of URL, SentinelAddrs or ClusterAddrs is needed.
+type Options struct {
+	// URL addresses a single Redis: redis://[user:password@]host:port[/db],
+	// rediss:// for TLS, unix:///path/to/redis.sock[?db=N].
+	URL string
+	// SentinelMaster and SentinelAddrs select the master that these
+	// sentinels monitor instead of URL.
+	SentinelMaster string
+	SentinelAddrs  []string
+	// ClusterAddrs are seed nodes of a Redis Cluster, instead of URL.
+	ClusterAddrs []string
+	// Username and Password authenticate to Redis (they override the
+	// URL's). Sentinels are asked with the same credentials.
+	Username, Password string
+	// TLS, if not nil, encrypts every connection (client certificate, CA,
+	// server name). A rediss:// URL without TLS uses the system roots.
+	TLS *tls.Config
+
+	// Timeout bounds every Redis call (default 10 ms, well under Envoy's
+	// 20 ms filter timeout).
+	Timeout time.Duration
+	// KeyPrefix is put before every key (e.g. "sluice:").
+	KeyPrefix string
+	// ServerClock makes token buckets read the time from Redis TIME
+	// instead of the now passed to Take, so that instances with skewed
+	// clocks agree. Fixed windows always use the caller's now.
+	ServerClock bool
+	// NoLocalCache turns off the local cache of keys known to be over
+	// their limit.
+	NoLocalCache bool
+
+	// BreakerFailures consecutive failures open the circuit breaker
+	// (default 3): calls then fail at once until a probe succeeds.
+	BreakerFailures int
+	// BreakerCooldown is how long the breaker stays open before it lets
+	// one call through as a probe (default 100 ms).
+	BreakerCooldown time.Duration
+	// ProbeInterval is how often Run pings Redis while the breaker is
+	// closed, for health (default 1 s). While open, Run pings every
+	// BreakerCooldown.
+	ProbeInterval time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Millisecond
+	}
+	if o.BreakerFailures <= 0 {
+		o.BreakerFailures = 3
+	}
+	if o.BreakerCooldown <= 0 {
+		o.BreakerCooldown = 100 * time.Millisecond
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = time.Second
+	}
+	return o
+}

@@ -1,0 +1,249 @@
+package redis
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+//go:embed take.lua
+var takeLua string
+
+var takeSHA = func() string {
+	sum := sha1.Sum([]byte(takeLua))
+	return hex.EncodeToString(sum[:])
+}()
+
+// fieldsPerHit is the number of script arguments describing one hit.
+const fieldsPerHit = 8
+
+// ErrOpen is returned (wrapped) while the circuit breaker is open: Redis
+// failed repeatedly and is not asked until a probe succeeds.
+var ErrOpen = errors.New("redis: circuit breaker open")
+
+// Store is a store.Store on Redis: single, Sentinel or Cluster. Safe for
+// concurrent use.
+type Store struct {
+	client  rueidis.Client
+	cluster bool
+	opt     Options
+	breaker *breaker
+	cache   *overCache // nil when disabled
+
+	refundFailures atomic.Uint64
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New connects to Redis as opt says. It fails if Redis cannot be reached.
+func New(ctx context.Context, opt Options) (*Store, error) {
+	opt = opt.withDefaults()
+	co, err := clientOption(opt)
+	if err != nil {
+		return nil, err
+	}
+	client, err := rueidis.NewClient(co)
+	if err != nil {
+		return nil, fmt.Errorf("redis: connect: %w", err)
+	}
+	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
+		breaker: newBreaker(opt.BreakerFailures, opt.BreakerCooldown, time.Now)}
+	if !opt.NoLocalCache {
+		s.cache = newOverCache()
+	}
+	if err := s.ping(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func clientOption(opt Options) (rueidis.ClientOption, error) {
+	var co rueidis.ClientOption
+	switch {
+	case opt.URL != "" && (len(opt.ClusterAddrs) > 0 || len(opt.SentinelAddrs) > 0),
+		len(opt.ClusterAddrs) > 0 && len(opt.SentinelAddrs) > 0:
+		return co, errors.New("redis: give one of a URL, sentinels or cluster seeds")
+	case opt.URL != "":
+		var err error
+		if co, err = rueidis.ParseURL(opt.URL); err != nil {
+			return co, fmt.Errorf("redis: url: %w", err)
+		}
+		co.ForceSingleClient = true
+	case len(opt.SentinelAddrs) > 0:
+		if opt.SentinelMaster == "" {
+			return co, errors.New("redis: sentinels need the master's name")
+		}
+		co.InitAddress = opt.SentinelAddrs
+		co.Sentinel = rueidis.SentinelOption{MasterSet: opt.SentinelMaster,
+			Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS}
+	case len(opt.ClusterAddrs) > 0:
+		co.InitAddress = opt.ClusterAddrs
+	default:
+		return co, errors.New("redis: no address: give a URL, sentinels or cluster seeds")
+	}
+	if opt.Username != "" {
+		co.Username = opt.Username
+	}
+	if opt.Password != "" {
+		co.Password = opt.Password
+	}
+	if opt.TLS != nil {
+		tc := opt.TLS.Clone()
+		if tc.ServerName == "" && co.TLSConfig != nil {
+			tc.ServerName = co.TLSConfig.ServerName
+		}
+		if tc.ServerName == "" && len(co.InitAddress) > 0 {
+			if host, _, err := net.SplitHostPort(co.InitAddress[0]); err == nil {
+				tc.ServerName = host
+			}
+		}
+		co.TLSConfig = tc
+	}
+	co.DisableCache = true
+	co.Dialer.Timeout = time.Second
+	co.ConnWriteTimeout = time.Second
+	return co, nil
+}
+
+// Close releases the connections.
+func (s *Store) Close() error {
+	s.client.Close()
+	return nil
+}
+
+// RefundFailures counts Cluster refunds that failed (see Take).
+func (s *Store) RefundFailures() uint64 { return s.refundFailures.Load() }
+
+// Healthy reports whether Redis answered the last call or probe. It is
+// false while the circuit breaker is open.
+func (s *Store) Healthy() bool { return s.breaker.closed() }
+
+// Run probes Redis until ctx ends: every ProbeInterval while healthy, every
+// BreakerCooldown while not, so the breaker closes as soon as Redis is
+// back. It also drops expired entries of the local cache.
+func (s *Store) Run(ctx context.Context) error {
+	t := time.NewTimer(s.opt.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := s.ping(ctx); err == nil {
+			s.breaker.success()
+		} else if ctx.Err() == nil {
+			s.breaker.failure()
+		}
+		if s.cache != nil {
+			s.cache.sweep(time.Now().UnixNano())
+		}
+		if s.breaker.closed() {
+			t.Reset(s.opt.ProbeInterval)
+		} else {
+			t.Reset(s.opt.BreakerCooldown)
+		}
+	}
+}
+
+func (s *Store) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(s.opt.Timeout, 100*time.Millisecond))
+	defer cancel()
+	if s.cluster {
+		for addr, n := range s.client.Nodes() {
+			if err := n.Do(ctx, n.B().Ping().Build()).Error(); err != nil {
+				return fmt.Errorf("redis: ping %s: %w", addr, err)
+			}
+		}
+		return nil
+	}
+	if err := s.client.Do(ctx, s.client.B().Ping().Build()).Error(); err != nil {
+		return fmt.Errorf("redis: ping: %w", err)
+	}
+	return nil
+}
+
+// hitKey is the Redis key of a hit: the prefix and the hit's key, and for
+// a fixed window the end of the current window in Unix seconds, so each
+// window counts in its own key.
+func (s *Store) hitKey(h *store.Hit, now int64) string {
+	if h.Rule.Algorithm() == store.FixedWindow {
+		return s.opt.KeyPrefix + h.Key + ":" + strconv.FormatUint(windowEnd(h.Rule, now), 10)
+	}
+	return s.opt.KeyPrefix + h.Key
+}
+
+// windowEnd is the end, in Unix seconds, of the fixed window holding now
+// (store.TakeWindow's windows: before the epoch counts as the epoch).
+func windowEnd(r *store.Rule, now int64) uint64 {
+	w := uint64(r.Period() / time.Second)
+	return (clampNow(now)/uint64(time.Second)/w + 1) * w
+}
+
+func clampNow(now int64) uint64 { return uint64(max(now, 0)) }
+
+// quanta returns floor and ceil of now in the rule's time quanta:
+// now*rk/period, in 128 bits, as store.TakeTokens counts them.
+func quanta(r *store.Rule, now int64) (lo, hi uint64) {
+	_, rk, _ := r.Quanta()
+	h, l := bits.Mul64(clampNow(now), rk)
+	q, rem := bits.Div64(h, l, uint64(r.Period())) // h < period as rk <= period
+	if rem != 0 {
+		return q, q + 1
+	}
+	return q, q
+}
+
+// appendArgs appends the script arguments of one hit (see take.lua).
+func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
+	r := h.Rule
+	flags := flagSets[b2i(h.Veto)|b2i(h.Saturate)<<1|b2i(h.Cost > r.Capacity())<<2]
+	if r.Algorithm() == store.FixedWindow {
+		// A cost above the limit is denied whatever the count; limit+1
+		// stands for all of them and keeps the script's sums exact.
+		cost := min(h.Cost, r.Limit()+1)
+		// The key expires a second after its window ends (keys name their
+		// window, so a late expiry changes nothing; an early one would, and
+		// Redis expires by its own clock, not the caller's).
+		ns := windowEnd(r, now)*uint64(time.Second) - clampNow(now)
+		ttl := ns/uint64(time.Millisecond) + 1000
+		return append(args, "f", flags, strconv.FormatUint(cost, 10), strconv.FormatUint(r.Limit(), 10),
+			strconv.FormatUint(ttl, 10), "", "", "")
+	}
+	k, rk, tol := r.Quanta()
+	cost := strconv.FormatUint(min(h.Cost, r.Burst()), 10)
+	var a, b string
+	if s.opt.ServerClock {
+		a, b = strconv.FormatUint(rk, 10), strconv.FormatInt(int64(r.Period()), 10)
+	} else {
+		lo, hi := quanta(r, now)
+		a, b = strconv.FormatUint(lo, 10), strconv.FormatUint(hi, 10)
+	}
+	ms := float64(r.Period()) / float64(rk) / float64(time.Millisecond)
+	return append(args, "t", flags, cost, strconv.FormatUint(k, 10), a, b,
+		strconv.FormatUint(tol, 10), strconv.FormatFloat(ms, 'g', 17, 64))
+}
+
+// flagSets are the script's hit flags indexed by veto | saturate<<1 |
+// beyond capacity<<2.
+var flagSets = [8]string{"", "v", "s", "vs", "n", "vn", "sn", "vsn"}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

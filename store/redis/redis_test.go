@@ -1,0 +1,63 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var prefixes atomic.Int64
+
+// open returns a store on srv with a key prefix of its own.
+func open(t testing.TB, opt Options) *Store {
+	t.Helper()
+	if opt.KeyPrefix == "" {
+		opt.KeyPrefix = "t" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
+	}
+	if opt.Timeout == 0 {
+		opt.Timeout = time.Second // -race on 2 cores is slow
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := New(ctx, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func must(r *store.Rule, err error) *store.Rule {
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
+func TestTake_Smoke(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr})
+	fw := must(store.NewFixedWindow(2, time.Minute))
+	tb := must(store.NewTokenBucket(1, time.Second, 2))
+	now := int64(1_800_000_000_123_456_789)
+	hits := []store.Hit{{Key: "a", Rule: fw, Cost: 1, Veto: true}, {Key: "b", Rule: tb, Cost: 1, Veto: true}}
+	out := make([]store.Decision, 2)
+	for step, want := range []bool{true, true, false} {
+		if err := s.Take(context.Background(), now, hits, out); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		t.Logf("step %d: %+v", step, out)
+		if out[0].Allowed != want {
+			t.Fatalf("step %d: allowed %v, want %v", step, out[0].Allowed, want)
+		}
+	}
+}

@@ -1,0 +1,234 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// batch is one script call: hits of one request (on Cluster: those of one
+// hash slot) with their keys and arguments.
+type batch struct {
+	idx  []int // indexes into the request's hits
+	keys []string
+	args []string
+}
+
+// reply is what the script answered for a batch.
+type reply struct {
+	committed bool
+	now       []int64  // per hit, Redis TIME in ns with the server clock, else nil
+	orig      []uint64 // state of each hit's key before the batch
+	final     []uint64 // and after it
+}
+
+// Take applies hits as one all-or-nothing batch (see store.Store). On a
+// single Redis (or Sentinel) that is one script call; on Cluster one call
+// per hash slot, with refunds when a slot denies. Decisions come from the
+// store package's algorithms replayed on the states the script read, and
+// are checked against what the script wrote.
+func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
+	if len(hits) == 0 {
+		return nil
+	}
+	keys := make([]string, len(hits))
+	for i := range hits {
+		keys[i] = s.hitKey(&hits[i], now)
+	}
+	if s.cache != nil && s.cache.answer(s, now, hits, keys, out) {
+		return nil
+	}
+	if !s.breaker.allow() {
+		return ErrOpen
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	defer cancel()
+	var (
+		r   reply
+		err error
+	)
+	if s.cluster {
+		r, err = s.takeCluster(ctx, now, hits, keys)
+	} else {
+		b := batch{keys: keys, args: s.args(hits, nil, now)}
+		r, err = s.run(ctx, b)
+	}
+	if err != nil {
+		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			s.breaker.failure()
+		}
+		return err
+	}
+	s.breaker.success()
+	committed, final := s.decide(now, r.now, hits, keys, r.orig, out)
+	// On Cluster the script's final states of a denied batch predate the
+	// refunds.
+	if (committed != r.committed || r.committed || !s.cluster) && !sameStates(hits, final, r.final) {
+		return fmt.Errorf("redis: script and store algorithms disagree on %s", keys[0])
+	}
+	if s.cache != nil {
+		s.cache.update(now, r.now, hits, keys, final)
+	}
+	return nil
+}
+
+func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {
+	n := len(hits)
+	if idx != nil {
+		n = len(idx)
+	}
+	args := make([]string, 1, 1+fieldsPerHit*n)
+	args[0] = "0"
+	if s.opt.ServerClock {
+		args[0] = "1"
+	}
+	if idx == nil {
+		for i := range hits {
+			args = s.appendArgs(args, &hits[i], now)
+		}
+		return args
+	}
+	for _, i := range idx {
+		args = s.appendArgs(args, &hits[i], now)
+	}
+	return args
+}
+
+// run executes the script for one batch.
+func (s *Store) run(ctx context.Context, b batch) (reply, error) {
+	return parseReply(s.eval(ctx, b.keys, b.args), len(b.keys))
+}
+
+// eval executes the script by SHA, with a fallback to its source when
+// Redis does not have it cached.
+func (s *Store) eval(ctx context.Context, keys, args []string) rueidis.RedisResult {
+	c := s.client
+	res := c.Do(ctx, c.B().Evalsha().Sha1(takeSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+		res = c.Do(ctx, c.B().Eval().Script(takeLua).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	}
+	return res
+}
+
+func parseReply(res rueidis.RedisResult, n int) (reply, error) {
+	var r reply
+	a, err := res.ToArray()
+	if err != nil {
+		return r, fmt.Errorf("redis: %w", err)
+	}
+	if len(a) != 3+2*n {
+		return r, fmt.Errorf("redis: script answered %d values for %d keys", len(a), n)
+	}
+	c, err := a[0].AsInt64()
+	if err != nil {
+		return r, fmt.Errorf("redis: script reply: %w", err)
+	}
+	r.committed = c == 1
+	if sec, _ := a[1].ToString(); sec != "" {
+		usec, _ := a[2].ToString()
+		s, err1 := strconv.ParseInt(sec, 10, 64)
+		u, err2 := strconv.ParseInt(usec, 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return r, fmt.Errorf("redis: TIME: %w", err)
+		}
+		r.now = make([]int64, n)
+		for i := range r.now {
+			r.now[i] = s*int64(time.Second) + u*int64(time.Microsecond)
+		}
+	}
+	r.orig, r.final = make([]uint64, n), make([]uint64, n)
+	for i := range n {
+		o, err1 := a[3+i].AsUint64()
+		f, err2 := a[3+n+i].AsUint64()
+		if err := errors.Join(err1, err2); err != nil {
+			return r, fmt.Errorf("redis: script reply: %w", err)
+		}
+		r.orig[i], r.final[i] = o, f
+	}
+	return r, nil
+}
+
+// decide replays the batch with the store package's algorithms on the
+// states the script read (orig, one per hit, equal for hits on one key):
+// it writes the decisions and returns whether the batch committed and
+// each hit's key's final state. Fixed-window states are packed as the
+// store package packs them; token buckets use tbNow (per hit) if not nil.
+func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string, orig []uint64, out []store.Decision) (bool, []uint64) {
+	n := len(hits)
+	first := make([]int, n) // the first hit on the same key
+	cur := make([]uint64, n)
+	at := make([]int64, n)
+	before := make([]uint64, n)
+	for i := range hits {
+		first[i] = i
+		for j := range i {
+			if keys[j] == keys[i] {
+				first[i] = first[j]
+				break
+			}
+		}
+		at[i] = now
+		if hits[i].Rule.Algorithm() == store.FixedWindow {
+			if i == first[i] {
+				cur[i] = windowEnd(hits[i].Rule, now)<<32 | orig[i]
+			}
+		} else {
+			if tbNow != nil {
+				at[i] = tbNow[i]
+			}
+			if i == first[i] {
+				cur[i] = orig[i]
+			}
+		}
+	}
+	copy(before, cur)
+	committed := true
+	for i, h := range hits {
+		f := first[i]
+		if h.Saturate {
+			cur[f], out[i] = store.Saturate(cur[f], h.Rule, at[i], h.Cost)
+		} else {
+			cur[f], out[i] = store.Take(cur[f], h.Rule, at[i], h.Cost)
+		}
+		if h.Veto && !out[i].Allowed {
+			committed = false
+		}
+	}
+	if !committed {
+		for i, h := range hits {
+			if out[i].Allowed && !h.Saturate {
+				f := first[i]
+				cur[f] = store.Refund(cur[f], h.Rule, at[i], h.Cost)
+				// Nothing was consumed: report the state before the batch.
+				_, d := store.Take(before[f], h.Rule, at[i], 0)
+				out[i].Remaining, out[i].ResetAfter = d.Remaining, d.ResetAfter
+			}
+		}
+	}
+	final := make([]uint64, n)
+	for i := range hits {
+		final[i] = cur[first[i]]
+	}
+	return committed, final
+}
+
+// sameStates reports whether the replayed final states equal the script's
+// (a fixed window's script state is its count alone).
+func sameStates(hits []store.Hit, replayed, script []uint64) bool {
+	for i, h := range hits {
+		v := replayed[i]
+		if h.Rule.Algorithm() == store.FixedWindow {
+			v &= 0xffffffff
+		}
+		if v != script[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,268 @@
+-- take.lua applies one batch of hits atomically. Go precomputes everything
+-- that depends only on the clock and the rule; the script adds and compares
+-- the stored state. Lua numbers are doubles, exact only below 2^53, while
+-- token-bucket states are ~2^61 quanta, so those are handled as decimal
+-- strings split into base-10^7 limbs (least significant first), where every
+-- limb product and carry stays exact.
+--
+-- ARGV[1]  "1": token buckets read the clock from Redis TIME ("server"
+--          clock); "0": every time is given by the caller; "r": refunds
+--          (see below).
+-- ARGV[2+8(i-1) ...] are the 8 fields of hit i, on KEYS[i]:
+--   "f", flags, cost (at most limit+1), limit, ttl ms, "", "", ""
+--   "t", flags, cost (at most burst), k, a, b, tol, m
+-- flags contains "v" for veto, "s" for saturate and "n" for a token-bucket
+-- cost beyond the burst (never allowed). For a token bucket k
+-- is quanta per token, tol the capacity in quanta, m milliseconds per
+-- quantum (for the key's expiry) and a, b are floor and ceil of now in
+-- quanta, or with the server clock rk (quanta per period) and the period
+-- in nanoseconds.
+-- Returns {committed, TIME seconds, TIME microseconds, state of each key
+-- before the batch..., state of each key after it...}.
+local B = 10000000
+
+local function num(s)
+  local a, n = {}, #s
+  while n > 0 do
+    local m = n - 7
+    if m < 0 then m = 0 end
+    a[#a + 1] = tonumber(string.sub(s, m + 1, n))
+    n = m
+  end
+  if #a == 0 then a[1] = 0 end
+  return a
+end
+
+local function str(a)
+  local n = #a
+  while n > 1 and a[n] == 0 do n = n - 1 end
+  local t = {string.format('%d', a[n])}
+  for i = n - 1, 1, -1 do t[#t + 1] = string.format('%07d', a[i]) end
+  return table.concat(t)
+end
+
+local function cmp(a, b)
+  for i = math.max(#a, #b), 1, -1 do
+    local x, y = a[i] or 0, b[i] or 0
+    if x ~= y then
+      if x < y then return -1 end
+      return 1
+    end
+  end
+  return 0
+end
+
+local function add(a, b)
+  local r, c = {}, 0
+  for i = 1, math.max(#a, #b) do
+    local s = (a[i] or 0) + (b[i] or 0) + c
+    if s >= B then r[i] = s - B; c = 1 else r[i] = s; c = 0 end
+  end
+  if c > 0 then r[#r + 1] = c end
+  return r
+end
+
+-- sub returns a-b for a >= b.
+local function sub(a, b)
+  local r, c = {}, 0
+  for i = 1, math.max(#a, #b) do
+    local s = (a[i] or 0) - (b[i] or 0) - c
+    if s < 0 then r[i] = s + B; c = 1 else r[i] = s; c = 0 end
+  end
+  return r
+end
+
+local function mul(a, b)
+  local r = {}
+  for i = 1, #a + #b do r[i] = 0 end
+  for i = 1, #a do
+    local c = 0
+    for j = 1, #b do
+      local s = r[i + j - 1] + a[i] * b[j] + c
+      c = math.floor(s / B)
+      r[i + j - 1] = s - c * B
+    end
+    r[i + #b] = r[i + #b] + c
+  end
+  return r
+end
+
+-- div returns floor(a/b) and whether the remainder is non-zero, by
+-- subtracting doublings of b (the quotients here stay below 2^64).
+local function div(a, b)
+  local ds, ps = {b}, {{1}}
+  while cmp(ds[#ds], a) <= 0 do
+    ds[#ds + 1] = add(ds[#ds], ds[#ds])
+    ps[#ps + 1] = add(ps[#ps], ps[#ps])
+  end
+  local q = {0}
+  for i = #ds, 1, -1 do
+    if cmp(ds[i], a) <= 0 then
+      a = sub(a, ds[i])
+      q = add(q, ps[i])
+    end
+  end
+  return q, cmp(a, {0}) > 0
+end
+
+local ZERO, ONE = {0}, {1}
+
+-- Refunds (Cluster, when another slot denied the batch): ARGV[1] is "r",
+-- then per key the amount to take back: requests, or quanta (cost*k). A refund never goes below zero and keeps the expiry.
+if ARGV[1] == 'r' then
+  for i = 1, #KEYS do
+    local v = redis.call('GET', KEYS[i])
+    if v then
+      local a, n = num(ARGV[i + 1]), num(v)
+      if cmp(a, n) >= 0 then
+        redis.call('DEL', KEYS[i])
+      else
+        redis.call('SET', KEYS[i], str(sub(n, a)), 'KEEPTTL')
+      end
+    end
+  end
+  return 1
+end
+
+local server = ARGV[1] == '1'
+local tsec, tusec, now = '', '', nil
+if server then
+  local t = redis.call('TIME')
+  tsec, tusec = t[1], t[2]
+  now = num(tsec .. string.format('%06d', tonumber(tusec)) .. '000')
+end
+
+-- Per hit: the parsed parameters, computed once.
+local hits = {}
+for i = 1, #KEYS do
+  local o = 2 + 8 * (i - 1)
+  local h = {key = KEYS[i], alg = ARGV[o], flags = ARGV[o + 1]}
+  h.veto = string.find(h.flags, 'v', 1, true) ~= nil
+  h.sat = string.find(h.flags, 's', 1, true) ~= nil
+  if h.alg == 'f' then
+    h.cost, h.limit, h.ttl = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), ARGV[o + 4]
+  else
+    h.never = string.find(h.flags, 'n', 1, true) ~= nil
+    h.cost = num(ARGV[o + 2])
+    h.k, h.tol = num(ARGV[o + 3]), num(ARGV[o + 6])
+    if server then
+      local rk, period = num(ARGV[o + 4]), num(ARGV[o + 5])
+      local q, frac = div(mul(now, rk), period)
+      h.nf = q
+      if frac then h.nc = add(q, ONE) else h.nc = q end
+      h.ms = tonumber(ARGV[o + 7])
+    else
+      h.nf, h.nc, h.ms = num(ARGV[o + 4]), num(ARGV[o + 5]), tonumber(ARGV[o + 7])
+    end
+    h.lim = add(h.nf, h.tol)
+  end
+  hits[i] = h
+end
+
+-- The state of each key: a count for a fixed window (its key names the
+-- window), the theoretical arrival time (TAT) in quanta for a token
+-- bucket. orig holds them as read, before the batch.
+local orig = {}
+for i = 1, #hits do
+  local h = hits[i]
+  if orig[h.key] == nil then
+    local v = redis.call('GET', h.key)
+    if not v then v = '0' end
+    if h.alg == 'f' then orig[h.key] = tonumber(v) else orig[h.key] = num(v) end
+  end
+end
+
+-- The functions below are store.TakeWindow, store.TakeTokens, Saturate
+-- and Refund of the Go package, on these states.
+
+-- take returns the state after hit h on s and whether h is allowed.
+local function take(h, s)
+  if h.alg == 'f' then
+    if h.limit > 0 and s <= h.limit and h.cost <= h.limit - s then return s + h.cost, true end
+    return s, false
+  end
+  if h.never then return s, false end
+  if cmp(s, h.nf) <= 0 then
+    if cmp(h.cost, ZERO) == 0 then return s, true end
+    return add(h.nc, mul(h.cost, h.k)), true
+  end
+  local n = add(s, mul(h.cost, h.k))
+  if cmp(n, h.lim) <= 0 then return n, true end
+  return s, false
+end
+
+-- saturate is take, except that a hit that does not fit consumes what is
+-- left, up to its cost.
+local function saturate(h, s)
+  local n, ok = take(h, s)
+  if ok then return n, ok end
+  if h.alg == 'f' then
+    if s >= h.limit or h.cost == 0 then return s, false end
+    return s + math.min(h.cost, h.limit - s), false
+  end
+  local base = s
+  if cmp(s, h.nf) <= 0 then base = h.nc end
+  n = add(base, mul(h.cost, h.k))
+  local cap = add(h.nc, h.tol)
+  if cmp(n, cap) > 0 then n = cap end
+  if cmp(n, s) < 0 then n = s end
+  return n, false
+end
+
+-- refund rolls back an allowed take of h.
+local function refund(h, s)
+  if h.alg == 'f' then
+    if h.cost >= s then return 0 end
+    return s - h.cost
+  end
+  local c = mul(h.cost, h.k)
+  if cmp(c, s) >= 0 then return ZERO end
+  return sub(s, c)
+end
+
+-- Hits apply in order; a vetoing hit that is denied denies the batch, and
+-- the allowed takes of hits that do not saturate are then refunded.
+local st, ok, committed = {}, {}, true
+for k, v in pairs(orig) do st[k] = v end
+for i = 1, #hits do
+  local h = hits[i]
+  if h.sat then st[h.key], ok[i] = saturate(h, st[h.key])
+  else st[h.key], ok[i] = take(h, st[h.key]) end
+  if h.veto and not ok[i] then committed = false end
+end
+if not committed then
+  for i = 1, #hits do
+    local h = hits[i]
+    if ok[i] and not h.sat then st[h.key] = refund(h, st[h.key]) end
+  end
+end
+
+-- Write the keys whose state changed, expiring when the state is fresh
+-- again, plus a second of slack since Redis counts by its own clock: a
+-- fixed window at its end, a token bucket when full.
+local out, done = {committed and 1 or 0, tsec, tusec}, {}
+local n = #hits
+for i = 1, n do
+  local h = hits[i]
+  local v, o = st[h.key], orig[h.key]
+  if h.alg == 'f' then
+    if not done[h.key] and v ~= o then
+      if v == 0 then redis.call('DEL', h.key)
+      else redis.call('SET', h.key, string.format('%d', v), 'PX', h.ttl) end
+    end
+    out[3 + i], out[3 + n + i] = string.format('%d', o), string.format('%d', v)
+  else
+    if not done[h.key] and cmp(v, o) ~= 0 then
+      if cmp(v, h.nf) <= 0 then redis.call('DEL', h.key)
+      else
+        local d = sub(v, h.nf)
+        local q = 0
+        for j = #d, 1, -1 do q = q * B + d[j] end
+        redis.call('SET', h.key, str(v), 'PX', string.format('%.0f', math.floor(q * h.ms) + 1000))
+      end
+    end
+    out[3 + i], out[3 + n + i] = str(o), str(v)
+  end
+  done[h.key] = true
+end
+return out
