@@ -38,13 +38,15 @@ func (e Error) Error() string {
 }
 
 // Errors is every problem Load found, in file order and, within a file, in
-// line order. Get it from Load's error with errors.As.
-type Errors []Error
+// line order. Get it from Load's error with errors.As and a *Errors.
+type Errors struct {
+	List []Error
+}
 
 // Error lists every problem, one per line.
-func (es Errors) Error() string {
-	lines := make([]string, len(es))
-	for i, e := range es {
+func (es *Errors) Error() string {
+	lines := make([]string, len(es.List))
+	for i, e := range es.List {
 		lines[i] = e.Error()
 	}
 	return strings.Join(lines, "\n")

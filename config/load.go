@@ -40,7 +40,7 @@ func Load(path string, opts Options) (*Table, error) {
 		return nil, err
 	}
 	srcs := make([]source, 0, len(files))
-	var readErrs Errors
+	var readErrs []Error
 	for _, name := range files {
 		data, err := os.ReadFile(name)
 		if err != nil {
@@ -64,7 +64,7 @@ type source struct {
 
 // compile builds a Table from files' contents; errs holds problems found
 // before parsing (unreadable files).
-func compile(srcs []source, opts Options, errs Errors) (*Table, error) {
+func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 	l := &loader{opts: opts, max: opts.maxValueBytes(), domains: map[string]*domain{}, errs: errs}
 	h := sha256.New()
 	for _, src := range srcs {
@@ -83,7 +83,7 @@ func compile(srcs []source, opts Options, errs Errors) (*Table, error) {
 			}
 			return a.Line - b.Line
 		})
-		return nil, l.errs
+		return nil, &Errors{List: l.errs}
 	}
 	t := &Table{domains: l.domains, max: l.max, hash: hex.EncodeToString(h.Sum(nil))}
 	for name := range l.domains {
@@ -136,7 +136,7 @@ func listFiles(path string) ([]string, error) {
 type loader struct {
 	opts    Options
 	max     int
-	errs    Errors
+	errs    []Error
 	domains map[string]*domain
 	budget  int // descriptors left for the current file
 }

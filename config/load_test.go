@@ -25,7 +25,7 @@ func TestLoad_ErrorsGolden(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Load(%s) = %v, want an error", file, tbl)
 			}
-			var es Errors
+			var es *Errors
 			if !errors.As(err, &es) {
 				t.Fatalf("Load(%s) error %T %v, want Errors", file, err, err)
 			}
@@ -47,7 +47,7 @@ func TestLoad_ErrorsGolden(t *testing.T) {
 	}
 }
 
-func writeFiles(t *testing.T, dir string, files map[string]string) {
+func writeFiles(t testing.TB, dir string, files map[string]string) {
 	t.Helper()
 	for name, text := range files {
 		p := filepath.Join(dir, name)

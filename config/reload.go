@@ -113,12 +113,12 @@ func (r *Reloader) logError(err error, kept bool) {
 	if kept {
 		msg = "config not reloaded; the previous config stays in force"
 	}
-	var es Errors
+	var es *Errors
 	if !errors.As(err, &es) {
 		r.log.Error(msg, "path", r.path, "err", err)
 		return
 	}
-	for _, e := range es {
+	for _, e := range es.List {
 		r.log.Error(msg, "file", e.File, "line", e.Line, "descriptor", e.Path, "err", e.Msg)
 	}
 }

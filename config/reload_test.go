@@ -1,0 +1,338 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// limitsFile is a one-rule config of domain with the given limit.
+func limitsFile(domain string, limit int) string {
+	return fmt.Sprintf("domain: %s\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", domain, limit)
+}
+
+// writeAtomic replaces a file the way editors and config tools do.
+func writeAtomic(t testing.TB, path, text string) {
+	t.Helper()
+	tmp := filepath.Join(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// limitOf returns the limit of domain's user rule in the current table, or
+// -1 when there is no table, domain or rule.
+func limitOf(r *Reloader, domain string) int {
+	tbl := r.Current()
+	if tbl == nil {
+		return -1
+	}
+	rule, _ := tbl.Match(domain, []Entry{{"user", "u"}}, nil)
+	if rule == nil {
+		return -1
+	}
+	return int(rule.RequestsPerUnit)
+}
+
+type reloadEvent struct {
+	tbl *Table
+	err error
+}
+
+// watch runs r.Run with a short debounce and returns the reload events; the
+// watcher stops (and is checked to stop cleanly) when the test ends.
+func watch(t *testing.T, r *Reloader) <-chan reloadEvent {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	events := make(chan reloadEvent, 16)
+	r.debounce = 5 * time.Millisecond
+	r.OnReload(func(tbl *Table, err error) {
+		select {
+		case events <- reloadEvent{tbl, err}:
+		case <-ctx.Done():
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run returned %v, want nil", err)
+		}
+	})
+	// Run is watching once a change is seen: touch until one reload arrives.
+	waitUntil(t, events, "the watcher to start", func(reloadEvent) bool { return true }, func() {
+		writeAtomic(t, filepath.Join(r.path, ".probe"), "x")
+	})
+	return events
+}
+
+// waitUntil reads reload events until ok accepts one. poke, if not nil, is
+// called while waiting (to create the change being waited for). It fails
+// the test after 10 s.
+func waitUntil(t *testing.T, events <-chan reloadEvent, what string, ok func(reloadEvent) bool, poke func()) reloadEvent {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	if poke != nil {
+		poke()
+	}
+	for {
+		select {
+		case ev := <-events:
+			if ok(ev) {
+				return ev
+			}
+		case <-tick.C:
+			if poke != nil {
+				poke()
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func TestReloader_FirstLoad(t *testing.T) {
+	dir := t.TempDir()
+	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 10))
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil {
+		t.Fatalf("NewReloader: %v", err)
+	}
+	st := r.Status()
+	if limitOf(r, "api") != 10 || !st.LastOK || st.Successes != 1 || st.Failures != 0 || st.Hash != r.Current().Hash() || st.LastSuccess.IsZero() {
+		t.Errorf("after the first load: limit %d, status %+v", limitOf(r, "api"), st)
+	}
+}
+
+func TestReloader_EmptyThenFirstConfig(t *testing.T) {
+	dir := t.TempDir()
+	r, err := NewReloader(dir, Options{}, nil)
+	if !errors.Is(err, ErrEmpty) || r == nil || r.Current() != nil {
+		t.Fatalf("NewReloader(empty) = %v, %v, want a Reloader without a table and ErrEmpty", r, err)
+	}
+	if st := r.Status(); st.LastOK || st.Failures != 1 || st.Hash != "" {
+		t.Errorf("status after an empty start: %+v", st)
+	}
+	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 3))
+	if err := r.Reload(); err != nil || limitOf(r, "api") != 3 {
+		t.Errorf("Reload = %v, limit %d; want nil, 3", err, limitOf(r, "api"))
+	}
+}
+
+func TestReloader_BadConfigKeepsTheOldTable(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "api.yaml")
+	writeAtomic(t, file, limitsFile("api", 10))
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := r.Current()
+	var hooked []error
+	r.OnReload(func(tbl *Table, err error) {
+		if tbl != r.Current() {
+			t.Error("the hook got a table that is not in force")
+		}
+		hooked = append(hooked, err)
+	})
+	writeAtomic(t, file, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n")
+	err = r.Reload()
+	var es *Errors
+	if !errors.As(err, &es) || len(es.List) != 1 || es.List[0].Line != 4 {
+		t.Fatalf("Reload(bad) = %v, want one error at line 4", err)
+	}
+	st := r.Status()
+	if r.Current() != old || st.LastOK || st.Failures != 1 || st.Successes != 1 || st.LastError != err || st.Hash != old.Hash() {
+		t.Errorf("after a bad reload: table replaced=%t, status %+v", r.Current() != old, st)
+	}
+	// Unchanged files: the same table stays, so counters keep their keys.
+	writeAtomic(t, file, limitsFile("api", 10))
+	if err := r.Reload(); err != nil || r.Current() != old {
+		t.Errorf("Reload(unchanged) = %v, replaced=%t; want nil and the same table", err, r.Current() != old)
+	}
+	if st := r.Status(); !st.LastOK || st.LastError != nil || st.Successes != 2 {
+		t.Errorf("status after recovering: %+v", st)
+	}
+	if len(hooked) != 2 || hooked[0] == nil || hooked[1] != nil {
+		t.Errorf("hooks saw %v, want [error, nil]", hooked)
+	}
+}
+
+func TestReloader_WatchEditAddRemove(t *testing.T) {
+	dir := t.TempDir()
+	api := filepath.Join(dir, "api.yaml")
+	writeAtomic(t, api, limitsFile("api", 10))
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := watch(t, r)
+
+	// Edit in place (truncate and write): a reload may see a half-written
+	// file and fail; the next event brings the final content.
+	if err := os.WriteFile(api, []byte(limitsFile("api", 20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, events, "the edit", func(reloadEvent) bool { return limitOf(r, "api") == 20 }, nil)
+
+	web := filepath.Join(dir, "web.yaml")
+	writeAtomic(t, web, limitsFile("web", 5))
+	waitUntil(t, events, "the added file", func(reloadEvent) bool { return limitOf(r, "web") == 5 }, nil)
+
+	if err := os.Remove(web); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, events, "the removed file", func(ev reloadEvent) bool { return ev.err == nil && !ev.tbl.HasDomain("web") }, nil)
+
+	good := r.Current()
+	writeAtomic(t, api, "domain: api\ndescriptors: [{key: user, rate_limit: {unit: fortnight}}]\n")
+	ev := waitUntil(t, events, "the bad edit", func(ev reloadEvent) bool { return ev.err != nil }, nil)
+	if ev.tbl != good || r.Current() != good || limitOf(r, "api") != 20 || r.Status().LastOK {
+		t.Errorf("after a bad edit: table replaced=%t, limit %d, status %+v", r.Current() != good, limitOf(r, "api"), r.Status())
+	}
+}
+
+func TestReloader_WatchConfigMapSymlinkSwap(t *testing.T) {
+	// The layout kubelet gives a mounted ConfigMap: the files are symlinks
+	// through ..data, which is swapped atomically on an update.
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"..2026_01/api.yaml": limitsFile("api", 1)})
+	for _, l := range [][2]string{{"..2026_01", "..data"}, {"..data/api.yaml", "api.yaml"}} {
+		if err := os.Symlink(l[0], filepath.Join(dir, l[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil || limitOf(r, "api") != 1 {
+		t.Fatalf("NewReloader = %v, limit %d", err, limitOf(r, "api"))
+	}
+	events := watch(t, r)
+
+	writeFiles(t, dir, map[string]string{"..2026_02/api.yaml": limitsFile("api", 2)})
+	if err := os.Symlink("..2026_02", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_01")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, events, "the ..data swap", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+}
+
+func TestReloader_WatchSingleFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "limits.yaml")
+	writeAtomic(t, file, limitsFile("api", 1))
+	r, err := NewReloader(file, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.path = file
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan reloadEvent, 16)
+	r.debounce = 5 * time.Millisecond
+	r.OnReload(func(tbl *Table, err error) {
+		select {
+		case events <- reloadEvent{tbl, err}:
+		case <-ctx.Done():
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	n := 1
+	waitUntil(t, events, "the edit of the watched file", func(reloadEvent) bool { return limitOf(r, "api") >= 2 }, func() {
+		n++
+		writeAtomic(t, file, limitsFile("api", n))
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+}
+
+// TestReloader_ReloadUnderConcurrentMatching swaps between two configs 1,000
+// times while goroutines match. Each config gives both rules the same limit,
+// so a reader that saw a mix of two configs would see two limits.
+func TestReloader_ReloadUnderConcurrentMatching(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "api.yaml")
+	config := func(limit int) string {
+		return fmt.Sprintf(`domain: api
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: %d}
+  - key: b
+    value: "x*"
+    rate_limit: {unit: second, requests_per_unit: %d}
+`, limit, limit)
+	}
+	// api.yaml is a symlink to one of two prepared files; swapping it is
+	// much cheaper than rewriting a file.
+	writeFiles(t, dir, map[string]string{".v1": config(1), ".v2": config(2)})
+	swap := func(limit int) {
+		tmp := filepath.Join(dir, ".api.yaml.tmp")
+		if err := os.Symlink(fmt.Sprintf(".v%d", limit), tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, file); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swap(1)
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var matches atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 0, 64)
+			ea, eb := []Entry{{"a", "1"}}, []Entry{{"b", "xyz"}}
+			for !stop.Load() {
+				tbl := r.Current()
+				ra, _ := tbl.Match("api", ea, buf)
+				rb, _ := tbl.Match("api", eb, buf)
+				if ra == nil || rb == nil || ra.RequestsPerUnit != rb.RequestsPerUnit {
+					t.Errorf("one table gave rules %v and %v", ra, rb)
+					return
+				}
+				matches.Add(1)
+				runtime.Gosched() // leave the reloading goroutine its share of 2 CPUs
+			}
+		}()
+	}
+	for i := 0; i < 1000; i++ {
+		swap(1 + i%2)
+		if err := r.Reload(); err != nil {
+			t.Fatalf("reload %d: %v", i, err)
+		}
+		if got, _ := r.Current().Match("api", []Entry{{"a", "1"}}, nil); got.RequestsPerUnit != uint32(1+i%2) {
+			t.Fatalf("reload %d: rule %v, want limit %d", i, got, 1+i%2)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if st := r.Status(); st.Successes != 1001 || matches.Load() == 0 {
+		t.Errorf("status %+v after 1,000 reloads, %d matches", st, matches.Load())
+	}
+}
