@@ -69,7 +69,7 @@ func New(opts Options) *Store {
 	return &Store{
 		m:          xsync.NewMap[string, *cell](),
 		maxKeys:    int64(maxKeys),
-		evictBatch: max(1, maxKeys/128),
+		evictBatch: max(1, maxKeys/16),
 	}
 }
 
@@ -144,19 +144,25 @@ func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store
 
 // apply runs the hit's algorithm on its key's cell with a CAS loop,
 // returning the cell, the states before and after, and the decision.
+// A hit that would leave a missing key fresh (a check, a denial) inserts
+// nothing, so checks of hostile keys cost no memory.
 func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d store.Decision) {
 	for {
-		c = s.cell(h.Key, h.Rule, now)
+		var ok bool
+		if c, ok = s.m.Load(h.Key); !ok {
+			if after, d = decide(h, 0, now); after == 0 {
+				return nil, 0, 0, d
+			}
+			c = s.insert(h.Key, h.Rule, now)
+		} else if c.rule.Load() != h.Rule {
+			c.rule.Store(h.Rule)
+		}
 		for {
 			before = c.state.Load()
 			if before == store.Tombstone {
 				break
 			}
-			if h.Saturate {
-				after, d = store.Saturate(before, h.Rule, now, h.Cost)
-			} else {
-				after, d = store.Take(before, h.Rule, now, h.Cost)
-			}
+			after, d = decide(h, before, now)
 			if after == before || c.state.CompareAndSwap(before, after) {
 				return c, before, after, d
 			}
@@ -165,6 +171,14 @@ func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d
 		// insert the live one.
 		s.remove(h.Key, c)
 	}
+}
+
+// decide runs the hit's algorithm on state st.
+func decide(h *store.Hit, st uint64, now int64) (uint64, store.Decision) {
+	if h.Saturate {
+		return store.Saturate(st, h.Rule, now, h.Cost)
+	}
+	return store.Take(st, h.Rule, now, h.Cost)
 }
 
 // refund rolls back one take. If nothing touched the state since, it goes
@@ -210,14 +224,9 @@ func (s *Store) load(key string) uint64 {
 	return 0
 }
 
-// cell finds or inserts the key's cell.
-func (s *Store) cell(key string, r *store.Rule, now int64) *cell {
-	if c, ok := s.m.Load(key); ok {
-		if c.rule.Load() != r {
-			c.rule.Store(r)
-		}
-		return c
-	}
+// insert adds a cell for key, making room first at the bound, and returns
+// the key's cell (another caller's if it won the race).
+func (s *Store) insert(key string, r *store.Rule, now int64) *cell {
 	if s.keys.Load() >= s.maxKeys {
 		s.makeRoom(now)
 	}
@@ -281,10 +290,13 @@ func (s *Store) Sweep(now int64) (removed int) {
 }
 
 // makeRoom runs when an insert finds the store at its bound. One caller
-// at a time removes a batch of MaxKeys/128 entries: fresh states from the
-// first 4 batches' worth of entries it visits, then, if that freed too
-// few, live states (evictions). So the work per insert stays bounded
-// (amortised over the batch), however many distinct keys arrive.
+// at a time passes over the map: it removes every fresh state (lossless),
+// and if that freed fewer than MaxKeys/16 keys it evicts live ones, the
+// first it met, until it has. So a pass costs O(MaxKeys) and frees at
+// least MaxKeys/16 keys: amortised, an insert costs at most 16 visits,
+// however many distinct keys arrive. Inserts that arrive during a pass
+// (milliseconds at a million keys) do not wait and may overshoot the
+// bound by that many.
 func (s *Store) makeRoom(now int64) {
 	if !s.evicting.CompareAndSwap(false, true) {
 		return
@@ -294,27 +306,32 @@ func (s *Store) makeRoom(now int64) {
 		return
 	}
 	now -= sweepGrace
-	freed, seen := 0, 0
+	type entry struct {
+		key string
+		c   *cell
+	}
+	live := make([]entry, 0, s.evictBatch)
+	freed := 0
 	s.m.Range(func(key string, c *cell) bool {
 		if kill(c, now, false) {
 			s.remove(key, c)
 			freed++
+		} else if len(live) < s.evictBatch {
+			live = append(live, entry{key, c})
 		}
-		seen++
-		return freed < s.evictBatch && seen < 4*s.evictBatch
+		return true
 	})
 	s.swept.Add(uint64(freed))
-	if freed >= s.evictBatch {
-		return
-	}
 	evicted := 0
-	s.m.Range(func(key string, c *cell) bool {
-		if kill(c, now, true) {
-			s.remove(key, c)
+	for _, e := range live {
+		if freed+evicted >= s.evictBatch {
+			break
+		}
+		if kill(e.c, now, true) {
+			s.remove(e.key, e.c)
 			evicted++
 		}
-		return freed+evicted < s.evictBatch
-	})
+	}
 	s.evictions.Add(uint64(evicted))
 }
 

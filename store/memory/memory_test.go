@@ -1,12 +1,219 @@
 package memory
 
 import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/storetest"
 )
 
+const t0 = storetest.T0
+
 func TestStore(t *testing.T) {
 	storetest.Run(t, func(*testing.T) store.Store { return New(Options{}) })
+}
+
+func window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
+	t.Helper()
+	r, err := store.NewFixedWindow(limit, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func bucket(t testing.TB, rate uint64, per time.Duration, burst uint64) *store.Rule {
+	t.Helper()
+	r, err := store.NewTokenBucket(rate, per, burst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// take1 takes cost from key at now and reports the decision.
+func take1(t testing.TB, s *Store, now int64, key string, r *store.Rule, cost uint64) store.Decision {
+	t.Helper()
+	out := make([]store.Decision, 1)
+	if err := s.Take(context.Background(), now, []store.Hit{{Key: key, Rule: r, Cost: cost, Veto: true}}, out); err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+func TestSweep(t *testing.T) {
+	s := New(Options{})
+	w := window(t, 10, time.Minute)
+	b := bucket(t, 1, time.Second, 10)
+	take1(t, s, t0, "w", w, 1)
+	take1(t, s, t0, "b", b, 4)
+	take1(t, s, t0, "check", w, 0)
+	if s.Len() != 2 {
+		t.Fatalf("Len = %d after two takes and a check, want 2", s.Len())
+	}
+	// Fresh only a second or more ago counts: the bucket is full at
+	// t0+4s, the window ends at t0+1m.
+	for _, c := range []struct {
+		at        time.Duration
+		removed   int
+		remaining int
+	}{{4 * time.Second, 0, 2}, {5 * time.Second, 1, 1}, {time.Minute, 0, 1}, {time.Minute + time.Second, 1, 0}} {
+		if n := s.Sweep(t0 + int64(c.at)); n != c.removed || s.Len() != c.remaining {
+			t.Fatalf("Sweep(t0+%v) removed %d, left %d; want %d, %d", c.at, n, s.Len(), c.removed, c.remaining)
+		}
+	}
+	if st := s.Stats(); st != (Stats{Keys: 0, Inserts: 2, Swept: 2}) {
+		t.Fatalf("Stats = %+v", st)
+	}
+	// A swept key starts fresh, as it would have been.
+	if d := take1(t, s, t0+int64(2*time.Minute), "w", w, 10); !d.Allowed {
+		t.Fatalf("take after sweep: %+v", d)
+	}
+}
+
+// Sweeps racing takes lose no update: each window of each key grants
+// exactly its limit while the previous windows' states are swept.
+func TestSweepRacingTake(t *testing.T) {
+	const (
+		steps   = 40
+		keys    = 8
+		limit   = 16
+		workers = 8
+		takes   = 64 // per worker per step: more than keys*limit/workers
+	)
+	s := New(Options{})
+	r := window(t, limit, time.Second)
+	var granted [steps][keys]atomic.Int64
+	for step := range steps {
+		// Two seconds per step: the last step's states are fresh (a
+		// second past their window's end) and get swept while the
+		// takers fill the new window.
+		now := t0 + int64(step)*int64(2*time.Second)
+		var done atomic.Bool
+		var sweeper sync.WaitGroup
+		started := make(chan struct{})
+		sweeper.Go(func() {
+			close(started)
+			for !done.Load() {
+				s.Sweep(now)
+			}
+		})
+		<-started
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				hit := []store.Hit{{Rule: r, Cost: 1, Veto: true}}
+				out := make([]store.Decision, 1)
+				for i := range takes {
+					k := (w + i) % keys
+					hit[0].Key = fmt.Sprint("k", k)
+					if err := s.Take(context.Background(), now, hit, out); err != nil {
+						t.Error(err)
+						return
+					}
+					if out[0].Allowed {
+						granted[step][k].Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		done.Store(true)
+		sweeper.Wait()
+	}
+	for step := range steps {
+		for k := range keys {
+			if g := granted[step][k].Load(); g != limit {
+				t.Errorf("step %d key %d: granted %d, want exactly %d", step, k, g, limit)
+			}
+		}
+	}
+	if st := s.Stats(); st.Swept == 0 {
+		t.Fatalf("no state was swept: %+v", st)
+	}
+}
+
+func TestMaxKeys(t *testing.T) {
+	s := New(Options{MaxKeys: 256}) // room is made 16 keys at a time
+	b := bucket(t, 1, time.Second, 10)
+	for i := range 200 {
+		take1(t, s, t0, fmt.Sprint("old", i), b, 1)
+	}
+	// A minute later the old buckets are full again: room comes from them
+	// first, losslessly.
+	later := t0 + int64(time.Minute)
+	for i := range 100 {
+		take1(t, s, later, fmt.Sprint("new", i), b, 1)
+	}
+	st := s.Stats()
+	if st.Evictions != 0 || st.Swept != 200 || st.Keys > 256 {
+		t.Fatalf("after 300 keys with 200 fresh: %+v, want no evictions", st)
+	}
+	for i := range 1000 {
+		take1(t, s, later, fmt.Sprint("hostile", i), b, 1)
+	}
+	st = s.Stats()
+	if st.Keys > 256 || st.Evictions == 0 || st.Inserts != 1300 || uint64(st.Keys)+st.Swept+st.Evictions != st.Inserts {
+		t.Fatalf("after 1300 keys: %+v, want ≤256 keys and every insert accounted for", st)
+	}
+	// Evicted keys start fresh; kept keys keep their state.
+	kept := 0
+	for i := range 1000 {
+		if d := take1(t, s, later, fmt.Sprint("hostile", i), b, 0); d.Remaining == 9 {
+			kept++
+		}
+	}
+	if kept == 0 || kept > 256 {
+		t.Fatalf("%d hostile keys kept their state, want 1..256", kept)
+	}
+}
+
+// A key aliasing a reused buffer is copied when stored.
+func TestKeyIsCopied(t *testing.T) {
+	s := New(Options{})
+	w := window(t, 1, time.Minute)
+	buf := []byte("key-a")
+	key := unsafe.String(&buf[0], len(buf))
+	take1(t, s, t0, key, w, 1)
+	copy(buf, "key-b")
+	if d := take1(t, s, t0, "key-a", w, 1); d.Allowed {
+		t.Fatal("key-a lost its state when the caller's buffer changed")
+	}
+	if d := take1(t, s, t0, "key-b", w, 1); !d.Allowed {
+		t.Fatal("key-b shares key-a's state")
+	}
+}
+
+func TestTakeAllocations(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	s := New(Options{})
+	w := window(t, 1<<30, time.Hour)
+	b := bucket(t, 1<<29, time.Second, 1<<30)
+	hits := []store.Hit{
+		{Key: "a", Rule: w, Cost: 1, Veto: true},
+		{Key: "b", Rule: b, Cost: 1, Veto: true},
+		{Key: "c", Rule: w, Cost: 1},
+		{Key: "d", Rule: b, Cost: 1, Veto: true, Saturate: true},
+	}
+	denied := append(hits[:2:2], store.Hit{Key: "e", Rule: window(t, 0, time.Hour), Cost: 1, Veto: true})
+	out := make([]store.Decision, len(hits))
+	ctx := context.Background()
+	s.Take(ctx, t0, hits, out)
+	for name, f := range map[string]func(){
+		"one hit":      func() { s.Take(ctx, t0, hits[:1], out[:1]) },
+		"four hits":    func() { s.Take(ctx, t0, hits, out) },
+		"denied batch": func() { s.Take(ctx, t0, denied, out[:3]) },
+	} {
+		if n := testing.AllocsPerRun(1000, f); n != 0 {
+			t.Errorf("%s: %v allocations per Take on existing keys", name, n)
+		}
+	}
 }
