@@ -64,9 +64,9 @@ type Result struct {
 	// from the request's number of descriptors.
 	StatusMismatches uint64  `json:"status_mismatches"`
 	Latency          Latency `json:"latency_us"`
-	// CPUPerRequest is the CPU time this process spent per counted
-	// request, in microseconds: the generator's own cost when the server
-	// runs elsewhere. Zero where the platform cannot tell.
+	// CPUPerRequest is the CPU time this process spent per finished
+	// call (warmup included), in microseconds: the generator's own cost
+	// when the server runs elsewhere. Zero where the platform cannot tell.
 	CPUPerRequest float64 `json:"cpu_us_per_request"`
 }
 
@@ -90,6 +90,7 @@ type worker struct {
 	codes    [maxCode + 1]uint64
 	overall  [3]uint64
 	mismatch uint64
+	calls    uint64 // every call that finished, warmup included
 }
 
 const maxCode = codes.Unauthenticated
@@ -202,6 +203,7 @@ func (w *worker) closed(ctx context.Context, from, end time.Time) {
 		if ctx.Err() != nil {
 			return
 		}
+		w.calls++
 		if !t0.Before(from) {
 			w.record(t1.Sub(t0), f, err)
 		}
@@ -227,6 +229,7 @@ func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, s
 		if ctx.Err() != nil {
 			return
 		}
+		w.calls++
 		if !due.Before(from) {
 			w.record(t1.Sub(due), f, err)
 		}
@@ -261,6 +264,7 @@ func (w *worker) record(d time.Duration, f *frame, err error) {
 
 func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker, cpu time.Duration) *Result {
 	var h Histogram
+	var calls uint64
 	r := &Result{
 		Target: o.Target, Concurrency: conc, Connections: nconn, Rate: o.Rate,
 		Seconds: dur.Seconds(), Codes: map[string]uint64{}, Overall: map[string]uint64{},
@@ -278,6 +282,7 @@ func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker,
 			}
 		}
 		r.StatusMismatches += w.mismatch
+		calls += w.calls
 	}
 	r.Requests = h.Count()
 	r.RPS = float64(r.Requests) / dur.Seconds()
@@ -286,8 +291,8 @@ func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker,
 		Mean: h.Mean() / 1e3, P50: us(h.Quantile(0.5)), P90: us(h.Quantile(0.9)),
 		P99: us(h.Quantile(0.99)), P999: us(h.Quantile(0.999)), Max: us(h.Max()),
 	}
-	if r.Requests > 0 {
-		r.CPUPerRequest = float64(cpu.Microseconds()) / float64(r.Requests)
+	if calls > 0 {
+		r.CPUPerRequest = float64(cpu.Nanoseconds()) / 1e3 / float64(calls)
 	}
 	return r
 }
