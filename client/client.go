@@ -159,8 +159,9 @@ func New(conn *grpc.ClientConn, opts ...Option) *Client {
 }
 
 // Dial returns a Client of Sluice at addr (host:port, or any gRPC target),
-// in plaintext unless WithTLS is given. No connection is made until the
-// first call. Close releases it.
+// in plaintext unless WithTLS is given. It starts connecting in the
+// background and returns at once, so that the first call's short deadline
+// is not spent on the handshake. Close releases the connection.
 func Dial(addr string, opts ...Option) (*Client, error) {
 	var o options
 	for _, opt := range opts {
@@ -174,6 +175,7 @@ func Dial(addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: dial %s: %w", addr, err)
 	}
+	conn.Connect()
 	c := New(conn, opts...)
 	c.owned = true
 	return c, nil

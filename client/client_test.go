@@ -126,9 +126,11 @@ func TestClient_Timeout(t *testing.T) {
 		timeout time.Duration
 		opts    []Option
 	}{{DefaultTimeout, nil}, {50 * time.Millisecond, []Option{WithTimeout(50 * time.Millisecond)}}} {
-		c := dial(t, addr, tc.opts...)
-		// Connect first, so the deadline measures the call alone.
-		c.conn.Connect()
+		c, err := Dial(addr, tc.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
 		start := time.Now()
 		r, err := c.ShouldRateLimit(testCtx(t), "api", []Descriptor{{{"user", "a"}}}, 1)
 		took := time.Since(start)

@@ -81,9 +81,11 @@ func deadAddr(t *testing.T) string {
 	return addr
 }
 
+// dial connects to addr with a timeout generous enough for a loaded test
+// machine, unless opts set another.
 func dial(t *testing.T, addr string, opts ...Option) *Client {
 	t.Helper()
-	c, err := Dial(addr, opts...)
+	c, err := Dial(addr, append([]Option{WithTimeout(5 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
