@@ -44,17 +44,18 @@ func (c *overCache) answer(s *Store, now int64, hits []store.Hit, keys []string,
 	return !committed
 }
 
-// update caches the vetoing hits whose keys are now over their limit,
-// from the batch's final states. With the server clock token buckets are
-// not cached: their time is Redis's, not the caller's.
+// update caches the keys of the batch that are now over their limit, from
+// the batch's final states, and forgets the others. With the server clock
+// token buckets are not cached: their time is Redis's, not the caller's.
 func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []string, final []uint64) {
 	for i, h := range hits {
 		tb := h.Rule.Algorithm() == store.TokenBucket
-		if !h.Veto || tb && tbNow != nil {
+		if tb && tbNow != nil {
 			continue
 		}
 		_, d := store.Take(final[i], h.Rule, now, 1)
 		if d.Allowed {
+			c.m.Delete(keys[i])
 			continue
 		}
 		wait := d.RetryAfter

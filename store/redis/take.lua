@@ -253,13 +253,14 @@ for i = 1, n do
     out[3 + i], out[3 + n + i] = string.format('%d', o), string.format('%d', v)
   else
     if not done[h.key] and cmp(v, o) ~= 0 then
-      if cmp(v, h.nf) <= 0 then redis.call('DEL', h.key)
-      else
+      local q = 0
+      if cmp(v, h.nf) > 0 then
         local d = sub(v, h.nf)
-        local q = 0
         for j = #d, 1, -1 do q = q * B + d[j] end
-        redis.call('SET', h.key, str(v), 'PX', string.format('%.0f', math.floor(q * h.ms) + 1000))
       end
+      -- capped at ~31,700 years, within what PX accepts
+      local ttl = math.min(math.floor(q * h.ms) + 1000, 1e15)
+      redis.call('SET', h.key, str(v), 'PX', string.format('%.0f', ttl))
     end
     out[3 + i], out[3 + n + i] = str(o), str(v)
   end

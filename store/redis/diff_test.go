@@ -1,0 +1,149 @@
+package redis
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// randomRules returns n rules with sizes from tiny to the limits the
+// store package accepts, so states reach ~2^62 quanta.
+func randomRules(rng *rand.Rand, n int) []*store.Rule {
+	windows := []time.Duration{time.Second, time.Minute, time.Hour, 365 * 24 * time.Hour, math.MaxUint32 * time.Second}
+	limits := []uint64{0, 1, 2, 5, 1000, store.MaxFixedWindowLimit}
+	periods := []time.Duration{time.Nanosecond, 3 * time.Nanosecond, time.Microsecond, time.Second, time.Minute, 7 * time.Hour, 1000 * time.Hour}
+	rates := []uint64{1, 3, 7, 1000, 1e9}
+	bursts := []uint64{1, 2, 10, 1 << 20, 1 << 40, 1 << 62}
+	var rules []*store.Rule
+	for len(rules) < n {
+		var r *store.Rule
+		var err error
+		if rng.IntN(2) == 0 {
+			r, err = store.NewFixedWindow(limits[rng.IntN(len(limits))], windows[rng.IntN(len(windows))])
+		} else {
+			r, err = store.NewTokenBucket(rates[rng.IntN(len(rates))], periods[rng.IntN(len(periods))], bursts[rng.IntN(len(bursts))])
+		}
+		if err == nil {
+			rules = append(rules, r)
+		}
+	}
+	return rules
+}
+
+func randomCost(rng *rand.Rand, r *store.Rule) uint64 {
+	c := r.Capacity()
+	switch rng.IntN(8) {
+	case 0:
+		return 0
+	case 1:
+		return c
+	case 2:
+		return c + 1
+	case 3:
+		return math.MaxUint64
+	case 4:
+		return max(c, 1) - 1
+	case 5:
+		return rng.Uint64N(max(c, 1)) + 1
+	}
+	return uint64(rng.IntN(3)) + 1
+}
+
+// TestTake_MatchesAlgorithms drives random batches through the script and
+// through the store package's algorithms on states kept in Go: the
+// decisions must be identical to the nanosecond. (Take itself also checks
+// each final state the script wrote against the algorithms.)
+func TestTake_MatchesAlgorithms(t *testing.T) {
+	srv := redistest.Start(t)
+	for seed := range uint64(4) {
+		rng := rand.New(rand.NewPCG(seed, 99))
+		s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: seed%2 == 0})
+		rules := randomRules(rng, 6)
+		names := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+		model := map[string]uint64{} // Redis key -> state as the script stores it
+		now := int64(1_800_000_000_000_000_000) + rng.Int64N(int64(time.Hour))
+		var retry time.Duration // of the last denial, to probe the boundary
+		for step := range 600 {
+			switch rng.IntN(10) {
+			case 0: // clock steps back
+				now -= rng.Int64N(int64(time.Second))
+			case 1:
+			case 2, 3: // exactly when the last denied hit fits, or 1ns before
+				if retry > 0 && retry < time.Hour {
+					now += int64(retry) - rng.Int64N(2)
+				}
+			default:
+				now += rng.Int64N(int64(2 * time.Second))
+			}
+			n := 1 + rng.IntN(4)
+			hits := make([]store.Hit, n)
+			for i := range hits {
+				k := rng.IntN(len(names))
+				hits[i] = store.Hit{Key: names[k], Rule: rules[k], Cost: randomCost(rng, rules[k]),
+					Veto: rng.IntN(4) != 0, Saturate: rng.IntN(5) == 0}
+			}
+			got := make([]store.Decision, n)
+			if err := s.Take(context.Background(), now, hits, got); err != nil {
+				t.Fatalf("seed %d step %d: %v", seed, step, err)
+			}
+			keys := make([]string, n)
+			orig := make([]uint64, n)
+			for i := range hits {
+				keys[i] = s.hitKey(&hits[i], now)
+				orig[i] = model[keys[i]]
+			}
+			want := make([]store.Decision, n)
+			_, final := s.decide(now, nil, hits, keys, orig, want)
+			for i := range hits {
+				if hits[i].Rule.Algorithm() == store.FixedWindow {
+					final[i] &= 0xffffffff
+				}
+				model[keys[i]] = final[i]
+				if !got[i].Allowed && got[i].RetryAfter != store.Never {
+					retry = got[i].RetryAfter
+				}
+				if got[i] != want[i] {
+					t.Fatalf("seed %d step %d hit %d (%v cost %d): got %+v, want %+v",
+						seed, step, i, hits[i].Rule, hits[i].Cost, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestTake_ServerClock runs token buckets on Redis TIME: the script's
+// 128-bit quanta conversion must agree with the Go one, which Take checks
+// on every call.
+func TestTake_ServerClock(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, ServerClock: true})
+	rng := rand.New(rand.NewPCG(7, 7))
+	var rules []*store.Rule
+	for len(rules) < 6 {
+		if r := randomRules(rng, 1)[0]; r.Algorithm() == store.TokenBucket {
+			rules = append(rules, r)
+		}
+	}
+	allowed := 0
+	for step := range 300 {
+		k := rng.IntN(len(rules))
+		hits := []store.Hit{{Key: "s" + string(rune('0'+k)), Rule: rules[k], Cost: randomCost(rng, rules[k]), Veto: true}}
+		out := make([]store.Decision, 1)
+		// The caller's clock is ignored for token buckets: a wrong one
+		// must not matter.
+		if err := s.Take(context.Background(), 42, hits, out); err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if out[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed == 0 {
+		t.Fatal("no hit was allowed")
+	}
+}
