@@ -34,9 +34,16 @@ func byUser(_ string, md metadata.MD) []Descriptor {
 // opts and returns a client connection to it.
 func startApp(t *testing.T, opts ...grpc.ServerOption) healthpb.HealthClient {
 	t.Helper()
-	s := grpc.NewServer(opts...)
+	return startAppClient(t, opts)
+}
+
+// startAppClient is startApp with options for the client connection too.
+func startAppClient(t *testing.T, serverOpts []grpc.ServerOption, dialOpts ...grpc.DialOption) healthpb.HealthClient {
+	t.Helper()
+	s := grpc.NewServer(serverOpts...)
 	healthpb.RegisterHealthServer(s, health.NewServer())
-	conn, err := grpc.NewClient(serveGRPC(t, s), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dialOpts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts...)
+	conn, err := grpc.NewClient(serveGRPC(t, s), dialOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}
