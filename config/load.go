@@ -25,7 +25,8 @@ import (
 // exhausting the stack or the CPU.
 const (
 	maxDepth       = 64
-	maxDescriptors = 1 << 20 // per file, aliases expanded
+	maxDescriptors = 1 << 20 // per file, aliases and merge keys expanded
+	maxErrors      = 1000    // per Load
 )
 
 // Load reads and compiles the limits files at path: a file, or every
@@ -142,7 +143,12 @@ type loader struct {
 }
 
 func (l *loader) errorf(file string, line int, path, format string, args ...any) {
-	l.errs = append(l.errs, Error{File: file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+	switch {
+	case len(l.errs) < maxErrors:
+		l.errs = append(l.errs, Error{File: file, Line: line, Path: path, Msg: fmt.Sprintf(format, args...)})
+	case len(l.errs) == maxErrors:
+		l.errs = append(l.errs, Error{File: file, Line: line, Path: path, Msg: fmt.Sprintf("more than %d errors; the rest are not shown", maxErrors)})
+	}
 }
 
 // file parses one limits file into its domain.
@@ -238,7 +244,7 @@ func (l *loader) descriptors(file, dname string, d *domain, lv *level, n *yaml.N
 	for i, item := range n.Content {
 		if l.budget--; l.budget < 0 {
 			if l.budget == -1 {
-				l.errorf(file, item.Line, path, "more than %d descriptors (recursive YAML aliases?)", maxDescriptors)
+				l.errorf(file, item.Line, path, "more than %d descriptors and merged mappings (recursive YAML aliases?)", maxDescriptors)
 			}
 			return
 		}
@@ -539,6 +545,12 @@ func (l *loader) fields(file, path, where string, n *yaml.Node, depth int, allow
 			}
 		}
 		for _, mm := range maps {
+			if l.budget--; l.budget < 0 {
+				if l.budget == -1 {
+					l.errorf(file, mm.Line, path, "more than %d descriptors and merged mappings (recursive YAML aliases?)", maxDescriptors)
+				}
+				return m
+			}
 			if mm.Kind != yaml.MappingNode {
 				l.errorf(file, mm.Line, path, "a merge key (<<) needs a mapping, got %s", describe(mm))
 				continue
