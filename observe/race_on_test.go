@@ -1,0 +1,5 @@
+//go:build race
+
+package observe_test
+
+const raceEnabled = true

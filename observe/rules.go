@@ -1,0 +1,276 @@
+package observe
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// Defaults for Options.
+const (
+	DefaultNearLimitRatio   = 0.8
+	DefaultMaxValuesPerRule = 100
+)
+
+// Label values that stand for a group rather than a request's value.
+const (
+	// OtherValue counts the values of a detailed rule past its cap, and
+	// the domains of overrides past the cap.
+	OtherValue = "_other"
+	// OverrideRule is the rule label of hits counted by a request's own
+	// limit override.
+	OverrideRule = "_override"
+)
+
+// Options configure Rules. The zero value means defaults.
+type Options struct {
+	// NearLimitRatio: an allowed hit that leaves the rule's usage at or
+	// above this fraction of its limit also counts as near the limit.
+	// Zero means DefaultNearLimitRatio.
+	NearLimitRatio float64
+	// MaxValuesPerRule caps the distinct value labels of a detailed rule
+	// (and the domains counted for overrides). Zero means
+	// DefaultMaxValuesPerRule.
+	MaxValuesPerRule int
+}
+
+// Rules counts rate-limit decisions per rule: hits, within limit, over
+// limit, near limit and shadow-mode overrides, labelled with the domain,
+// the rule's key path (config.Rule.Path) and, for detailed rules only, the
+// descriptor's value. It implements limiter.Observer and is safe for
+// concurrent use.
+type Rules struct {
+	ratio     float64
+	maxValues int
+
+	hits, within, over, near, shadow *prometheus.CounterVec
+	storeFailures                    *prometheus.CounterVec
+
+	// index maps the rules of the tables seen to their counters. It is
+	// replaced whole (copy on write) under mu, read with one atomic load.
+	index atomic.Pointer[map[*config.Rule]*ruleSeries]
+	mu    sync.Mutex
+	// overrides maps a domain to the counters of its override hits.
+	overrides atomic.Pointer[map[string]*counters]
+}
+
+// counters are one label set's counters, resolved once.
+type counters struct {
+	hits, within, over, near, shadow prometheus.Counter
+}
+
+// ruleSeries are a rule's counters: one set, or one per value for a
+// detailed rule.
+type ruleSeries struct {
+	plain *counters // nil for a detailed rule
+
+	mu     sync.Mutex
+	buf    []byte               // builds a value; guarded by mu
+	values map[string]*counters // detailed rule: by value, capped
+	other  *counters            // detailed rule: past the cap
+}
+
+// NewRules registers the per-rule and store-failure counters on reg.
+func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
+	if opts.NearLimitRatio <= 0 {
+		opts.NearLimitRatio = DefaultNearLimitRatio
+	}
+	if opts.MaxValuesPerRule <= 0 {
+		opts.MaxValuesPerRule = DefaultMaxValuesPerRule
+	}
+	if opts.NearLimitRatio > 1 {
+		return nil, errors.New("observe: near-limit ratio must be in (0, 1]")
+	}
+	labels := []string{"domain", "rule", "value"}
+	vec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Subsystem: "rule", Name: name, Help: help}, labels)
+	}
+	r := &Rules{
+		ratio: opts.NearLimitRatio, maxValues: opts.MaxValuesPerRule,
+		hits:   vec("hits_total", "Descriptors that matched the rule."),
+		within: vec("within_limit_total", "Descriptors the rule allowed."),
+		over:   vec("over_limit_total", "Descriptors over the rule's limit (denied, or reported only in shadow mode)."),
+		near:   vec("near_limit_total", "Allowed descriptors that left the rule's usage at or above the near-limit ratio."),
+		shadow: vec("shadow_mode_total", "Descriptors over the limit of a shadow-mode rule, allowed anyway."),
+		storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Subsystem: "store", Name: "failures_total",
+			Help: "Requests the store could not decide, by kind of error and by the failure mode that answered them."}, []string{"kind", "mode"}),
+	}
+	for _, c := range []prometheus.Collector{r.hits, r.within, r.over, r.near, r.shadow, r.storeFailures} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	r.index.Store(&map[*config.Rule]*ruleSeries{})
+	r.overrides.Store(&map[string]*counters{})
+	return r, nil
+}
+
+// SetTable resolves the counters of t's rules, so that they are exported
+// at zero before the first hit, and forgets the rules of earlier tables.
+// Call it with the first table and from config.Reloader.OnReload. Rules
+// of a table never passed here are resolved on their first hit.
+func (r *Rules) SetTable(t *config.Table) {
+	if t == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := *r.index.Load()
+	idx := make(map[*config.Rule]*ruleSeries, len(old))
+	for _, rule := range t.Rules() {
+		if s := old[rule]; s != nil {
+			idx[rule] = s
+		} else {
+			idx[rule] = r.newSeries(rule)
+		}
+	}
+	r.index.Store(&idx)
+}
+
+func (r *Rules) newSeries(rule *config.Rule) *ruleSeries {
+	if rule.DetailedMetric || rule.ValueToMetric {
+		return &ruleSeries{values: map[string]*counters{}, other: r.counters(rule.Domain, rule.Path, OtherValue)}
+	}
+	return &ruleSeries{plain: r.counters(rule.Domain, rule.Path, "")}
+}
+
+func (r *Rules) counters(domain, rule, value string) *counters {
+	return &counters{
+		hits:   r.hits.WithLabelValues(domain, rule, value),
+		within: r.within.WithLabelValues(domain, rule, value),
+		over:   r.over.WithLabelValues(domain, rule, value),
+		near:   r.near.WithLabelValues(domain, rule, value),
+		shadow: r.shadow.WithLabelValues(domain, rule, value),
+	}
+}
+
+// series returns rule's counters, resolving them on a rule's first hit
+// when its table was not passed to SetTable.
+func (r *Rules) series(rule *config.Rule) *ruleSeries {
+	if s := (*r.index.Load())[rule]; s != nil {
+		return s
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := *r.index.Load()
+	if s := old[rule]; s != nil {
+		return s
+	}
+	idx := make(map[*config.Rule]*ruleSeries, len(old)+1)
+	for k, v := range old {
+		idx[k] = v
+	}
+	s := r.newSeries(rule)
+	idx[rule] = s
+	r.index.Store(&idx)
+	return s
+}
+
+// override returns the counters of override hits in domain.
+func (r *Rules) override(domain string) *counters {
+	if c := (*r.overrides.Load())[domain]; c != nil {
+		return c
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := *r.overrides.Load()
+	if c := old[domain]; c != nil {
+		return c
+	}
+	label := domain
+	if len(old) >= r.maxValues {
+		label = OtherValue
+	}
+	c := r.counters(label, OverrideRule, "")
+	if label == OtherValue {
+		return c
+	}
+	m := make(map[string]*counters, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[domain] = c
+	r.overrides.Store(&m)
+	return c
+}
+
+// Observe counts one descriptor's decision. For a rule that is neither
+// detailed nor new it allocates nothing and takes no lock.
+func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule, st *limiter.Status) {
+	var c *counters
+	if rule == nil {
+		c = r.override(domain)
+	} else if s := r.series(rule); s.plain != nil {
+		c = s.plain
+	} else {
+		c = r.value(s, rule, entries)
+	}
+	c.hits.Inc()
+	d := &st.Decision
+	switch {
+	case st.Unlimited:
+		c.within.Inc()
+	case !d.Allowed:
+		c.over.Inc()
+		if st.Code == limiter.OK {
+			c.shadow.Inc()
+		}
+	default:
+		c.within.Inc()
+		if d.Limit > 0 && float64(d.Limit-d.Remaining) >= r.ratio*float64(d.Limit) {
+			c.near.Inc()
+		}
+	}
+}
+
+// value returns the counters of a detailed rule for the descriptor's
+// value: its entries as key_value pairs joined by dots, like the
+// reference's detailed stats key.
+func (r *Rules) value(s *ruleSeries, rule *config.Rule, entries []config.Entry) *counters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.buf[:0]
+	for i, e := range entries {
+		if i > 0 {
+			b = append(b, '.')
+		}
+		b = append(b, e.Key...)
+		if e.Value != "" {
+			b = append(b, '_')
+			b = append(b, e.Value...)
+		}
+	}
+	s.buf = b
+	if c := s.values[string(b)]; c != nil {
+		return c
+	}
+	if len(s.values) >= r.maxValues {
+		return s.other
+	}
+	v := string(b)
+	c := r.counters(rule.Domain, rule.Path, v)
+	s.values[v] = c
+	return c
+}
+
+// StoreFailed counts a request the store could not decide.
+func (r *Rules) StoreFailed(_ string, mode limiter.FailureMode, err error) {
+	r.storeFailures.WithLabelValues(errorKind(err), mode.String()).Inc()
+}
+
+// errorKind sorts store errors into a few label values.
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return "error"
+}
