@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -231,5 +232,39 @@ func TestCeilSeconds(t *testing.T) {
 		if got := ceilSeconds(d); got != want {
 			t.Errorf("ceilSeconds(%v) = %d, want %d", d, got, want)
 		}
+	}
+}
+
+// The whole loop: an application enforces a token bucket through Sluice,
+// its denial carries RetryInfo, and a client's Retrier waits that long
+// and gets through.
+func TestRetrier_HonoursSluiceRetryInfo(t *testing.T) {
+	c := dial(t, startSluice(t, `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 1}
+`, nil))
+	var calls atomic.Int64
+	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		calls.Add(1)
+		return h(ctx, req)
+	}
+	app := startAppClient(t,
+		[]grpc.ServerOption{grpc.ChainUnaryInterceptor(count, c.UnaryServerInterceptor("api", byUser))},
+		grpc.WithUnaryInterceptor(NewRetrier(RetryConfig{Budget: newBudget(t, 1),
+			Backoff: Backoff{Base: time.Millisecond, Cap: time.Millisecond}}).UnaryClientInterceptor()))
+	ctx := asUser(testCtx(t), "gina")
+	if _, err := app.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := app.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("second call: %v, want success after a retry", err)
+	}
+	// The bucket refills one token in 100 ms; the retry waited for it
+	// (less the time the first call took to come back).
+	if took := time.Since(start); took < 50*time.Millisecond || calls.Load() != 3 {
+		t.Fatalf("second call took %v over %d server calls; want a retry after the RetryInfo delay", took, calls.Load())
 	}
 }
