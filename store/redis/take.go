@@ -34,6 +34,9 @@ type reply struct {
 // store package's algorithms replayed on the states the script read, and
 // are checked against what the script wrote.
 func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
+	if len(out) != len(hits) {
+		return fmt.Errorf("redis: %d decisions for %d hits", len(out), len(hits))
+	}
 	if len(hits) == 0 {
 		return nil
 	}
@@ -155,16 +158,16 @@ func parseReply(res rueidis.RedisResult, n int) (reply, error) {
 }
 
 // decide replays the batch with the store package's algorithms on the
-// states the script read (orig, one per hit, equal for hits on one key):
-// it writes the decisions and returns whether the batch committed and
-// each hit's key's final state. Fixed-window states are packed as the
-// store package packs them; token buckets use tbNow (per hit) if not nil.
+// states the script read (orig, one per hit, equal for hits on one key),
+// in the memory store's order (see take.lua): it writes the decisions and
+// returns whether the batch committed and each hit's key's final state.
+// Fixed-window states are packed as the store package packs them; token
+// buckets use tbNow (per hit) if not nil.
 func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string, orig []uint64, out []store.Decision) (bool, []uint64) {
 	n := len(hits)
-	first := make([]int, n) // the first hit on the same key
+	first := make([]int, n) // the first hit on the same key holds its state
 	cur := make([]uint64, n)
 	at := make([]int64, n)
-	before := make([]uint64, n)
 	for i := range hits {
 		first[i] = i
 		for j := range i {
@@ -174,40 +177,78 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 			}
 		}
 		at[i] = now
-		if hits[i].Rule.Algorithm() == store.FixedWindow {
-			if i == first[i] {
-				cur[i] = windowEnd(hits[i].Rule, now)<<32 | orig[i]
-			}
-		} else {
-			if tbNow != nil {
-				at[i] = tbNow[i]
-			}
-			if i == first[i] {
-				cur[i] = orig[i]
+		if tbNow != nil && hits[i].Rule.Algorithm() == store.TokenBucket {
+			at[i] = tbNow[i]
+		}
+		if i == first[i] {
+			cur[i] = orig[i]
+			if hits[i].Rule.Algorithm() == store.FixedWindow {
+				cur[i] |= windowEnd(hits[i].Rule, now) << 32
 			}
 		}
 	}
-	copy(before, cur)
-	committed := true
-	for i, h := range hits {
-		f := first[i]
+	type taken struct {
+		ok            bool
+		before, after uint64
+	}
+	tk := make([]taken, n)
+	apply := func(i int) (before, after uint64) {
+		h, f := &hits[i], first[i]
+		before = cur[f]
 		if h.Saturate {
-			cur[f], out[i] = store.Saturate(cur[f], h.Rule, at[i], h.Cost)
+			cur[f], out[i] = store.Saturate(before, h.Rule, at[i], h.Cost)
 		} else {
-			cur[f], out[i] = store.Take(cur[f], h.Rule, at[i], h.Cost)
+			cur[f], out[i] = store.Take(before, h.Rule, at[i], h.Cost)
 		}
-		if h.Veto && !out[i].Allowed {
-			committed = false
+		return before, cur[f]
+	}
+	peek := func(i int) {
+		h, st := &hits[i], cur[first[i]]
+		_, out[i] = store.Take(st, h.Rule, at[i], h.Cost)
+		if out[i].Allowed && h.Cost > 0 {
+			_, out[i] = store.Take(st, h.Rule, at[i], 0)
+			out[i].Allowed = true
 		}
 	}
-	if !committed {
-		for i, h := range hits {
-			if out[i].Allowed && !h.Saturate {
+	denied := false
+	for i, h := range hits {
+		switch {
+		case !h.Veto:
+		case denied && !h.Saturate:
+			peek(i)
+		default:
+			before, after := apply(i)
+			if !out[i].Allowed {
+				denied = true
+			} else if !h.Saturate && after != before {
+				tk[i] = taken{true, before, after}
+			}
+		}
+	}
+	for i, h := range hits {
+		switch {
+		case h.Veto:
+		case denied && !h.Saturate:
+			peek(i)
+		default:
+			apply(i)
+		}
+	}
+	if denied {
+		for i := n - 1; i >= 0; i-- {
+			if t := tk[i]; t.ok {
 				f := first[i]
-				cur[f] = store.Refund(cur[f], h.Rule, at[i], h.Cost)
-				// Nothing was consumed: report the state before the batch.
-				_, d := store.Take(before[f], h.Rule, at[i], 0)
-				out[i].Remaining, out[i].ResetAfter = d.Remaining, d.ResetAfter
+				if cur[f] == t.after {
+					cur[f] = t.before
+				} else {
+					cur[f] = store.Refund(cur[f], hits[i].Rule, at[i], hits[i].Cost)
+				}
+			}
+		}
+		for i := range hits {
+			if tk[i].ok {
+				_, out[i] = store.Take(cur[first[i]], hits[i].Rule, at[i], 0)
+				out[i].Allowed = true
 			}
 		}
 	}
@@ -215,7 +256,7 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 	for i := range hits {
 		final[i] = cur[first[i]]
 	}
-	return committed, final
+	return !denied, final
 }
 
 // sameStates reports whether the replayed final states equal the script's

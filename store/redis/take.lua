@@ -220,22 +220,47 @@ local function refund(h, s)
   return sub(s, c)
 end
 
--- Hits apply in order; a vetoing hit that is denied denies the batch, and
--- the allowed takes of hits that do not saturate are then refunded.
-local st, ok, committed = {}, {}, true
+local function same(h, a, b)
+  if h.alg == 'f' then return a == b end
+  return cmp(a, b) == 0
+end
+
+-- The batch runs as the memory store runs it (store/memory Take):
+-- vetoing hits in order, then the others; once a vetoing hit is denied,
+-- later hits only look, except saturating ones, which always consume; a
+-- denied batch then refunds its takes in reverse order.
+local st, taken, denied = {}, {}, false
 for k, v in pairs(orig) do st[k] = v end
+local function apply(h)
+  local b, a, ok = st[h.key], nil, nil
+  if h.sat then a, ok = saturate(h, b) else a, ok = take(h, b) end
+  st[h.key] = a
+  return b, a, ok
+end
 for i = 1, #hits do
   local h = hits[i]
-  if h.sat then st[h.key], ok[i] = saturate(h, st[h.key])
-  else st[h.key], ok[i] = take(h, st[h.key]) end
-  if h.veto and not ok[i] then committed = false end
-end
-if not committed then
-  for i = 1, #hits do
-    local h = hits[i]
-    if ok[i] and not h.sat then st[h.key] = refund(h, st[h.key]) end
+  if h.veto and (h.sat or not denied) then
+    local b, a, ok = apply(h)
+    if not ok then
+      denied = true
+    elseif not h.sat and not same(h, a, b) then
+      taken[i] = {b, a}
+    end
   end
 end
+for i = 1, #hits do
+  local h = hits[i]
+  if not h.veto and (h.sat or not denied) then apply(h) end
+end
+if denied then
+  for i = #hits, 1, -1 do
+    local t, h = taken[i], hits[i]
+    if t then
+      if same(h, st[h.key], t[2]) then st[h.key] = t[1] else st[h.key] = refund(h, st[h.key]) end
+    end
+  end
+end
+local committed = not denied
 
 -- Write the keys whose state changed, expiring when the state is fresh
 -- again, plus a second of slack since Redis counts by its own clock: a

@@ -179,7 +179,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	c := &Cluster{}
 	for range n {
 		c.Nodes = append(c.Nodes, Start(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "15000"))
 	}
 	args := append([]string{"--cluster", "create"}, c.Seeds()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
