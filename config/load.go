@@ -329,9 +329,10 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	if !keyOK || !valueOK {
 		return
 	}
+	nd.part = "|" + escapePart(key, l.max) + "="
 	kn := lv.keys[key]
 	if kn == nil {
-		kn = &keyNodes{part: "|" + escapePart(key, l.max) + "=", exact: map[string]*node{}}
+		kn = &keyNodes{exact: map[string]*node{}}
 		lv.keys[key] = kn
 	}
 	prev := kn.def

@@ -103,6 +103,7 @@ type node struct {
 	// pattern is the escaped wildcard value written into counter keys
 	// instead of the request's value (share_threshold); "" otherwise.
 	pattern string
+	part    string // the key's counter-key part: "|" + escaped key + "="
 	glob    glob
 	file    string
 	line    int
@@ -115,7 +116,6 @@ type level struct {
 
 // keyNodes are the descriptors of one key at one level.
 type keyNodes struct {
-	part  string           // "|" + escaped key + "=", the key's counter-key part
 	exact map[string]*node // by value, wildcard values included (literal match first)
 	wild  []*node          // wildcard values in file order
 	def   *node            // the key-only descriptor
@@ -182,43 +182,61 @@ func (t *Table) Match(domainName string, entries []Entry, dst []byte) (rule *Rul
 	if d == nil || len(entries) == 0 {
 		return nil, dst
 	}
-	key = append(dst, d.part...)
+	// Walk first, remembering the path for short descriptors, so that a
+	// miss writes nothing.
+	var path [8]*node
 	lv := d.root
 	for i, e := range entries {
-		if lv == nil {
+		n := lv.pick(e)
+		if n == nil {
 			return nil, dst
 		}
-		kn := lv.keys[e.Key]
-		if kn == nil {
+		if i < len(path) {
+			path[i] = n
+		}
+		if i == len(entries)-1 {
+			rule = n.rule
+		} else if lv = n.children; lv == nil {
 			return nil, dst
 		}
-		n := kn.exact[e.Value]
-		if n == nil {
-			for _, w := range kn.wild {
-				if w.glob.match(e.Value) {
-					n = w
-					break
-				}
-			}
+	}
+	if rule == nil {
+		return nil, dst
+	}
+	key = append(dst, d.part...)
+	lv = d.root
+	for i, e := range entries {
+		var n *node
+		if i < len(path) {
+			n = path[i]
+		} else {
+			n = lv.pick(e)
 		}
-		if n == nil {
-			if n = kn.def; n == nil {
-				return nil, dst
-			}
-		}
-		key = append(key, kn.part...)
+		key = append(key, n.part...)
 		if n.pattern != "" {
 			key = append(key, n.pattern...)
 		} else {
 			key = appendPart(key, e.Value, t.max)
 		}
-		if i == len(entries)-1 {
-			rule = n.rule
-		}
 		lv = n.children
 	}
-	if rule == nil {
-		return nil, dst
-	}
 	return rule, append(key, rule.suffix...)
+}
+
+// pick chooses e's descriptor at this level: the same key and value, else
+// the first matching wildcard value, else the key alone; nil if none.
+func (lv *level) pick(e Entry) *node {
+	kn := lv.keys[e.Key]
+	if kn == nil {
+		return nil
+	}
+	if n := kn.exact[e.Value]; n != nil {
+		return n
+	}
+	for _, w := range kn.wild {
+		if w.glob.match(e.Value) {
+			return w
+		}
+	}
+	return kn.def
 }
