@@ -18,6 +18,15 @@ func windowEnd(r *Rule, now uint64) (nowSec, end uint64) {
 	return nowSec, (nowSec/w + 1) * w
 }
 
+// currentWindow returns the end of the window a take at now counts in:
+// the window holding now, or the later window s holds if the clock has
+// stepped back since (so a backwards step never reopens an older window
+// and forgets the newer one's count).
+func currentWindow(s uint64, r *Rule, now uint64) uint64 {
+	_, end := windowEnd(r, now)
+	return max(end, s>>32)
+}
+
 // windowCount is the count s holds for the window ending at end.
 func windowCount(s, end uint64) uint64 {
 	if uint32(s>>32) != uint32(end) {
@@ -36,10 +45,11 @@ func packWindow(end, count uint64) uint64 { return end<<32 | count }
 // adds cost to the count; a denied hit consumes nothing. Cost 0 checks
 // without consuming. ResetAfter is the time until the window ends, never
 // 0; a denied hit may retry when the window ends, or Never if cost exceeds
-// the limit.
+// the limit. If the clock steps back into an earlier window, hits keep
+// counting in the later window the state holds.
 func TakeWindow(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 	t := clampNow(now)
-	_, end := windowEnd(r, t)
+	end := currentWindow(s, r, t)
 	count := windowCount(s, end)
 	d := Decision{Limit: r.limit, ResetAfter: time.Duration(end*nsPerSec - t)}
 	switch {
@@ -62,7 +72,9 @@ func TakeWindow(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 
 // refundWindow rolls back an allowed take of cost made at now: the count
 // drops by cost if s still holds the window of that take. If the window
-// has turned since, the take no longer counts anywhere and nothing changes.
+// has turned since, the take no longer counts anywhere and nothing changes
+// (nor when the take counted in a later window because the clock had
+// stepped back: a lost refund only denies more).
 // Counts are sums, so taking cost away again leaves exactly the count the
 // other hits of that window made: never more capacity than without the take.
 func refundWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
@@ -79,7 +91,7 @@ func refundWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
 
 // saturateWindow consumes what is left of the window, up to cost.
 func saturateWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
-	_, end := windowEnd(r, clampNow(now))
+	end := currentWindow(s, r, clampNow(now))
 	count := windowCount(s, end)
 	if count >= r.limit || cost == 0 {
 		return s

@@ -28,6 +28,9 @@ import (
 // quanta converts now (ns) to quanta: floor and ceil of now*rk/period.
 // now*rk < 2^63*period, so the 128-bit quotient fits in 64 bits.
 func quanta(r *Rule, now uint64) (floor, ceil uint64) {
+	if r.rk == uint64(r.period) {
+		return now, now // quanta are nanoseconds
+	}
 	hi, lo := bits.Mul64(now, r.rk)
 	q, rem := bits.Div64(hi, lo, uint64(r.period))
 	if rem != 0 {
@@ -39,6 +42,9 @@ func quanta(r *Rule, now uint64) (floor, ceil uint64) {
 // nanos converts quanta to nanoseconds since the epoch, rounding up and
 // saturating at MaxUint64.
 func nanos(r *Rule, q uint64) uint64 {
+	if r.rk == uint64(r.period) {
+		return q
+	}
 	hi, lo := bits.Mul64(q, uint64(r.period))
 	if hi >= r.rk {
 		return math.MaxUint64

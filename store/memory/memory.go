@@ -91,6 +91,11 @@ func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store
 	if len(out) != len(hits) {
 		return fmt.Errorf("memory: %d decisions for %d hits", len(out), len(hits))
 	}
+	if len(hits) == 1 {
+		// A lone hit has nothing to roll back: denied, it took nothing.
+		_, _, _, out[0] = s.apply(&hits[0], now)
+		return nil
+	}
 	var buf [8]taken
 	tk := buf[:]
 	if len(hits) > len(buf) {
