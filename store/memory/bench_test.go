@@ -145,4 +145,3 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 		runtime.KeepAlive(s)
 	}
 }
-
