@@ -126,32 +126,47 @@ func (r *Reloader) logError(err error, kept bool) {
 // Run watches the config directory (a file's parent directory) and reloads
 // after changes settle, until ctx is done. Watching the directory rather
 // than the files sees edits, added and removed files, and the Kubernetes
-// ConfigMap swap of the ..data symlink. Run returns nil when ctx is done,
-// or an error if it cannot watch.
+// ConfigMap swap of the ..data symlink. While the path does not exist, Run
+// watches its parent and picks the path up when it appears. Run returns
+// nil when ctx is done, or an error if it cannot watch at all.
 func (r *Reloader) Run(ctx context.Context) error {
-	dir := r.path
-	if fi, err := os.Stat(dir); err != nil {
-		return fmt.Errorf("config: watch: %w", err)
-	} else if !fi.IsDir() {
-		dir = filepath.Dir(dir)
-	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("config: watch: %w", err)
 	}
 	defer w.Close()
-	if err := w.Add(dir); err != nil {
-		return fmt.Errorf("config: watch %s: %w", dir, err)
+	watched := ""
+	// follow points the watch at the directory that path needs now.
+	follow := func() error {
+		dir := r.path
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			dir = filepath.Dir(dir)
+		}
+		if dir == watched {
+			return nil
+		}
+		if err := w.Add(dir); err != nil {
+			return fmt.Errorf("config: watch %s: %w", dir, err)
+		}
+		if watched != "" {
+			_ = w.Remove(watched) // fails when watched was deleted, which removes the watch anyway
+		}
+		watched = dir
+		r.log.Debug("config watch", "dir", dir)
+		return nil
+	}
+	if err := follow(); err != nil {
+		return err
 	}
 	// Reload once things have been quiet for the debounce time, or at the
 	// latest ten debounce times after the first event of a burst.
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	defer timer.Stop()
 	var first time.Time
 	for {
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return nil
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -176,6 +191,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 			timer.Reset(r.debounce)
 		case <-timer.C:
 			first = time.Time{}
+			// Watch the right directory before reading it, so that no
+			// change after the read goes unseen.
+			if err := follow(); err != nil {
+				r.log.Error("config watch", "err", err)
+			}
 			_ = r.Reload() // logged and counted; the old table stays
 		}
 	}

@@ -70,9 +70,14 @@ func watch(t *testing.T, r *Reloader) <-chan reloadEvent {
 			t.Errorf("Run returned %v, want nil", err)
 		}
 	})
-	// Run is watching once a change is seen: touch until one reload arrives.
+	// Run is watching once a change is seen: touch a dotfile in the watched
+	// directory until one reload arrives.
+	probeDir := r.path
+	if fi, err := os.Stat(probeDir); err != nil || !fi.IsDir() {
+		probeDir = filepath.Dir(probeDir)
+	}
 	waitUntil(t, events, "the watcher to start", func(reloadEvent) bool { return true }, func() {
-		writeAtomic(t, filepath.Join(r.path, ".probe"), "x")
+		writeAtomic(t, filepath.Join(probeDir, ".probe"), "x")
 	})
 	return events
 }
@@ -242,28 +247,9 @@ func TestReloader_WatchSingleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.path = file
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	events := make(chan reloadEvent, 16)
-	r.debounce = 5 * time.Millisecond
-	r.OnReload(func(tbl *Table, err error) {
-		select {
-		case events <- reloadEvent{tbl, err}:
-		case <-ctx.Done():
-		}
-	})
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	n := 1
-	waitUntil(t, events, "the edit of the watched file", func(reloadEvent) bool { return limitOf(r, "api") >= 2 }, func() {
-		n++
-		writeAtomic(t, file, limitsFile("api", n))
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Run = %v", err)
-	}
+	events := watch(t, r)
+	writeAtomic(t, file, limitsFile("api", 2))
+	waitUntil(t, events, "the edit of the watched file", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
 }
 
 // TestReloader_ReloadUnderConcurrentMatching swaps between two configs 1,000
@@ -335,4 +321,24 @@ descriptors:
 	if st := r.Status(); st.Successes != 1001 || matches.Load() == 0 {
 		t.Errorf("status %+v after 1,000 reloads, %d matches", st, matches.Load())
 	}
+}
+
+func TestReloader_WatchDirectoryThatAppearsLater(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "limits")
+	r, err := NewReloader(dir, Options{}, nil)
+	if !errors.Is(err, os.ErrNotExist) || r.Current() != nil {
+		t.Fatalf("NewReloader(missing) = %v", err)
+	}
+	events := watch(t, r)
+	// Create the directory with its file in place, as a deploy would.
+	staging := filepath.Join(parent, ".staging")
+	writeFiles(t, staging, map[string]string{"api.yaml": limitsFile("api", 4)})
+	if err := os.Rename(staging, dir); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, events, "the new directory", func(reloadEvent) bool { return limitOf(r, "api") == 4 }, nil)
+	// Now the directory itself is watched.
+	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 5))
+	waitUntil(t, events, "an edit in the new directory", func(reloadEvent) bool { return limitOf(r, "api") == 5 }, nil)
 }
