@@ -1,8 +1,20 @@
 // Package store holds the rate-limit algorithms and the Store contract.
 //
 // The algorithms are pure functions of (state, rule, now, cost) returning
-// (new state, Decision): no clock, no I/O, no allocation. Stores (the
-// in-memory store in store/memory, Redis in store/redis) own the state and
-// apply the algorithms atomically per key; store/storetest is the
-// conformance suite every Store passes.
+// (new state, Decision): no clock, no I/O, no allocation. A key's whole
+// state is one uint64 whose zero value is the fresh state:
+//
+//   - TakeWindow: Envoy-compatible fixed windows aligned to the Unix
+//     epoch; a denied hit consumes nothing.
+//   - TakeTokens: a token bucket as GCRA in exact time quanta; rounding
+//     never favours the caller.
+//
+// Take dispatches on the rule; Refund, Saturate and Fresh support stores'
+// batch rollback, saturating hits and lossless sweeping. WallClock is the
+// production Clock.
+//
+// Stores (the in-memory store in store/memory, Redis in store/redis) own
+// the state and apply the algorithms atomically per key; store/storetest
+// is the conformance suite every Store passes. docs/STORE.md explains the
+// encodings, the rounding and the memory store's bound and sweep.
 package store
