@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
@@ -38,7 +39,7 @@ type Debug struct {
 	// Keys lists live counters for /debug/keys; nil when the store
 	// cannot (it then answers 501).
 	Keys KeyRanger
-	// Clock tells the time for /debug/keys; nil means the wall clock.
+	// Clock tells the time for /debug/keys; nil means time.Now.
 	Clock store.Clock
 	Build Build
 }
@@ -111,11 +112,9 @@ func (d *Debug) keys(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = n
 	}
-	var now int64
+	now := time.Now().UnixNano()
 	if d.Clock != nil {
 		now = d.Clock.Now()
-	} else {
-		now = store.NewWallClock().Now()
 	}
 	out := KeyList{Keys: []KeyInfo{}, Limit: limit}
 	d.Keys.RangeKeys(domainPrefix(domain)+q.Get("prefix"), now, func(key string, dec store.Decision) bool {
