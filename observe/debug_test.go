@@ -123,4 +123,3 @@ func TestDebug_PprofAndBuild(t *testing.T) {
 		t.Errorf("/debug/build = %d %q", code, body)
 	}
 }
-
