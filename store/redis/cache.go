@@ -18,7 +18,7 @@ type overCache struct {
 
 type overEntry struct {
 	rule  *store.Rule // the entry serves hits of this rule only
-	state uint64      // as the script stores it
+	state uint64      // as the store package holds it
 	until int64       // Unix ns after which a cost of 1 may fit again
 }
 
@@ -62,11 +62,7 @@ func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []st
 		if wait == store.Never {
 			wait = d.ResetAfter
 		}
-		st := final[i]
-		if !tb {
-			st &= 0xffffffff
-		}
-		c.m.Store(keys[i], overEntry{rule: h.Rule, state: st, until: now + int64(wait)})
+		c.m.Store(keys[i], overEntry{rule: h.Rule, state: final[i], until: now + int64(wait)})
 	}
 }
 

@@ -92,13 +92,15 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 			if !out[k].Allowed || h.Saturate || h.Cost == 0 {
 				continue
 			}
-			amount := h.Cost
+			amount, end := h.Cost, ""
 			if h.Rule.Algorithm() == store.TokenBucket {
 				tk, _, _ := h.Rule.Quanta()
 				amount *= tk
+			} else {
+				end = strconv.FormatUint(windowEnd(h.Rule, now), 10)
 			}
 			rkeys = append(rkeys, b.keys[k])
-			rargs = append(rargs, strconv.FormatUint(amount, 10))
+			rargs = append(rargs, strconv.FormatUint(amount, 10), end)
 		}
 		if len(rkeys) == 0 {
 			continue

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -54,21 +55,23 @@ func randomCost(rng *rand.Rand, r *store.Rule) uint64 {
 	return uint64(rng.IntN(3)) + 1
 }
 
-// TestTake_MatchesAlgorithms drives random batches through the script and
-// through the store package's algorithms on states kept in Go: the
-// decisions must be identical to the nanosecond. (Take itself also checks
-// each final state the script wrote against the algorithms.)
+// TestTake_MatchesAlgorithms drives random batches through the script,
+// through the memory store and through the store package's algorithms on
+// states kept in Go: the decisions must be identical to the nanosecond.
+// (Take itself also checks each final state the script wrote against the
+// algorithms.)
 func TestTake_MatchesAlgorithms(t *testing.T) {
 	srv := redistest.Start(t)
-	for seed := range uint64(4) {
+	for seed := range uint64(8) {
 		rng := rand.New(rand.NewPCG(seed, 99))
 		s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: seed%2 == 0})
 		rules := randomRules(rng, 6)
 		names := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
-		model := map[string]uint64{} // Redis key -> state as the script stores it
+		model := map[string]uint64{} // Redis key -> state
+		mem := memory.New(memory.Options{})
 		now := int64(1_800_000_000_000_000_000) + rng.Int64N(int64(time.Hour))
 		var retry time.Duration // of the last denial, to probe the boundary
-		for step := range 600 {
+		for step := range 800 {
 			switch rng.IntN(10) {
 			case 0: // clock steps back
 				now -= rng.Int64N(int64(time.Second))
@@ -94,18 +97,26 @@ func TestTake_MatchesAlgorithms(t *testing.T) {
 			keys := make([]string, n)
 			orig := make([]uint64, n)
 			for i := range hits {
-				keys[i] = s.hitKey(&hits[i], now)
+				keys[i] = s.opt.KeyPrefix + hits[i].Key
 				orig[i] = model[keys[i]]
 			}
 			want := make([]store.Decision, n)
 			_, final := s.decide(now, nil, hits, keys, orig, want)
+			fromMem := make([]store.Decision, n)
+			if err := mem.Take(context.Background(), now, hits, fromMem); err != nil {
+				t.Fatal(err)
+			}
 			for i := range hits {
-				if hits[i].Rule.Algorithm() == store.FixedWindow {
-					final[i] &= 0xffffffff
-				}
 				model[keys[i]] = final[i]
 				if !got[i].Allowed && got[i].RetryAfter != store.Never {
 					retry = got[i].RetryAfter
+				}
+				if got[i] != fromMem[i] {
+					for j := range hits {
+						t.Logf("hit %d: %s %v cost %d veto %v sat %v: got %+v mem %+v want %+v", j, hits[j].Key, hits[j].Rule, hits[j].Cost, hits[j].Veto, hits[j].Saturate, got[j], fromMem[j], want[j])
+					}
+					t.Fatalf("seed %d step %d hit %d (%v cost %d): got %+v, memory store %+v",
+						seed, step, i, hits[i].Rule, hits[i].Cost, got[i], fromMem[i])
 				}
 				if got[i] != want[i] {
 					t.Fatalf("seed %d step %d hit %d (%v cost %d): got %+v, want %+v",
@@ -145,5 +156,43 @@ func TestTake_ServerClock(t *testing.T) {
 	}
 	if allowed == 0 {
 		t.Fatal("no hit was allowed")
+	}
+}
+
+// TestTake_ClockStepsBack checks, against the memory store, the cases a
+// backwards clock step reaches: a window later than now's keeps counting,
+// and a refund in it is lost (a lost refund only denies more).
+func TestTake_ClockStepsBack(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+	mem := memory.New(memory.Options{})
+	w := must(store.NewFixedWindow(5, time.Second))
+	zero := must(store.NewFixedWindow(0, time.Second))
+	tb := must(store.NewTokenBucket(1, time.Second, 3))
+	t0 := int64(1_800_000_000) * int64(time.Second)
+	steps := []struct {
+		at   time.Duration
+		hits []store.Hit
+	}{
+		{1500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w, Cost: 2, Veto: true}, {Key: "t", Rule: tb, Cost: 2, Veto: true}}},
+		{500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w, Cost: 1, Veto: true}, {Key: "t", Rule: tb, Cost: 1, Veto: true}, {Key: "z", Rule: zero, Cost: 1, Veto: true}}},
+		{500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w, Cost: 1, Veto: true}, {Key: "t", Rule: tb, Cost: 1, Veto: true}}},
+		{1500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w}, {Key: "t", Rule: tb}}},
+		{2500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w, Cost: 5, Veto: true}, {Key: "t", Rule: tb, Cost: 3, Veto: true}}},
+	}
+	for i, st := range steps {
+		got := make([]store.Decision, len(st.hits))
+		want := make([]store.Decision, len(st.hits))
+		if err := s.Take(context.Background(), t0+int64(st.at), st.hits, got); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if err := mem.Take(context.Background(), t0+int64(st.at), st.hits, want); err != nil {
+			t.Fatal(err)
+		}
+		for j := range got {
+			if got[j] != want[j] {
+				t.Errorf("step %d hit %d: got %+v, memory store %+v", i, j, got[j], want[j])
+			}
+		}
 	}
 }

@@ -176,16 +176,6 @@ func (s *Store) ping(ctx context.Context) error {
 	return nil
 }
 
-// hitKey is the Redis key of a hit: the prefix and the hit's key, and for
-// a fixed window the end of the current window in Unix seconds, so each
-// window counts in its own key.
-func (s *Store) hitKey(h *store.Hit, now int64) string {
-	if h.Rule.Algorithm() == store.FixedWindow {
-		return s.opt.KeyPrefix + h.Key + ":" + strconv.FormatUint(windowEnd(h.Rule, now), 10)
-	}
-	return s.opt.KeyPrefix + h.Key
-}
-
 // windowEnd is the end, in Unix seconds, of the fixed window holding now
 // (store.TakeWindow's windows: before the epoch counts as the epoch).
 func windowEnd(r *store.Rule, now int64) uint64 {
@@ -215,13 +205,13 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		// A cost above the limit is denied whatever the count; limit+1
 		// stands for all of them and keeps the script's sums exact.
 		cost := min(h.Cost, r.Limit()+1)
-		// The key expires a second after its window ends (keys name their
-		// window, so a late expiry changes nothing; an early one would, and
-		// Redis expires by its own clock, not the caller's).
-		ns := windowEnd(r, now)*uint64(time.Second) - clampNow(now)
-		ttl := ns/uint64(time.Millisecond) + 1000
+		// The key expires a second after its window ends: a late expiry
+		// changes nothing (a lapsed window counts 0), an early one would,
+		// and Redis expires by its own clock, not the caller's.
+		end := windowEnd(r, now)
+		ttl := (end*uint64(time.Second)-clampNow(now))/uint64(time.Millisecond) + 1000
 		return append(args, "f", flags, strconv.FormatUint(cost, 10), strconv.FormatUint(r.Limit(), 10),
-			strconv.FormatUint(ttl, 10), "", "", "")
+			strconv.FormatUint(end, 10), strconv.FormatUint(ttl, 10), "", "")
 	}
 	k, rk, tol := r.Quanta()
 	cost := strconv.FormatUint(min(h.Cost, r.Burst()), 10)

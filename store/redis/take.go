@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -24,7 +25,7 @@ type batch struct {
 type reply struct {
 	committed bool
 	now       []int64  // per hit, Redis TIME in ns with the server clock, else nil
-	orig      []uint64 // state of each hit's key before the batch
+	orig      []uint64 // state of each hit's key before the batch, as the store package holds it
 	final     []uint64 // and after it
 }
 
@@ -42,7 +43,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	}
 	keys := make([]string, len(hits))
 	for i := range hits {
-		keys[i] = s.hitKey(&hits[i], now)
+		keys[i] = s.opt.KeyPrefix + hits[i].Key
 	}
 	if s.cache != nil && s.cache.answer(s, now, hits, keys, out) {
 		return nil
@@ -72,7 +73,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	committed, final := s.decide(now, r.now, hits, keys, r.orig, out)
 	// On Cluster the script's final states of a denied batch predate the
 	// refunds.
-	if (committed != r.committed || r.committed || !s.cluster) && !sameStates(hits, final, r.final) {
+	if (committed != r.committed || r.committed || !s.cluster) && !sameStates(final, r.final) {
 		return fmt.Errorf("redis: script and store algorithms disagree on %s", keys[0])
 	}
 	if s.cache != nil {
@@ -147,14 +148,31 @@ func parseReply(res rueidis.RedisResult, n int) (reply, error) {
 	}
 	r.orig, r.final = make([]uint64, n), make([]uint64, n)
 	for i := range n {
-		o, err1 := a[3+i].AsUint64()
-		f, err2 := a[3+n+i].AsUint64()
+		o, err1 := parseState(&a[3+i])
+		f, err2 := parseState(&a[3+n+i])
 		if err := errors.Join(err1, err2); err != nil {
 			return r, fmt.Errorf("redis: script reply: %w", err)
 		}
 		r.orig[i], r.final[i] = o, f
 	}
 	return r, nil
+}
+
+// parseState reads a state as the script stores it: "end:count" for a
+// fixed window (packed as the store package packs it), a TAT in quanta
+// for a token bucket.
+func parseState(m *rueidis.RedisMessage) (uint64, error) {
+	v, err := m.ToString()
+	if err != nil {
+		return 0, err
+	}
+	e, c, window := strings.Cut(v, ":")
+	if !window {
+		return strconv.ParseUint(v, 10, 64)
+	}
+	end, err1 := strconv.ParseUint(e, 10, 32)
+	count, err2 := strconv.ParseUint(c, 10, 32)
+	return end<<32 | count, errors.Join(err1, err2)
 }
 
 // decide replays the batch with the store package's algorithms on the
@@ -182,9 +200,6 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 		}
 		if i == first[i] {
 			cur[i] = orig[i]
-			if hits[i].Rule.Algorithm() == store.FixedWindow {
-				cur[i] |= windowEnd(hits[i].Rule, now) << 32
-			}
 		}
 	}
 	type taken struct {
@@ -259,15 +274,10 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 	return !denied, final
 }
 
-// sameStates reports whether the replayed final states equal the script's
-// (a fixed window's script state is its count alone).
-func sameStates(hits []store.Hit, replayed, script []uint64) bool {
-	for i, h := range hits {
-		v := replayed[i]
-		if h.Rule.Algorithm() == store.FixedWindow {
-			v &= 0xffffffff
-		}
-		if v != script[i] {
+// sameStates reports whether the replayed final states equal the script's.
+func sameStates(replayed, script []uint64) bool {
+	for i := range replayed {
+		if replayed[i] != script[i] {
 			return false
 		}
 	}

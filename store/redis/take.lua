@@ -9,10 +9,12 @@
 --          clock); "0": every time is given by the caller; "r": refunds
 --          (see below).
 -- ARGV[2+8(i-1) ...] are the 8 fields of hit i, on KEYS[i]:
---   "f", flags, cost (at most limit+1), limit, ttl ms, "", "", ""
+--   "f", flags, cost (at most limit+1), limit, e, ttl, "", ""
 --   "t", flags, cost (at most burst), k, a, b, tol, m
 -- flags contains "v" for veto, "s" for saturate and "n" for a token-bucket
--- cost beyond the burst (never allowed). For a token bucket k
+-- cost beyond the burst (never allowed). For a fixed window e is the end
+-- (Unix seconds) of the window holding now and ttl the milliseconds until
+-- a second after it. For a token bucket k
 -- is quanta per token, tol the capacity in quanta, m milliseconds per
 -- quantum (for the key's expiry) and a, b are floor and ceil of now in
 -- quanta, or with the server clock rk (quanta per period) and the period
@@ -108,16 +110,24 @@ end
 local ZERO, ONE = {0}, {1}
 
 -- Refunds (Cluster, when another slot denied the batch): ARGV[1] is "r",
--- then per key the amount to take back: requests, or quanta (cost*k). A refund never goes below zero and keeps the expiry.
+-- then two fields per key: the amount to take back (requests, or quanta:
+-- cost*k) and, for a fixed window, the end of the window of the take (""
+-- for a token bucket). They are store.Refund; the expiry stays.
 if ARGV[1] == 'r' then
   for i = 1, #KEYS do
-    local v = redis.call('GET', KEYS[i])
-    if v then
-      local a, n = num(ARGV[i + 1]), num(v)
-      if cmp(a, n) >= 0 then
+    local v, a, e = redis.call('GET', KEYS[i]), ARGV[2 * i], ARGV[2 * i + 1]
+    if v and e ~= '' then
+      local we, c = string.match(v, '^(%d+):(%d+)$')
+      if we == e then
+        c = math.max(tonumber(c) - tonumber(a), 0)
+        redis.call('SET', KEYS[i], we .. ':' .. string.format('%d', c), 'KEEPTTL')
+      end
+    elseif v then
+      local q, t = num(a), num(v)
+      if cmp(q, t) >= 0 then
         redis.call('DEL', KEYS[i])
       else
-        redis.call('SET', KEYS[i], str(sub(n, a)), 'KEEPTTL')
+        redis.call('SET', KEYS[i], str(sub(t, q)), 'KEEPTTL')
       end
     end
   end
@@ -140,7 +150,8 @@ for i = 1, #KEYS do
   h.veto = string.find(h.flags, 'v', 1, true) ~= nil
   h.sat = string.find(h.flags, 's', 1, true) ~= nil
   if h.alg == 'f' then
-    h.cost, h.limit, h.ttl = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), ARGV[o + 4]
+    h.cost, h.limit = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
+    h.e, h.ttl = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
   else
     h.never = string.find(h.flags, 'n', 1, true) ~= nil
     h.cost = num(ARGV[o + 2])
@@ -159,26 +170,47 @@ for i = 1, #KEYS do
   hits[i] = h
 end
 
--- The state of each key: a count for a fixed window (its key names the
--- window), the theoretical arrival time (TAT) in quanta for a token
--- bucket. orig holds them as read, before the batch.
+-- The state of each key: for a fixed window the end of the window it
+-- counts (Unix seconds) and its count, stored as "end:count"; for a token
+-- bucket the theoretical arrival time (TAT) in quanta. orig holds them as
+-- read, before the batch.
 local orig = {}
 for i = 1, #hits do
   local h = hits[i]
   if orig[h.key] == nil then
     local v = redis.call('GET', h.key)
-    if not v then v = '0' end
-    if h.alg == 'f' then orig[h.key] = tonumber(v) else orig[h.key] = num(v) end
+    if h.alg == 'f' then
+      local e, c = 0, 0
+      if v then
+        local a, b = string.match(v, '^(%d+):(%d+)$')
+        e, c = tonumber(a), tonumber(b)
+      end
+      orig[h.key] = {e = e, c = c}
+    else
+      orig[h.key] = num(v or '0')
+    end
   end
 end
 
 -- The functions below are store.TakeWindow, store.TakeTokens, Saturate
 -- and Refund of the Go package, on these states.
 
+-- window returns the window a fixed-window hit counts in (the one holding
+-- now, or the later one s holds if the clock stepped back) and its count.
+local function window(h, s)
+  local e = math.max(h.e, s.e)
+  if s.e == e then return e, s.c end
+  return e, 0
+end
+
 -- take returns the state after hit h on s and whether h is allowed.
 local function take(h, s)
   if h.alg == 'f' then
-    if h.limit > 0 and s <= h.limit and h.cost <= h.limit - s then return s + h.cost, true end
+    local e, c = window(h, s)
+    if h.limit > 0 and c <= h.limit and h.cost <= h.limit - c then
+      if h.cost == 0 then return s, true end
+      return {e = e, c = c + h.cost}, true
+    end
     return s, false
   end
   if h.never then return s, false end
@@ -197,8 +229,9 @@ local function saturate(h, s)
   local n, ok = take(h, s)
   if ok then return n, ok end
   if h.alg == 'f' then
-    if s >= h.limit or h.cost == 0 then return s, false end
-    return s + math.min(h.cost, h.limit - s), false
+    local e, c = window(h, s)
+    if c >= h.limit or h.cost == 0 then return s, false end
+    return {e = e, c = c + math.min(h.cost, h.limit - c)}, false
   end
   local base = s
   if cmp(s, h.nf) <= 0 then base = h.nc end
@@ -212,8 +245,9 @@ end
 -- refund rolls back an allowed take of h.
 local function refund(h, s)
   if h.alg == 'f' then
-    if h.cost >= s then return 0 end
-    return s - h.cost
+    if s.e ~= h.e then return s end
+    if h.cost >= s.c then return {e = h.e, c = 0} end
+    return {e = h.e, c = s.c - h.cost}
   end
   local c = mul(h.cost, h.k)
   if cmp(c, s) >= 0 then return ZERO end
@@ -221,7 +255,7 @@ local function refund(h, s)
 end
 
 local function same(h, a, b)
-  if h.alg == 'f' then return a == b end
+  if h.alg == 'f' then return a.e == b.e and a.c == b.c end
   return cmp(a, b) == 0
 end
 
@@ -271,11 +305,13 @@ for i = 1, n do
   local h = hits[i]
   local v, o = st[h.key], orig[h.key]
   if h.alg == 'f' then
-    if not done[h.key] and v ~= o then
-      if v == 0 then redis.call('DEL', h.key)
-      else redis.call('SET', h.key, string.format('%d', v), 'PX', h.ttl) end
+    if not done[h.key] and not same(h, v, o) then
+      local ttl = h.ttl
+      if v.e > h.e then ttl = ttl + (v.e - h.e) * 1000 end
+      redis.call('SET', h.key, string.format('%d:%d', v.e, v.c), 'PX', string.format('%d', ttl))
     end
-    out[3 + i], out[3 + n + i] = string.format('%d', o), string.format('%d', v)
+    out[3 + i] = string.format('%d:%d', o.e, o.c)
+    out[3 + n + i] = string.format('%d:%d', v.e, v.c)
   else
     if not done[h.key] and cmp(v, o) ~= 0 then
       local q = 0
