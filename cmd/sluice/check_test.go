@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func runMain(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code = Main(ctx, args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestCheck_ExampleConfigs(t *testing.T) {
+	code, out, errOut := runMain(t, "check", "--config", "../../examples/config")
+	if code != 0 || errOut != "" {
+		t.Fatalf("check examples/config: exit %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{
+		"../../examples/config: OK, 2 domains, 13 rules\n",
+		"\ndomain edge\n",
+		"\ndomain internal\n",
+		"  remote_address                 100/second  fixed_window\n",
+		"  path_/v1/uploads/*             10/minute   token_bucket burst 20\n",
+		"  plan_premium.path_/v1/search*  600/minute  fixed_window           replaces=search\n",
+		"  path_/healthz                  unlimited   -\n",
+		"  user_agent_*bot*               30/minute   fixed_window           shadow_mode\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, " \n") {
+		t.Errorf("summary has trailing spaces:\n%s", out)
+	}
+	code, out, _ = runMain(t, "check", "--config", "../../examples/bench.yaml")
+	if code != 0 || !strings.Contains(out, "OK, 1 domain, 6 rules") || !strings.Contains(out, "  hot_hot  10/second ") {
+		t.Errorf("check examples/bench.yaml: exit %d\n%s", code, out)
+	}
+}
+
+func TestCheck_ReportsEveryError(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"a.yaml": "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+		"b.yaml": "domain: web\ndescriptors:\n  - key: \"\"\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2}\n",
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := runMain(t, "check", "--config", dir)
+	want := "config: " + filepath.Join(dir, "a.yaml") + `:4: descriptors[0]: unknown unit "fortnight" (want second, minute, hour, day, week, month or year)
+config: ` + filepath.Join(dir, "b.yaml") + `:3: descriptors[0]: descriptor has an empty key
+config: ` + filepath.Join(dir, "b.yaml") + `:5: descriptors[1]: burst needs algorithm: token_bucket
+` + dir + ": 3 errors\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("check: exit %d, stdout %q, stderr:\n%s\nwant exit 1 and:\n%s", code, out, errOut, want)
+	}
+}
+
+func TestCheck_MergeDomains(t *testing.T) {
+	dir := t.TempDir()
+	for name, key := range map[string]string{"a.yaml": "user", "b.yaml": "team"} {
+		text := "domain: api\ndescriptors:\n  - key: " + key + "\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _, errOut := runMain(t, "check", "--config", dir); code != 1 || !strings.Contains(errOut, "--merge-domains") {
+		t.Errorf("without --merge-domains: exit %d, stderr %q", code, errOut)
+	}
+	if code, out, _ := runMain(t, "check", "--config", dir, "--merge-domains"); code != 0 || !strings.Contains(out, "OK, 1 domain, 2 rules") {
+		t.Errorf("with --merge-domains: exit %d, stdout %q", code, out)
+	}
+}
+
+func TestCheck_Usage(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		err  string
+	}{
+		{[]string{"check"}, 2, "--config is required"},
+		{[]string{"check", "--config", "x", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"check", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"check", "-h"}, 0, "usage: sluice check"},
+		{[]string{"check", "--config", t.TempDir()}, 1, "no *.yaml or *.yml files"},
+		{[]string{"check", "--config", filepath.Join(t.TempDir(), "missing")}, 1, "no such file or directory"},
+	}
+	for _, c := range cases {
+		code, _, errOut := runMain(t, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.err) {
+			t.Errorf("sluice %s: exit %d, stderr %q; want exit %d and %q", strings.Join(c.args, " "), code, errOut, c.code, c.err)
+		}
+	}
+}
