@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/observe"
+)
+
+// Metrics on the HTTP port's /metrics, per-rule counters, and the debug
+// endpoints on --debug-addr.
+func init() {
+	var f obsFlags
+	registerExtension(extension{name: "observability", flags: f.register, setup: f.setup})
+}
+
+type obsFlags struct {
+	debugAddr        string
+	nearLimitRatio   float64
+	maxValuesPerRule int
+}
+
+func (f *obsFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve /debug/pprof/, /rlconfig, /debug/keys and /debug/build on this `address` (default off; keep it private)")
+	fs.Float64Var(&f.nearLimitRatio, "near-limit-ratio", observe.DefaultNearLimitRatio, "count an allowed hit as near the limit when usage reaches this fraction of it")
+	fs.IntVar(&f.maxValuesPerRule, "metrics-max-values-per-rule", observe.DefaultMaxValuesPerRule, "distinct descriptor values a detailed_metric rule labels; the rest count as _other")
+}
+
+func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
+	if f.nearLimitRatio <= 0 || f.nearLimitRatio > 1 || f.maxValuesPerRule < 1 {
+		return errors.New("--near-limit-ratio must be in (0, 1] and --metrics-max-values-per-rule at least 1")
+	}
+	reg, build := x.Registry, observe.Build{Version: version, Commit: buildCommit()}
+	if err := observe.RegisterProcess(reg, build); err != nil {
+		return err
+	}
+	if err := observe.RegisterConfig(reg, x.Config); err != nil {
+		return err
+	}
+	rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: f.nearLimitRatio, MaxValuesPerRule: f.maxValuesPerRule})
+	if err != nil {
+		return err
+	}
+	rules.SetTable(x.Config.Current())
+	x.Config.OnReload(func(t *config.Table, _ error) { rules.SetTable(t) })
+	x.Observers = append(x.Observers, rules)
+	gm, err := observe.NewGRPCMetrics(reg)
+	if err != nil {
+		return err
+	}
+	x.GRPCOptions = append(x.GRPCOptions,
+		grpc.ChainUnaryInterceptor(gm.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(gm.StreamServerInterceptor()))
+	x.HTTP.Handle("GET /metrics", observe.Handler(reg))
+
+	if f.debugAddr == "" {
+		return nil
+	}
+	lis, err := net.Listen("tcp", f.debugAddr)
+	if err != nil {
+		return fmt.Errorf("--debug-addr: %w", err)
+	}
+	dbg := &observe.Debug{Tables: x.Config, Build: build}
+	srv := &http.Server{Handler: dbg.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	x.Logger.Info("debug endpoints", "addr", lis.Addr().String())
+	x.Run = append(x.Run, func(ctx context.Context) error {
+		stop := context.AfterFunc(ctx, func() { srv.Close() })
+		defer stop()
+		if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	return nil
+}
