@@ -36,7 +36,7 @@ func (f fixedTable) Current() *config.Table { return f.t }
 // startSluice runs a real Sluice (limits from yaml, the in-memory store,
 // the server's gRPC stack) on a loopback port and returns its address. A
 // nil clock means the wall clock.
-func startSluice(t *testing.T, yaml string, clock store.Clock) string {
+func startSluice(t testing.TB, yaml string, clock store.Clock) string {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
@@ -51,7 +51,7 @@ func startSluice(t *testing.T, yaml string, clock store.Clock) string {
 }
 
 // serveGRPC serves s on a loopback port until the test ends.
-func serveGRPC(t *testing.T, s *grpc.Server) string {
+func serveGRPC(t testing.TB, s *grpc.Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
