@@ -100,12 +100,16 @@ type Status struct {
 }
 
 // Remaining is Envoy's limit_remaining: requests or whole tokens left,
-// saturated to uint32; 4294967295 for an unlimited rule; 0 with no limit.
+// saturated to uint32; 0 when the descriptor's hit was denied (shadow mode
+// included) or had no limit, as in envoyproxy/ratelimit; 4294967295 for
+// an unlimited rule. Decision.Remaining keeps what is really left.
 func (s *Status) Remaining() uint32 {
-	if s.Unlimited {
+	switch {
+	case s.Unlimited:
 		return math.MaxUint32
-	}
-	if s.Decision.Remaining > math.MaxUint32 {
+	case !s.Decision.Allowed:
+		return 0
+	case s.Decision.Remaining > math.MaxUint32:
 		return math.MaxUint32
 	}
 	return uint32(s.Decision.Remaining)
