@@ -18,8 +18,10 @@ type Options struct {
 	// ClusterAddrs are seed nodes of a Redis Cluster, instead of URL.
 	ClusterAddrs []string
 	// Username and Password authenticate to Redis (they override the
-	// URL's). Sentinels are asked with the same credentials.
+	// URL's). Sentinels are asked with the same credentials, unless
+	// SentinelPassword is set.
 	Username, Password string
+	SentinelPassword   string
 	// TLS, if not nil, encrypts every connection (client certificate, CA,
 	// server name). A rediss:// URL without TLS uses the system roots.
 	TLS *tls.Config

@@ -89,6 +89,9 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 		co.InitAddress = opt.SentinelAddrs
 		co.Sentinel = rueidis.SentinelOption{MasterSet: opt.SentinelMaster,
 			Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLS}
+		if opt.SentinelPassword != "" {
+			co.Sentinel.Username, co.Sentinel.Password = "", opt.SentinelPassword
+		}
 	case len(opt.ClusterAddrs) > 0:
 		co.InitAddress = opt.ClusterAddrs
 	default:

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis"
+)
+
+// redisFlags are the redis backend's settings.
+type redisFlags struct {
+	url              string
+	sentinel         string
+	sentinelMaster   string
+	cluster          string
+	username         string
+	password         string
+	sentinelPassword string
+	tls              bool
+	tlsCA            string
+	tlsCert          string
+	tlsKey           string
+	tlsServerName    string
+	timeout          time.Duration
+	health           bool
+	localCache       bool
+	keyPrefix        string
+	clock            string
+}
+
+// The redis backend: counters in Redis (single, Sentinel or Cluster), so
+// every replica shares every limit.
+func init() {
+	var f redisFlags
+	var opened *redis.Store // set by open, for the health extension
+	registerBackend(backend{
+		name: "redis",
+		flags: func(fs *flag.FlagSet) {
+			opened = nil
+			fs.StringVar(&f.url, "redis-url", "", "redis store: `URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
+			fs.StringVar(&f.sentinel, "redis-sentinel", "", "redis store: comma-separated sentinel `addresses` (with --redis-sentinel-master), instead of --redis-url")
+			fs.StringVar(&f.sentinelMaster, "redis-sentinel-master", "", "redis store: `name` of the master the sentinels monitor")
+			fs.StringVar(&f.cluster, "redis-cluster", "", "redis store: comma-separated seed `addresses` of a Redis Cluster, instead of --redis-url")
+			fs.StringVar(&f.username, "redis-username", "", "redis store: ACL user (overrides the URL's)")
+			fs.StringVar(&f.password, "redis-password", "", "redis store: password (overrides the URL's)")
+			fs.StringVar(&f.sentinelPassword, "redis-sentinel-password", "", "redis store: password of the sentinels (default: --redis-password)")
+			fs.BoolVar(&f.tls, "redis-tls", false, "redis store: connect with TLS (implied by rediss://)")
+			fs.StringVar(&f.tlsCA, "redis-tls-ca", "", "redis store: PEM `file` of the CA that signed Redis's certificate (default: system roots)")
+			fs.StringVar(&f.tlsCert, "redis-tls-cert", "", "redis store: PEM `file` of the client certificate")
+			fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
+			fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
+			fs.DurationVar(&f.timeout, "redis-timeout", 10*time.Millisecond, "redis store: deadline of every Redis call (keep it under Envoy's 20ms filter timeout)")
+			fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
+				return fs.Set("store-failure-mode", v)
+			})
+			fs.BoolVar(&f.health, "redis-health", false, "redis store: report NOT_SERVING while Redis is unreachable")
+			fs.BoolVar(&f.localCache, "redis-local-cache", true, "redis store: answer keys known to be over their limit without asking Redis")
+			fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
+			fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
+		},
+		refEnv: redisRefEnv,
+		open: func(ctx context.Context, logger *slog.Logger) (store.Store, io.Closer, func(context.Context) error, error) {
+			opt, err := f.options()
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			st, err := redis.New(ctx, opt)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			opened = st
+			logger.Info("redis store", "deployment", f.deployment(), "timeout", opt.Timeout,
+				"clock", f.clock, "local_cache", !opt.NoLocalCache, "key_prefix", opt.KeyPrefix)
+			return st, st, st.Run, nil
+		},
+	})
+	// With --redis-health, health follows Redis as well as the config.
+	registerExtension(extension{name: "redis-health", setup: func(_ context.Context, x *serveContext) error {
+		if opened == nil || !f.health {
+			return nil
+		}
+		st := opened
+		x.Run = append(x.Run, func(ctx context.Context) error {
+			return followHealth(ctx, st, x, 50*time.Millisecond)
+		})
+		return nil
+	}})
+}
+
+// followHealth sets x's health to NOT_SERVING while st is unhealthy and
+// back to what the config says when it recovers, checking every interval.
+func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	was := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		ok := st.Healthy()
+		switch {
+		case !ok && x.Health.Serving():
+			x.Logger.Warn("redis unreachable: NOT_SERVING")
+			x.Health.SetServing(false)
+		case ok && !was:
+			x.Logger.Info("redis reachable again")
+			x.Health.SetServing(x.Config.Current() != nil)
+		}
+		was = ok
+	}
+}
+
+func (f *redisFlags) deployment() string {
+	switch {
+	case f.cluster != "":
+		return "cluster"
+	case f.sentinel != "":
+		return "sentinel"
+	}
+	return "single"
+}
+
+func (f *redisFlags) options() (redis.Options, error) {
+	o := redis.Options{URL: f.url, SentinelMaster: f.sentinelMaster, Username: f.username,
+		Password: f.password, SentinelPassword: f.sentinelPassword, Timeout: f.timeout, KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
+	if f.sentinel != "" {
+		o.SentinelAddrs = splitList(f.sentinel)
+	}
+	if f.cluster != "" {
+		o.ClusterAddrs = splitList(f.cluster)
+	}
+	if f.url == "" && f.sentinel == "" && f.cluster == "" {
+		return o, errors.New("redis store: give --redis-url, --redis-sentinel or --redis-cluster")
+	}
+	if f.timeout <= 0 {
+		return o, errors.New("--redis-timeout must be positive")
+	}
+	switch f.clock {
+	case "script-arg":
+	case "server":
+		o.ServerClock = true
+	default:
+		return o, fmt.Errorf("--redis-clock %q: want script-arg or server", f.clock)
+	}
+	if f.tls || f.tlsCA != "" || f.tlsCert != "" || f.tlsServerName != "" {
+		tc, err := f.tlsConfig()
+		if err != nil {
+			return o, err
+		}
+		o.TLS = tc
+	}
+	return o, nil
+}
+
+func (f *redisFlags) tlsConfig() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.tlsServerName}
+	if f.tlsCA != "" {
+		pem, err := os.ReadFile(f.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-tls-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--redis-tls-ca %s: no PEM certificate", f.tlsCA)
+		}
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return nil, errors.New("--redis-tls-cert and --redis-tls-key go together")
+	}
+	if f.tlsCert != "" {
+		c, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-tls-cert: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{c}
+	}
+	return tc, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// redisRefEnv maps envoyproxy/ratelimit's Redis variables: REDIS_TYPE
+// (SINGLE, SENTINEL, CLUSTER), REDIS_URL (host:port, a socket path with
+// REDIS_SOCKET_TYPE=unix, "master,host:port,..." for Sentinel, a list of
+// seeds for Cluster), REDIS_AUTH ("password" or "user:password"),
+// REDIS_SENTINEL_AUTH, REDIS_TLS with REDIS_TLS_CACERT,
+// REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT,
+// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and CACHE_KEY_PREFIX. A separate
+// per-second Redis (REDIS_PERSECOND) is refused.
+func redisRefEnv(getenv func(string) string, set func(flag, value string)) error {
+	if strings.EqualFold(getenv("REDIS_PERSECOND"), "true") {
+		return errors.New("REDIS_PERSECOND=true is not supported: Sluice keeps every limit in one Redis")
+	}
+	if strings.EqualFold(getenv("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"), "true") {
+		return errors.New("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not supported: set --redis-tls-server-name to the name in Redis's certificate")
+	}
+	if v := getenv("REDIS_SENTINEL_AUTH"); v != "" {
+		set("redis-sentinel-password", v)
+	}
+	if v := getenv("CACHE_KEY_PREFIX"); v != "" {
+		set("redis-key-prefix", v)
+	}
+	if v := getenv("REDIS_TIMEOUT"); v != "" {
+		set("redis-timeout", v)
+	}
+	if strings.EqualFold(getenv("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"), "true") {
+		set("redis-health", "true")
+	}
+	tlsOn := strings.EqualFold(getenv("REDIS_TLS"), "true")
+	if tlsOn {
+		set("redis-tls", "true")
+		for env, fl := range map[string]string{"REDIS_TLS_CACERT": "redis-tls-ca",
+			"REDIS_TLS_CLIENT_CERT": "redis-tls-cert", "REDIS_TLS_CLIENT_KEY": "redis-tls-key"} {
+			if v := getenv(env); v != "" {
+				set(fl, v)
+			}
+		}
+	}
+	if auth := getenv("REDIS_AUTH"); auth != "" {
+		if user, pass, ok := strings.Cut(auth, ":"); ok {
+			set("redis-username", user)
+			set("redis-password", pass)
+		} else {
+			set("redis-password", auth)
+		}
+	}
+	url := getenv("REDIS_URL")
+	if url == "" {
+		return nil
+	}
+	switch t := strings.ToUpper(getenv("REDIS_TYPE")); t {
+	case "", "SINGLE":
+		switch {
+		case strings.EqualFold(getenv("REDIS_SOCKET_TYPE"), "unix"):
+			set("redis-url", "unix://"+url)
+		case tlsOn:
+			set("redis-url", "rediss://"+url)
+		default:
+			set("redis-url", "redis://"+url)
+		}
+	case "SENTINEL":
+		master, addrs, ok := strings.Cut(url, ",")
+		if !ok {
+			return fmt.Errorf("REDIS_URL=%s: Sentinel wants master,host:port[,host:port...]", url)
+		}
+		set("redis-sentinel-master", master)
+		set("redis-sentinel", addrs)
+	case "CLUSTER":
+		set("redis-cluster", url)
+	default:
+		return fmt.Errorf("REDIS_TYPE=%s: want SINGLE, SENTINEL or CLUSTER", t)
+	}
+	return nil
+}
