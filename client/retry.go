@@ -31,7 +31,9 @@ type RetryConfig struct {
 	// Bucket, if not nil, paces every attempt, first tries included.
 	Bucket *Bucket
 	// FailFast makes an attempt fail with ErrRateLimited when Bucket is
-	// empty, instead of waiting for a token.
+	// empty, instead of waiting for a token. (The gRPC interceptor's error
+	// also has the status RESOURCE_EXHAUSTED.) A wait that cannot end
+	// before the call's deadline fails at once either way.
 	FailFast bool
 	// Budget limits retries across all calls. Nil means a budget of
 	// BudgetConfig's defaults owned by this Retrier. Share one Budget
@@ -114,7 +116,7 @@ func (r *Retrier) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 		defer c.stop()
 		for attempt := 1; ; attempt++ {
 			if err := c.pace(ctx); err != nil {
-				return err
+				return grpcPaceError(err)
 			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			if err == nil || !r.cfg.RetryableError(err) {
@@ -137,6 +139,19 @@ func (r *Retrier) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 			}
 		}
 	}
+}
+
+// errRateLimitedGRPC is ErrRateLimited as the gRPC interceptor returns
+// it: also a RESOURCE_EXHAUSTED status.
+var errRateLimitedGRPC = fmt.Errorf("%w (%w)", ErrRateLimited, status.Error(codes.ResourceExhausted, "outgoing rate limit"))
+
+// grpcPaceError gives a pacing failure a gRPC status: RESOURCE_EXHAUSTED
+// for an empty bucket, the context's code for a wait cut short.
+func grpcPaceError(err error) error {
+	if errors.Is(err, ErrRateLimited) {
+		return errRateLimitedGRPC
+	}
+	return status.FromContextError(err).Err()
 }
 
 // RoundTripper returns an http.RoundTripper that retries through next

@@ -216,8 +216,14 @@ func TestRetrier_Pacing(t *testing.T) {
 			t.Fatalf("paced attempts at %v, want %v", inv.at, want)
 		}
 		fast := NewRetrier(RetryConfig{Bucket: bucket, FailFast: true}).UnaryClientInterceptor()
-		if err := fast(context.Background(), "/m", nil, nil, nil, inv.invoke); !errors.Is(err, ErrRateLimited) || len(inv.at) != 3 {
-			t.Fatalf("fail fast on an empty bucket: %v after %d attempts; want ErrRateLimited and no attempt", err, len(inv.at))
+		err = fast(context.Background(), "/m", nil, nil, nil, inv.invoke)
+		if !errors.Is(err, ErrRateLimited) || status.Code(err) != codes.ResourceExhausted || len(inv.at) != 3 {
+			t.Fatalf("fail fast on an empty bucket: %v after %d attempts; want ErrRateLimited, RESOURCE_EXHAUSTED and no attempt", err, len(inv.at))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		if err := wait(ctx, "/m", nil, nil, nil, inv.invoke); status.Code(err) != codes.DeadlineExceeded || len(inv.at) != 3 {
+			t.Fatalf("pacing past the deadline: %v after %d attempts; want DEADLINE_EXCEEDED and no attempt", err, len(inv.at))
 		}
 	})
 }
