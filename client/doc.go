@@ -40,5 +40,7 @@
 // UNAVAILABLE and RESOURCE_EXHAUSTED and HTTP 429 and 503.
 //
 // Everything in the package is safe for concurrent use except Backoff,
-// which holds one retry sequence. No type starts goroutines.
+// which holds one retry sequence. The package starts no goroutines of its
+// own (a connection made by Dial runs gRPC's); waits use one timer per
+// call, stopped when the call ends.
 package client
