@@ -126,36 +126,44 @@ func (r *Reloader) logError(err error, kept bool) {
 // Run watches the config directory (a file's parent directory) and reloads
 // after changes settle, until ctx is done. Watching the directory rather
 // than the files sees edits, added and removed files, and the Kubernetes
-// ConfigMap swap of the ..data symlink. While the path does not exist, Run
-// watches its parent and picks the path up when it appears. Run returns
-// nil when ctx is done, or an error if it cannot watch at all.
+// ConfigMap swap of the ..data symlink. When a directory on the path is a
+// symbolic link (envoyproxy/ratelimit's RUNTIME_ROOT swap), the directory
+// holding the link is watched too, and the watch follows the link to its
+// new target. While the path does not exist, Run watches its parent and
+// picks the path up when it appears. Run returns nil when ctx is done, or
+// an error if it cannot watch at all.
 func (r *Reloader) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("config: watch: %w", err)
 	}
 	defer w.Close()
-	watched := ""
-	// follow points the watch at the directory that path needs now.
+	watched := map[string]string{} // watched name -> the directory it resolved to
 	follow := func() error {
-		dir := r.path
-		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-			dir = filepath.Dir(dir)
+		want := r.watchDirs()
+		for name, real := range watched {
+			if want[name] != real {
+				_ = w.Remove(name) // fails when the directory is gone, which ends the watch anyway
+				delete(watched, name)
+			}
 		}
-		if dir == watched {
-			return nil
+		var first error
+		for name, real := range want {
+			if _, ok := watched[name]; ok {
+				continue
+			}
+			if err := w.Add(name); err != nil {
+				if first == nil {
+					first = fmt.Errorf("config: watch %s: %w", name, err)
+				}
+				continue
+			}
+			watched[name] = real
+			r.log.Debug("config watch", "dir", name, "resolved", real)
 		}
-		if err := w.Add(dir); err != nil {
-			return fmt.Errorf("config: watch %s: %w", dir, err)
-		}
-		if watched != "" {
-			_ = w.Remove(watched) // fails when watched was deleted, which removes the watch anyway
-		}
-		watched = dir
-		r.log.Debug("config watch", "dir", dir)
-		return nil
+		return first
 	}
-	if err := follow(); err != nil {
+	if err := follow(); err != nil && len(watched) == 0 {
 		return err
 	}
 	// Reload once things have been quiet for the debounce time, or at the
@@ -173,6 +181,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 				return nil
 			}
 			r.log.Debug("config change", "event", ev.String())
+			if _, self := watched[ev.Name]; self && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				delete(watched, ev.Name) // its watch is gone; follow adds it again if it comes back
+			}
 			now := time.Now()
 			if first.IsZero() {
 				first = now
@@ -191,12 +202,40 @@ func (r *Reloader) Run(ctx context.Context) error {
 			timer.Reset(r.debounce)
 		case <-timer.C:
 			first = time.Time{}
-			// Watch the right directory before reading it, so that no
+			// Watch the right directories before reading, so that no
 			// change after the read goes unseen.
 			if err := follow(); err != nil {
 				r.log.Error("config watch", "err", err)
 			}
 			_ = r.Reload() // logged and counted; the old table stays
+		}
+	}
+}
+
+// watchDirs returns the directories Run watches, each with what it
+// resolves to: the config directory (a file's directory, or the parent of
+// a path that does not exist yet) and the directory of every symbolic link
+// on the way to it.
+func (r *Reloader) watchDirs() map[string]string {
+	dir := r.path
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		dir = filepath.Dir(dir)
+	}
+	dirs := map[string]string{}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		real = dir
+	}
+	dirs[dir] = real
+	for p := dir; ; p = filepath.Dir(p) {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			parent := filepath.Dir(p)
+			if real, err := filepath.EvalSymlinks(parent); err == nil {
+				dirs[parent] = real
+			}
+		}
+		if filepath.Dir(p) == p {
+			return dirs
 		}
 	}
 }

@@ -342,3 +342,53 @@ func TestReloader_WatchDirectoryThatAppearsLater(t *testing.T) {
 	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 5))
 	waitUntil(t, events, "an edit in the new directory", func(reloadEvent) bool { return limitOf(r, "api") == 5 }, nil)
 }
+
+func TestReloader_WatchRootSymlinkSwap(t *testing.T) {
+	// envoyproxy/ratelimit's default deployment: RUNTIME_ROOT is a symlink
+	// swapped to a new directory tree.
+	root := t.TempDir()
+	writeFiles(t, root, map[string]string{
+		"v1/limits/api.yaml": limitsFile("api", 1),
+		"v2/limits/api.yaml": limitsFile("api", 2),
+	})
+	if err := os.Symlink("v1", filepath.Join(root, "current")); err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewReloader(filepath.Join(root, "current", "limits"), Options{}, nil)
+	if err != nil || limitOf(r, "api") != 1 {
+		t.Fatalf("NewReloader = %v, limit %d", err, limitOf(r, "api"))
+	}
+	events := watch(t, r)
+	if err := os.Symlink("v2", filepath.Join(root, ".current.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(root, ".current.tmp"), filepath.Join(root, "current")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, events, "the root swap", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+	// The watch now follows the new tree.
+	writeAtomic(t, filepath.Join(root, "v2", "limits", "api.yaml"), limitsFile("api", 3))
+	waitUntil(t, events, "an edit in the new tree", func(reloadEvent) bool { return limitOf(r, "api") == 3 }, nil)
+}
+
+func TestReloader_WatchDirectoryReplaced(t *testing.T) {
+	parent := t.TempDir()
+	dir := filepath.Join(parent, "limits")
+	writeFiles(t, dir, map[string]string{"api.yaml": limitsFile("api", 1)})
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := watch(t, r)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, events, "the failed reload of a removed directory", func(ev reloadEvent) bool { return ev.err != nil }, nil)
+	if limitOf(r, "api") != 1 {
+		t.Errorf("after removing the directory: limit %d, want the old 1", limitOf(r, "api"))
+	}
+	writeFiles(t, dir, map[string]string{"api.yaml": limitsFile("api", 2)})
+	waitUntil(t, events, "the recreated directory", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 3))
+	waitUntil(t, events, "an edit in the recreated directory", func(reloadEvent) bool { return limitOf(r, "api") == 3 }, nil)
+}
