@@ -132,16 +132,18 @@ func tail(b []byte) string {
 }
 
 // CLI runs redis-cli against the server and returns its trimmed output.
+// It fails the test if redis-cli fails; call it from the test's goroutine.
 func (s *Server) CLI(args ...string) string {
 	s.t.Helper()
-	out, err := s.cli(args...)
+	out, err := s.Run(args...)
 	if err != nil {
 		s.t.Fatalf("redistest: redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return out
 }
 
-func (s *Server) cli(args ...string) (string, error) {
+// Run runs redis-cli against the server and returns its trimmed output.
+func (s *Server) Run(args ...string) (string, error) {
 	host, port, _ := net.SplitHostPort(s.Addr)
 	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err

@@ -1,0 +1,189 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// load runs takes from n goroutines until stop is closed and records the
+// latency of each failed one and the time of each success.
+type load struct {
+	mu        sync.Mutex
+	failLat   []time.Duration
+	lastOK    atomic.Int64 // unix ns of the latest success
+	successes atomic.Int64
+	failures  atomic.Int64
+}
+
+func (l *load) run(t *testing.T, s *Store, n int, stop <-chan struct{}) *sync.WaitGroup {
+	r := must(store.NewFixedWindow(1_000_000_000, time.Hour))
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			hits := []store.Hit{{Key: "load" + string(rune('a'+g)), Rule: r, Cost: 1, Veto: true}}
+			out := make([]store.Decision, 1)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				t0 := time.Now()
+				err := s.Take(context.Background(), t0.UnixNano(), hits, out)
+				if err == nil {
+					l.successes.Add(1)
+					l.lastOK.Store(time.Now().UnixNano())
+					continue
+				}
+				l.failures.Add(1)
+				l.mu.Lock()
+				l.failLat = append(l.failLat, time.Since(t0))
+				l.mu.Unlock()
+				if !errors.Is(err, ErrOpen) {
+					// Not failing fast: do not spin the CPU.
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+func (l *load) p99() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.failLat) == 0 {
+		return 0
+	}
+	slices.Sort(l.failLat)
+	return l.failLat[len(l.failLat)*99/100]
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not after %v", what, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestTake_RedisKilledAndRestarted kills Redis under load: takes fail fast
+// (the breaker opens), health says so, and within a second of Redis
+// coming back takes succeed again, without a new store.
+func TestTake_RedisKilledAndRestarted(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout = 20 * time.Millisecond
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, ProbeInterval: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runDone; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	var l load
+	stop := make(chan struct{})
+	wg := l.run(t, s, 8, stop)
+	defer func() { close(stop); wg.Wait() }()
+	waitFor(t, 5*time.Second, "takes succeed", func() bool { return l.successes.Load() > 100 })
+
+	srv.Kill()
+	killed := time.Now()
+	waitFor(t, 5*time.Second, "health turns bad", func() bool { return !s.Healthy() })
+	before := l.failures.Load()
+	time.Sleep(300 * time.Millisecond)
+	if f := l.failures.Load() - before; f < 100 {
+		t.Errorf("%d failures in 300ms while Redis is down: not failing fast", f)
+	}
+	if ok := l.lastOK.Load(); ok > killed.Add(timeout*5).UnixNano() {
+		t.Errorf("a take succeeded %v after Redis was killed", time.Unix(0, ok).Sub(killed))
+	}
+	// The race detector on 2 cores is slow: a few times the deadline.
+	if p := l.p99(); p > 10*timeout {
+		t.Errorf("p99 of failed takes %v, want within a few times the %v deadline", p, timeout)
+	}
+
+	srv.Restart()
+	restarted := time.Now().UnixNano()
+	took := waitFor(t, 3*time.Second, "takes succeed after restart", func() bool { return l.lastOK.Load() > restarted })
+	if took > time.Second {
+		t.Errorf("recovered %v after Redis restarted, want within 1s", took)
+	}
+	waitFor(t, time.Second, "health recovers", s.Healthy)
+}
+
+// TestTake_SlowRedis: a Redis busy with DEBUG SLEEP does not hold a take
+// past its deadline.
+func TestTake_SlowRedis(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "local")
+	const timeout = 30 * time.Millisecond
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, NoLocalCache: true})
+	r := must(store.NewFixedWindow(10, time.Minute))
+	hits := []store.Hit{{Key: "slow", Rule: r, Cost: 1, Veto: true}}
+	out := make([]store.Decision, 1)
+	if err := s.Take(context.Background(), time.Now().UnixNano(), hits, out); err != nil {
+		t.Fatal(err)
+	}
+	slept := make(chan struct{})
+	go func() {
+		defer close(slept)
+		if out, err := srv.Run("debug", "sleep", "0.5"); err != nil || out != "OK" {
+			t.Errorf("DEBUG SLEEP: %q, %v", out, err)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // let the sleep begin
+	t0 := time.Now()
+	err := s.Take(context.Background(), time.Now().UnixNano(), hits, out)
+	if took := time.Since(t0); err == nil || took > 5*timeout {
+		t.Fatalf("take during DEBUG SLEEP: err %v after %v, want a deadline error within ~%v", err, took, timeout)
+	}
+	<-slept
+	waitFor(t, 2*time.Second, "takes succeed after the sleep", func() bool {
+		return s.Take(context.Background(), time.Now().UnixNano(), hits, out) == nil
+	})
+}
+
+func TestBreaker(t *testing.T) {
+	now := time.Unix(100, 0)
+	b := newBreaker(2, time.Second, func() time.Time { return now })
+	steps := []struct {
+		do         func()
+		allow, clo bool
+	}{
+		{func() {}, true, true},
+		{b.failure, true, true},
+		{b.failure, false, false}, // opens
+		{func() { now = now.Add(999 * time.Millisecond) }, false, false},
+		{func() { now = now.Add(time.Millisecond) }, true, false}, // one probe
+		{func() {}, false, false},                                 // only one
+		{b.failure, false, false},
+		{func() { now = now.Add(time.Second) }, true, false},
+		{b.success, true, true},
+		{b.failure, true, true}, // the count started over
+	}
+	for i, st := range steps {
+		st.do()
+		if got := b.allow(); got != st.allow {
+			t.Fatalf("step %d: allow() = %v, want %v", i, got, st.allow)
+		}
+		if got := b.closed(); got != st.clo {
+			t.Fatalf("step %d: closed() = %v, want %v", i, got, st.clo)
+		}
+	}
+}
