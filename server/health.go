@@ -1,6 +1,7 @@
 package server
 
 import (
+	"sync"
 	"sync/atomic"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -14,6 +15,8 @@ import (
 // report. It starts NOT_SERVING. Safe for concurrent use.
 type Health struct {
 	grpc    *health.Server
+	mu      sync.Mutex // orders SetServing and Shutdown
+	down    bool
 	serving atomic.Bool
 }
 
@@ -30,8 +33,14 @@ func NewHealth() *Health {
 	return h
 }
 
-// SetServing flips every reported service to SERVING or NOT_SERVING.
+// SetServing flips every reported service to SERVING or NOT_SERVING. After
+// Shutdown it does nothing.
 func (h *Health) SetServing(ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.down {
+		return
+	}
 	h.serving.Store(ok)
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ok {
@@ -46,9 +55,12 @@ func (h *Health) SetServing(ok bool) {
 // Serving reports the current state.
 func (h *Health) Serving() bool { return h.serving.Load() }
 
-// Shutdown sets every service NOT_SERVING for good, ending Watch streams'
-// updates: call it when draining starts.
+// Shutdown sets every service NOT_SERVING for good (later SetServing calls
+// are ignored): call it when draining starts.
 func (h *Health) Shutdown() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.down = true
 	h.serving.Store(false)
 	h.grpc.Shutdown()
 }

@@ -290,15 +290,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 
 	// Serving only with a table: before the first one (--allow-empty-
 	// config) health says NOT_SERVING and requests get UNAVAILABLE.
-	var draining sync.Mutex // orders the last health flip after reload hooks
-	stopped := false
-	reloader.OnReload(func(t *config.Table, _ error) {
-		draining.Lock()
-		defer draining.Unlock()
-		if !stopped {
-			health.SetServing(t != nil)
-		}
-	})
+	reloader.OnReload(func(t *config.Table, _ error) { health.SetServing(t != nil) })
 	health.SetServing(reloader.Current() != nil)
 	if reloader.Current() == nil {
 		logger.Warn("no config loaded yet; NOT_SERVING until one is", "path", f.config)
@@ -348,10 +340,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 
 	// Drain: NOT_SERVING first, then stop accepting and let in-flight
 	// requests finish within --drain-timeout.
-	draining.Lock()
-	stopped = true
 	health.Shutdown()
-	draining.Unlock()
 	logger.Info("draining", "timeout", f.drainTimeout)
 	drainCtx, drainCancel := context.WithTimeout(context.Background(), f.drainTimeout)
 	defer drainCancel()
