@@ -122,7 +122,7 @@ func BenchmarkMemoryPerKey(b *testing.B) {
 	for b.Loop() {
 		keys := make([]string, n)
 		for i := range keys {
-			keys[i] = fmt.Sprintf("domain|path|v_%012d|min", i)
+			keys[i] = fmt.Sprintf("domain|path|v_%014d|min", i)
 		}
 		var m0, m1 runtime.MemStats
 		runtime.GC()
