@@ -10,12 +10,10 @@ import "time"
 
 const nsPerSec = uint64(time.Second)
 
-// windowEnd returns now in whole seconds and the end, in Unix seconds, of
-// the window holding now. now is clamped to 0 or later.
-func windowEnd(r *Rule, now uint64) (nowSec, end uint64) {
+// windowEnd returns the end, in Unix seconds, of the window holding now.
+func windowEnd(r *Rule, now uint64) uint64 {
 	w := uint64(r.period / time.Second)
-	nowSec = now / nsPerSec
-	return nowSec, (nowSec/w + 1) * w
+	return (now/nsPerSec/w + 1) * w
 }
 
 // currentWindow returns the end of the window a take at now counts in:
@@ -23,7 +21,7 @@ func windowEnd(r *Rule, now uint64) (nowSec, end uint64) {
 // stepped back since (so a backwards step never reopens an older window
 // and forgets the newer one's count).
 func currentWindow(s uint64, r *Rule, now uint64) uint64 {
-	_, end := windowEnd(r, now)
+	end := windowEnd(r, now)
 	return max(end, s>>32)
 }
 
@@ -78,7 +76,7 @@ func TakeWindow(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 // Counts are sums, so taking cost away again leaves exactly the count the
 // other hits of that window made: never more capacity than without the take.
 func refundWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
-	_, end := windowEnd(r, clampNow(now))
+	end := windowEnd(r, clampNow(now))
 	if uint32(s>>32) != uint32(end) {
 		return s
 	}
