@@ -24,9 +24,9 @@ import (
 // Limits that keep a hostile file (deep nesting, YAML alias bombs) from
 // exhausting the stack or the CPU.
 const (
-	maxDepth       = 64
-	maxDescriptors = 1 << 20 // per file, aliases and merge keys expanded
-	maxErrors      = 1000    // per Load
+	maxDepth     = 64
+	maxExpansion = 1 << 16 // descriptors and merged mappings beyond the file's own nodes, from aliases
+	maxErrors    = 1000    // per Load
 )
 
 // Load reads and compiles the limits files at path: a file, or every
@@ -153,7 +153,6 @@ func (l *loader) errorf(file string, line int, path, format string, args ...any)
 
 // file parses one limits file into its domain.
 func (l *loader) file(name string, data []byte) {
-	l.budget = maxDescriptors
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -164,6 +163,9 @@ func (l *loader) file(name string, data []byte) {
 		}
 		return
 	}
+	// Without aliases no file visits more descriptors than it has nodes;
+	// aliases may add a bounded number.
+	l.budget = countNodes(&doc) + maxExpansion
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case err == io.EOF:
@@ -244,7 +246,7 @@ func (l *loader) descriptors(file, dname string, d *domain, lv *level, n *yaml.N
 	for i, item := range n.Content {
 		if l.budget--; l.budget < 0 {
 			if l.budget == -1 {
-				l.errorf(file, item.Line, path, "more than %d descriptors and merged mappings (recursive YAML aliases?)", maxDescriptors)
+				l.errorf(file, item.Line, path, "YAML aliases expand to too many descriptors")
 			}
 			return
 		}
@@ -548,7 +550,7 @@ func (l *loader) fields(file, path, where string, n *yaml.Node, depth int, allow
 		for _, mm := range maps {
 			if l.budget--; l.budget < 0 {
 				if l.budget == -1 {
-					l.errorf(file, mm.Line, path, "more than %d descriptors and merged mappings (recursive YAML aliases?)", maxDescriptors)
+					l.errorf(file, mm.Line, path, "YAML aliases expand to too many descriptors")
 				}
 				return m
 			}
@@ -621,6 +623,15 @@ func (l *loader) uint(file, path, name string, f field) (uint64, bool) {
 	}
 	l.errorf(file, v.Line, path, "%s: want a non-negative integer, got %s", name, describe(v))
 	return 0, false
+}
+
+// countNodes counts the nodes of a parsed file, not following aliases.
+func countNodes(n *yaml.Node) int {
+	c := 1
+	for _, child := range n.Content {
+		c += countNodes(child)
+	}
+	return c
 }
 
 // resolve follows aliases to the node they name.

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -222,5 +223,20 @@ descriptors:
 	rules[0] = nil // Rules returns a copy
 	if tbl.Rules()[0] == nil {
 		t.Error("Rules() exposes the table's own slice")
+	}
+}
+
+// TestLoad_AliasBombIsBounded: aliases that double at every level would
+// expand to 2^40 descriptors; Load stops at its budget with one error.
+func TestLoad_AliasBombIsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: bomb\ndescriptors:\n  - key: k0\n    descriptors: &l0 [{key: leaf}]\n")
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&b, "  - key: k%d\n    descriptors: &l%d [{key: a, descriptors: *l%d}, {key: b, descriptors: *l%d}]\n", i, i, i-1, i-1)
+	}
+	_, err := compile([]source{{name: "bomb.yaml", data: []byte(b.String())}}, Options{}, nil)
+	var es *Errors
+	if !errors.As(err, &es) || len(es.List) != 1 || !strings.Contains(es.List[0].Msg, "aliases expand to too many descriptors") {
+		t.Fatalf("Load(alias bomb) = %v, want one budget error", err)
 	}
 }
