@@ -95,3 +95,35 @@ func TestBackoff_CapBelowBase(t *testing.T) {
 		}
 	}
 }
+
+// FuzzBackoff: every delay is at least Base and the hint, and at most
+// the larger of the bound and the hint, whatever Rand answers in range.
+func FuzzBackoff(f *testing.F) {
+	f.Add(int64(250e6), int64(30e9), int64(0), uint64(1), uint8(10))
+	f.Add(int64(1), int64(2), int64(5), uint64(7), uint8(50))
+	f.Add(int64(5e9), int64(1), int64(1e9), uint64(3), uint8(3))
+	f.Fuzz(func(t *testing.T, base, limit, hint int64, seed uint64, steps uint8) {
+		base, limit, hint = base%int64(time.Hour), limit%int64(24*time.Hour), hint%int64(24*time.Hour)
+		src := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		b := Backoff{Base: time.Duration(base), Cap: time.Duration(limit), Rand: func(n int64) int64 {
+			if n <= 0 {
+				t.Fatalf("Rand(%d): want n > 0", n)
+			}
+			return src.Int64N(n)
+		}}
+		lo, hi := b.bounds()
+		prev := lo
+		for i := range int(steps) {
+			h := max(time.Duration(hint), 0)
+			d := b.Next(h)
+			bound := min(prev*3, hi)
+			if prev > hi/3 {
+				bound = hi
+			}
+			if d < lo || d < h || d > max(bound, h) {
+				t.Fatalf("step %d: Next(%v) = %v outside [%v, max(%v, hint)]", i, h, d, lo, bound)
+			}
+			prev = b.prev
+		}
+	})
+}
