@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,8 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -178,5 +181,32 @@ descriptors:
 func TestDial_BadTarget(t *testing.T) {
 	if _, err := Dial("dns:///%%bad"); err == nil || errors.Is(err, ErrRateLimited) {
 		t.Fatalf("Dial(bad target) = %v, want an error", err)
+	}
+}
+
+func TestNew_CallerOwnsConn(t *testing.T) {
+	addr := startSluice(t, limitsYAML, newFakeClock(tWindow))
+	var seen atomic.Int64
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		seen.Add(1)
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(count))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := New(conn, WithTimeout(5*time.Second))
+	if r, err := c.Check(testCtx(t), "api", []Descriptor{{{"user", "hal"}}}, 1); err != nil || !r.Allowed || seen.Load() != 1 {
+		t.Fatalf("Check over a caller's conn: %+v, %v, %d calls seen", r, err, seen.Load())
+	}
+	c.Close()
+	if conn.GetState() == connectivity.Shutdown {
+		t.Fatal("Client.Close closed a connection it did not make")
+	}
+	// WithDialOptions reaches Dial's connection.
+	d := dial(t, addr, WithDialOptions(grpc.WithUnaryInterceptor(count)))
+	if _, err := d.ShouldRateLimit(testCtx(t), "api", []Descriptor{{{"user", "hal"}}}, 1); err != nil || seen.Load() != 2 {
+		t.Fatalf("Dial with options: %v, %d calls seen, want 2", err, seen.Load())
 	}
 }
