@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -488,5 +489,47 @@ descriptors:
 	})
 	if allocs != 0 {
 		t.Errorf("Match allocates %v times per run, want 0", allocs)
+	}
+}
+
+// TestMatch_DeepDescriptor covers descriptors longer than the path Match
+// remembers on its first walk.
+func TestMatch_DeepDescriptor(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: deep\ndescriptors:\n")
+	indent := "  "
+	for i := range 12 {
+		fmt.Fprintf(&b, "%s- key: l%d\n", indent, i)
+		if i == 10 {
+			fmt.Fprintf(&b, "%s  value: \"s*\"\n%s  share_threshold: true\n", indent, indent)
+		}
+		if i == 11 {
+			fmt.Fprintf(&b, "%s  rate_limit: {unit: second, requests_per_unit: 12}\n", indent)
+			break
+		}
+		fmt.Fprintf(&b, "%s  descriptors:\n", indent)
+		indent += "    "
+	}
+	tbl := mustCompile(t, b.String())
+	var es []Entry
+	want := "deep"
+	for i := range 12 {
+		v := fmt.Sprintf("v%d", i)
+		if i == 10 {
+			v = "shared"
+		}
+		es = append(es, Entry{fmt.Sprintf("l%d", i), v})
+		if i == 10 {
+			v = "s*"
+		}
+		want += fmt.Sprintf("|l%d=%s", i, v)
+	}
+	want += "|fw:1s"
+	r, key := tbl.Match("deep", es, nil)
+	if r == nil || r.RequestsPerUnit != 12 || string(key) != want {
+		t.Errorf("Match(12 entries) = %v, %q; want 12/s, %q", r, key, want)
+	}
+	if r, _ := tbl.Match("deep", es[:11], nil); r != nil {
+		t.Errorf("Match(11 entries) = %v, want no rule", r)
 	}
 }
