@@ -92,7 +92,7 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	s := grpc.NewServer(opts...)
 	rlspb.RegisterRateLimitServiceServer(s, NewRLS(lim, o.Options))
 	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
-	healthpb.RegisterHealthServer(s, health.grpc)
+	healthpb.RegisterHealthServer(s, health.service())
 	reflection.Register(s)
 	return s
 }

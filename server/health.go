@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
@@ -18,6 +19,10 @@ type Health struct {
 	mu      sync.Mutex // orders SetServing and Shutdown
 	down    bool
 	serving atomic.Bool
+	// draining ends at Shutdown; it ends Watch streams, which would
+	// otherwise hold a graceful stop until its timeout.
+	draining context.Context
+	drain    context.CancelFunc
 }
 
 // healthServices are the names grpc.health.v1 answers for, besides "".
@@ -29,6 +34,7 @@ var healthServices = []string{
 // NewHealth returns a Health that is not serving.
 func NewHealth() *Health {
 	h := &Health{grpc: health.NewServer()}
+	h.draining, h.drain = context.WithCancel(context.Background())
 	h.SetServing(false)
 	return h
 }
@@ -63,4 +69,35 @@ func (h *Health) Shutdown() {
 	h.down = true
 	h.serving.Store(false)
 	h.grpc.Shutdown()
+	h.drain()
 }
+
+// healthService is grpc.health.v1 with Watch streams that end, after a
+// last NOT_SERVING, when draining starts.
+type healthService struct {
+	*health.Server
+	draining context.Context
+}
+
+func (h *Health) service() healthpb.HealthServer {
+	return &healthService{Server: h.grpc, draining: h.draining}
+}
+
+func (s *healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(s.draining, cancel)()
+	err := s.Server.Watch(req, watchStream{stream, ctx})
+	if s.draining.Err() != nil && stream.Context().Err() == nil {
+		return stream.Send(&healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_NOT_SERVING})
+	}
+	return err
+}
+
+// watchStream is a Watch stream with a context that also ends at drain.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (w watchStream) Context() context.Context { return w.ctx }

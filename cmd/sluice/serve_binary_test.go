@@ -1,0 +1,372 @@
+package main
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+var (
+	binaryOnce sync.Once
+	binaryPath string
+	binaryErr  error
+)
+
+// sluiceBinary builds the real binary once per test run.
+func sluiceBinary(t *testing.T) string {
+	t.Helper()
+	binaryOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sluice-bin")
+		if err != nil {
+			binaryErr = err
+			return
+		}
+		binaryPath = filepath.Join(dir, "sluice")
+		out, err := exec.Command("go", "build", "-o", binaryPath, ".").CombinedOutput()
+		if err != nil {
+			binaryErr = errors.New(string(out))
+		}
+	})
+	if binaryErr != nil {
+		t.Fatalf("go build: %v", binaryErr)
+	}
+	return binaryPath
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// sluiceProc is a running `sluice serve`.
+type sluiceProc struct {
+	cmd      *exec.Cmd
+	grpcAddr string
+	httpAddr string
+	stderr   *bytes.Buffer
+	mu       sync.Mutex
+	done     chan error
+}
+
+// startBinary runs `sluice serve` with args on free loopback ports and
+// waits until its gRPC port accepts connections.
+func startBinary(t *testing.T, args ...string) *sluiceProc {
+	t.Helper()
+	p := &sluiceProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), stderr: new(bytes.Buffer), done: make(chan error, 1)}
+	args = append([]string{"serve", "--grpc-addr", p.grpcAddr, "--http-addr", p.httpAddr}, args...)
+	p.cmd = exec.Command(sluiceBinary(t), args...)
+	p.cmd.Env = append(os.Environ(), "SLUICE_LOG_LEVEL=info")
+	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: p.stderr}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("sluice stderr:\n%s", p.log())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", p.grpcAddr); err == nil {
+			c.Close()
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sluice did not listen on %s:\n%s", p.grpcAddr, p.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *sluiceProc) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// grpcurlPath finds grpcurl in the repository's .bin/ (make test installs
+// it there) or on PATH.
+func grpcurlPath(t *testing.T) string {
+	t.Helper()
+	if p, err := filepath.Abs("../../.bin/grpcurl"); err == nil {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("grpcurl"); err == nil {
+		return p
+	}
+	t.Skip("grpcurl not found in .bin/ or on PATH: run `make test` (it installs the pinned grpcurl) or `make tools`")
+	return ""
+}
+
+// TestBinary_Grpcurl: reflection lets grpcurl list, describe and call
+// ShouldRateLimit with no proto files.
+func TestBinary_Grpcurl(t *testing.T) {
+	grpcurl := grpcurlPath(t)
+	p := startBinary(t, "--config", "testdata/serve")
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(grpcurl, append([]string{"-plaintext"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("grpcurl %q: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	list := run(p.grpcAddr, "list")
+	for _, s := range []string{"envoy.service.ratelimit.v3.RateLimitService", "sluice.v1.RateLimiter", "grpc.health.v1.Health"} {
+		if !strings.Contains(list, s) {
+			t.Errorf("grpcurl list lacks %s:\n%s", s, list)
+		}
+	}
+	desc := run(p.grpcAddr, "describe", "envoy.service.ratelimit.v3.RateLimitService")
+	if !strings.Contains(desc, "rpc ShouldRateLimit") {
+		t.Errorf("grpcurl describe:\n%s", desc)
+	}
+	out := run("-d", `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"/login"}]}]}`,
+		p.grpcAddr, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+	var resp struct {
+		OverallCode string `json:"overallCode"`
+		Statuses    []struct {
+			CurrentLimit struct{ Name string } `json:"currentLimit"`
+		} `json:"statuses"`
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil || resp.OverallCode != "OK" || len(resp.Statuses) != 1 || resp.Statuses[0].CurrentLimit.Name != "login" {
+		t.Errorf("grpcurl ShouldRateLimit: %v\n%s", err, out)
+	}
+}
+
+// TestBinary_SIGTERMDrain: on SIGTERM health flips to NOT_SERVING, calls
+// under way finish, and the process exits 0 well within --drain-timeout.
+func TestBinary_SIGTERMDrain(t *testing.T) {
+	p := startBinary(t, "--config", "testdata/serve", "--drain-timeout", "20s")
+	rls, hc := dialRLS(t, p.grpcAddr)
+	ctx := testCtx(t)
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health before SIGTERM: %v %v", r, err)
+	}
+
+	// Clients call continuously through the signal.
+	var stop atomic.Bool
+	var ok, refused atomic.Int64
+	var bad atomic.Value
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				_, err := rls.ShouldRateLimit(ctx, rlsRequest("e2e", "path", "/drain"))
+				switch status.Code(err) {
+				case codes.OK:
+					ok.Add(1)
+				case codes.Unavailable:
+					// refused after the server stopped accepting
+					refused.Add(1)
+				default:
+					bad.CompareAndSwap(nil, err)
+				}
+			}
+		})
+	}
+	for ok.Load() < 50 {
+		time.Sleep(time.Millisecond)
+	}
+	sent := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The health stream sees NOT_SERVING, then ends.
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			t.Fatalf("health watch ended before NOT_SERVING: %v", err)
+		}
+		if r.Status == healthpb.HealthCheckResponse_NOT_SERVING {
+			break
+		}
+	}
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			break
+		}
+		if r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Errorf("health watch after NOT_SERVING: %v", r.Status)
+		}
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v, want 0", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no exit 15 s after SIGTERM")
+	}
+	stop.Store(true)
+	wg.Wait()
+	if e := bad.Load(); e != nil {
+		t.Errorf("a call failed other than by being refused: %v", e)
+	}
+	if !strings.Contains(p.log(), "draining") || !strings.Contains(p.log(), "stopped") {
+		t.Errorf("log lacks draining/stopped:\n%s", p.log())
+	}
+	t.Logf("%d calls OK, %d refused after the stop; exit %v after SIGTERM", ok.Load(), refused.Load(), time.Since(sent))
+}
+
+// TestBinary_MTLS serves gRPC and HTTP over TLS with client certificates
+// required, from certificates generated here.
+func TestBinary_MTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca := newServeCA(t)
+	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
+	sc, sk := ca.issue(t, false)
+	writeFile(t, certFile, sc)
+	writeFile(t, keyFile, sk)
+	writeFile(t, caFile, ca.pem)
+	p := startBinary(t, "--config", "testdata/serve", "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", caFile)
+
+	cc, ck := ca.issue(t, true)
+	clientCert, err := tls.X509KeyPair(cc, ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	withCert := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{clientCert}}
+	ctx := testCtx(t)
+
+	rls, _ := dialRLS(t, p.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(withCert)))
+	if r, err := rls.ShouldRateLimit(ctx, rlsRequest("e2e", "path", "/tls")); err != nil || r.OverallCode != rlspb.RateLimitResponse_OK {
+		t.Errorf("mTLS gRPC: %v %v", r, err)
+	}
+	noCert, _ := dialRLS(t, p.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots})))
+	if _, err := noCert.ShouldRateLimit(ctx, rlsRequest("e2e", "path", "/tls")); err == nil {
+		t.Error("gRPC without a client certificate was served")
+	}
+
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: withCert}, Timeout: 10 * time.Second}
+	res, err := client.Get("https://" + p.httpAddr + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Errorf("HTTPS /healthcheck: %s", res.Status)
+	}
+	plain := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}, Timeout: 10 * time.Second}
+	if res, err := plain.Get("https://" + p.httpAddr + "/healthcheck"); err == nil {
+		res.Body.Close()
+		t.Error("HTTPS without a client certificate was served")
+	}
+}
+
+type serveCA struct {
+	cert   *x509.Certificate
+	key    *ecdsa.PrivateKey
+	pem    []byte
+	serial int64
+}
+
+func newServeCA(t *testing.T) *serveCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &serveCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), serial: 1}
+}
+
+// issue returns a PEM certificate and key for 127.0.0.1.
+func (ca *serveCA) issue(t *testing.T, client bool) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := x509.ExtKeyUsageServerAuth
+	if client {
+		usage = x509.ExtKeyUsageClientAuth
+	}
+	ca.serial++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.serial), Subject: pkix.Name{CommonName: "sluice test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
