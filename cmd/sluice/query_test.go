@@ -11,9 +11,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -225,4 +227,32 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// The real binaries on both ends: `sluice serve` and `sluice query`.
+func TestQuery_Binary(t *testing.T) {
+	limits := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(limits, []byte(queryLimits), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startBinary(t, "--config", limits)
+	for i, want := range []struct {
+		code      int
+		remaining uint64
+	}{{0, 1}, {0, 0}, {1, 0}} {
+		cmd := exec.Command(sluiceBinary(t), "query", "--addr", p.grpcAddr, "--domain", "api", "--descriptor", "user=ivy", "--json")
+		out, err := cmd.Output()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		var a queryJSON
+		if jerr := json.Unmarshal(out, &a); code != want.code || jerr != nil || len(a.Statuses) != 1 ||
+			a.Statuses[0].Remaining == nil || *a.Statuses[0].Remaining != want.remaining {
+			t.Fatalf("query %d: exit %d, output %s; want exit %d, remaining %d", i+1, code, out, want.code, want.remaining)
+		}
+	}
 }
