@@ -124,10 +124,10 @@ type serveContext struct {
 
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := serve(ctx, args, os.Getenv, stderr, nil); err != nil {
-		fmt.Fprintln(stderr, "sluice serve:", err)
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		fmt.Fprintln(stderr, "sluice serve:", err)
 		return 1
 	}
 	return 0

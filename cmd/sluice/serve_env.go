@@ -75,11 +75,17 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 	if v := getenv("CONFIG_TYPE"); v != "" && !strings.EqualFold(v, "FILE") {
 		return nil, fmt.Errorf("CONFIG_TYPE=%s is not supported: Sluice reads limits from files (--config)", v)
 	}
-	switch v := strings.ToLower(getenv("BACKEND_TYPE")); v {
+	backend := strings.ToLower(getenv("BACKEND_TYPE"))
+	if backend == "" && has("REDIS_URL") {
+		// The reference's default backend is Redis: its manifests set
+		// REDIS_URL alone.
+		backend = "redis"
+	}
+	switch v := backend; v {
 	case "", "memory":
 	default:
 		if _, ok := backends[v]; !ok {
-			return nil, fmt.Errorf("BACKEND_TYPE=%s is not supported by this build (stores: %s)", getenv("BACKEND_TYPE"), strings.Join(backendNames(), ", "))
+			return nil, fmt.Errorf("BACKEND_TYPE=%s is not supported by this build (stores: %s)", v, strings.Join(backendNames(), ", "))
 		}
 		set("store", v)
 	}
@@ -125,6 +131,7 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 		"LIMIT_RESET_HEADER":             "header-reset",
 		"GRPC_MAX_CONNECTION_AGE":        "max-connection-age",
 		"GRPC_MAX_CONNECTION_AGE_GRACE":  "max-connection-age-grace",
+		"NEAR_LIMIT_RATIO":               "near-limit-ratio",
 	} {
 		if v := getenv(ref); v != "" {
 			set(fl, v)
@@ -169,7 +176,6 @@ var ignoredRefEnv = []struct{ name, why string }{
 	{"RUNTIME_IGNOREDOTFILES", "files starting with a dot are always ignored"},
 	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "Sluice is never healthy without a config"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "the memory store holds all counters; see --memory-max-keys"},
-	{"NEAR_LIMIT_RATIO", "near-limit metrics use Sluice's fixed ratio"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "not needed by Sluice's stores"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "Sluice never counts denied hits (see --denied-hits)"},
 	{"RESPONSE_DYNAMIC_METADATA", "Sluice adds no dynamic metadata"},

@@ -81,6 +81,7 @@ func TestServe_EnvPrecedence(t *testing.T) {
 		{"response headers", nil, serveEnv{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"}, "response-headers", "true"},
 		{"header name", nil, serveEnv{"LIMIT_REMAINING_HEADER": "X-Left"}, "header-remaining", "X-Left"},
 		{"merge", nil, serveEnv{"MERGE_DOMAIN_CONFIG": "true"}, "merge-domains", "true"},
+		{"near limit", nil, serveEnv{"NEAR_LIMIT_RATIO": "0.9"}, "near-limit-ratio", "0.9"},
 		{"max age", nil, serveEnv{"GRPC_MAX_CONNECTION_AGE": "5m"}, "max-connection-age", "5m0s"},
 		{"TLS only with USE_TLS", nil, serveEnv{"GRPC_SERVER_TLS_CERT": "/c"}, "tls-cert", ""},
 		{"TLS", nil, serveEnv{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c", "GRPC_SERVER_TLS_KEY": "/k"}, "tls-cert", "/c"},
@@ -120,11 +121,16 @@ func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 	} else if err == nil {
 		t.Errorf("BACKEND_TYPE=redis without a redis backend: accepted")
 	}
+	// REDIS_URL alone selects Redis too: the reference's default backend.
+	fs, _, err = parseServe(t, nil, serveEnv{"REDIS_URL": "127.0.0.1:6379"})
+	if _, have := backends["redis"]; have && (err != nil || flagValue(fs, "store") != "redis") {
+		t.Errorf("REDIS_URL: store %q err %v, want redis", flagValue(fs, "store"), err)
+	}
 	// CONFIG_TYPE=FILE is what Sluice does.
 	if _, _, err := parseServe(t, nil, serveEnv{"CONFIG_TYPE": "FILE"}); err != nil {
 		t.Errorf("CONFIG_TYPE=FILE: %v", err)
 	}
-	_, warnings, err := parseServe(t, nil, serveEnv{"USE_STATSD": "true", "NEAR_LIMIT_RATIO": "0.9"})
+	_, warnings, err := parseServe(t, nil, serveEnv{"USE_STATSD": "true", "EXPIRATION_JITTER_MAX_SECONDS": "300"})
 	if err != nil || len(warnings) != 2 || !strings.Contains(warnings[0], "USE_STATSD is ignored") {
 		t.Errorf("ignored variables: warnings %q err %v, want 2 warnings", warnings, err)
 	}
