@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -174,4 +175,18 @@ func ExampleClient_HTTPMiddleware() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	log.Fatal(http.ListenAndServe(":8080", c.HTTPMiddleware("web", byPath)(mux)))
+}
+
+func ExampleClient_Limiter() {
+	c, err := client.Dial("sluice.internal:8081")
+	if err != nil {
+		log.Fatal(err)
+	}
+	perMethod := func(method string, _ metadata.MD) []client.Descriptor {
+		return []client.Descriptor{{{Key: "method", Value: method}}}
+	}
+	// For users of go-grpc-middleware's ratelimit package. Its errors
+	// lose the RetryInfo detail; UnaryServerInterceptor keeps it.
+	srv := grpc.NewServer(grpc.UnaryInterceptor(ratelimit.UnaryServerInterceptor(c.Limiter("api", perMethod))))
+	_ = srv
 }
