@@ -10,6 +10,7 @@ PROTOC_GEN_GO_VERSION  := v1.36.12
 PROTOC_GEN_GRPC_VERSION:= v1.6.2
 GRPCURL_VERSION        := v1.9.4
 STATICCHECK_VERSION    := v0.8.2
+GHZ_VERSION            := v0.120.0
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
@@ -39,6 +40,8 @@ $(BIN)/grpcurl:
 	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 $(BIN)/staticcheck:
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+$(BIN)/ghz:
+	GOBIN=$(BIN) $(GO) install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
 .PHONY: tools
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl ## install the pinned Go tools into .bin/
@@ -71,6 +74,10 @@ test: deps $(BIN)/grpcurl ## run every test with -race
 .PHONY: bench
 bench: ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+.PHONY: bench-load
+bench-load: build $(BIN)/ghz ## load benchmark: sluice vs a no-op RLS server on loopback, writes docs/BENCHMARKS.md (BENCH_FLAGS=-duration 5s ...)
+	$(GO) run ./loadgen/benchload -sluice bin/sluice -ghz $(BIN)/ghz -out docs/BENCHMARKS.md $(BENCH_FLAGS)
 
 .PHONY: check-generated
 check-generated: generate ## fail when gen/ or go.mod/go.sum are stale

@@ -154,13 +154,37 @@ func TestRun_OpenLoopPaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 400 tickets fall due in the measured second; the last few may still
-	// be outstanding at the end. A closed loop would send far more.
-	if res.Requests < 380 || res.Requests > 400 {
-		t.Errorf("open loop at 400/s for 1s counted %d requests, want 380..400", res.Requests)
+	// 400 requests are scheduled in the measured second; all are sent
+	// and answered. A closed loop would send far more.
+	if res.Requests != 400 || res.Unfinished != 0 {
+		t.Errorf("open loop at 400/s for 1s: %d requests, %d unfinished; want 400, 0", res.Requests, res.Unfinished)
 	}
-	if res.Rate != 400 {
-		t.Errorf("Rate = %v, want 400", res.Rate)
+	if res.Rate != 400 || res.RPS > 400 || res.RPS < 300 {
+		t.Errorf("Rate = %v, RPS = %v; want 400 and an achieved rate a little under it", res.Rate, res.RPS)
+	}
+}
+
+// stall never answers: it waits for the call to be cancelled.
+type stall struct {
+	rlspb.UnimplementedRateLimitServiceServer
+}
+
+func (stall) ShouldRateLimit(ctx context.Context, _ *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func TestRun_OpenLoopCountsUnfinished(t *testing.T) {
+	addr := serve(t, stall{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := Run(ctx, Options{Target: addr, Requests: []*rlspb.RateLimitRequest{request("d", []string{"k"}, "v")},
+		Concurrency: 4, Rate: 100, Duration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != 0 || res.Unfinished != 20 {
+		t.Errorf("against a server that never answers: %d requests, %d unfinished; want 0, 20 (%v)", res.Requests, res.Unfinished, res.Codes)
 	}
 }
 

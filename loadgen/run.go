@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +38,10 @@ type Options struct {
 	Warmup time.Duration
 	// Rate, when positive, sends Rate requests per second on a fixed
 	// schedule shared by the workers (open loop); latency is measured
-	// from each request's scheduled time. Zero sends as fast as replies
-	// come back (closed loop).
+	// from each request's scheduled time. Every request scheduled before
+	// the end is sent, late if the workers fell behind, and waited for up
+	// to Duration past the end. Zero sends as fast as replies come back
+	// (closed loop).
 	Rate float64
 	// DialOptions are added to the connections' options, for transport
 	// credentials. Without credentials the connections are plaintext.
@@ -46,8 +49,9 @@ type Options struct {
 }
 
 // Result is what a run measured. Requests counts the calls that started
-// after the warmup and finished before the end; calls still outstanding at
-// the end are cancelled and not counted.
+// (closed loop) or were scheduled (open loop) after the warmup and before
+// the end, and finished. A closed loop cancels the calls outstanding at
+// the end and does not count them.
 type Result struct {
 	Target      string  `json:"target"`
 	Concurrency int     `json:"concurrency"`
@@ -55,7 +59,13 @@ type Result struct {
 	Rate        float64 `json:"rate,omitempty"`
 	Seconds     float64 `json:"duration_s"`
 	Requests    uint64  `json:"requests"`
-	RPS         float64 `json:"rps"`
+	// RPS is Requests per second of Duration (closed loop), or per
+	// second from the end of the warmup to the last reply (open loop):
+	// less than Rate when the server could not keep up.
+	RPS float64 `json:"rps"`
+	// Unfinished counts the requests an open loop scheduled in the
+	// measured time that had no reply Duration after the end.
+	Unfinished uint64 `json:"unfinished,omitempty"`
 	// Codes counts calls by gRPC status code name ("OK", "Unavailable").
 	Codes map[string]uint64 `json:"grpc_codes"`
 	// Overall counts successful calls by the reply's overall_code.
@@ -90,7 +100,8 @@ type worker struct {
 	codes    [maxCode + 1]uint64
 	overall  [3]uint64
 	mismatch uint64
-	calls    uint64 // every call that finished, warmup included
+	calls    uint64    // every call that finished, warmup included
+	last     time.Time // when the last recorded call finished
 }
 
 const maxCode = codes.Unauthenticated
@@ -133,8 +144,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	cpu0 := cpuTime()
 	start := time.Now()
 	from, end := start.Add(max(o.Warmup, 0)), start.Add(max(o.Warmup, 0)+dur)
-	runCtx, cancel := context.WithDeadline(ctx, end)
+	stopAt := end
+	if o.Rate > 0 {
+		stopAt = end.Add(dur)
+	}
+	// Cancelled at stopAt by a timer rather than a deadline: a deadline
+	// would travel to the server as grpc-timeout, and a call the server
+	// times out a moment early would be counted.
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	timer := time.AfterFunc(time.Until(stopAt), cancel)
+	defer timer.Stop()
 	var ticket atomic.Int64
 	var wg sync.WaitGroup
 	for _, w := range workers {
@@ -151,7 +171,22 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("loadgen: run interrupted: %w", err)
 	}
-	return summarise(o, conc, nconn, dur, workers, cpu), nil
+	r := summarise(o, conc, nconn, dur, workers, cpu)
+	if o.Rate > 0 {
+		// Tickets n with from <= start + n/rate < end.
+		due := func(t time.Time) uint64 { return uint64(math.Ceil(t.Sub(start).Seconds() * o.Rate)) }
+		if scheduled := due(end) - due(from); scheduled > r.Requests {
+			r.Unfinished = scheduled - r.Requests
+		}
+		last := from.Add(dur)
+		for _, w := range workers {
+			if w.last.After(last) {
+				last = w.last
+			}
+		}
+		r.RPS = float64(r.Requests) / last.Sub(from).Seconds()
+	}
+	return r, nil
 }
 
 // dial opens n connections and waits until each is ready, so that
@@ -232,6 +267,7 @@ func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, s
 		w.calls++
 		if !due.Before(from) {
 			w.record(t1.Sub(due), f, err)
+			w.last = t1
 		}
 	}
 }

@@ -1,0 +1,403 @@
+// Command benchload is the load benchmark behind `make bench-load`.
+//
+// It starts `sluice serve` with the bench limits (memory store) and a
+// no-op RLS server (`sluice bench --noop-listen`, the floor gRPC-go sets
+// on the machine), both on loopback, and drives them with the loadgen
+// library in this process: every workload at every concurrency against
+// each server in turn (the order alternating from cell to cell), then an
+// open-loop run at 80% of the no-op server's throughput, then a
+// cross-check of the latencies against ghz at a fixed rate. It writes the
+// results, with the machine's description, as Markdown.
+//
+//	go run ./loadgen/benchload -sluice bin/sluice -out docs/BENCHMARKS.md
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/sluicehq/sluice/loadgen"
+)
+
+type settings struct {
+	sluice, config, out, ghz    string
+	duration, warmup            time.Duration
+	concurrency                 []int
+	workloads                   []string
+	connections, keys, openConc int
+	ghzRate                     float64
+}
+
+func main() {
+	var s settings
+	var conc, workloads string
+	flag.StringVar(&s.sluice, "sluice", "bin/sluice", "the sluice binary")
+	flag.StringVar(&s.config, "config", "examples/bench.yaml", "limits for sluice serve")
+	flag.StringVar(&s.out, "out", "docs/BENCHMARKS.md", "Markdown file to write (- for stdout)")
+	flag.StringVar(&s.ghz, "ghz", ".bin/ghz", "ghz binary for the cross-check; skipped if absent")
+	flag.DurationVar(&s.duration, "duration", 5*time.Second, "measured time per run")
+	flag.DurationVar(&s.warmup, "warmup", time.Second, "warmup per run")
+	flag.StringVar(&conc, "concurrency", "1,50,200", "closed-loop concurrencies")
+	flag.StringVar(&workloads, "workloads", "distinct,hot,multi", "workloads")
+	flag.IntVar(&s.connections, "connections", 2, "HTTP/2 connections per run")
+	flag.IntVar(&s.keys, "keys", 10000, "distinct values of the distinct and multi workloads")
+	flag.IntVar(&s.openConc, "open-concurrency", 200, "request slots of the open-loop runs")
+	flag.Float64Var(&s.ghzRate, "ghz-rate", 1000, "requests/s of the ghz cross-check")
+	flag.Parse()
+	for _, c := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			fatal(fmt.Errorf("-concurrency %q: want positive integers", conc))
+		}
+		s.concurrency = append(s.concurrency, n)
+	}
+	s.workloads = strings.Split(workloads, ",")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := run(ctx, s)
+	if err != nil {
+		fatal(err)
+	}
+	w := io.Writer(os.Stdout)
+	if s.out != "-" {
+		f, err := os.Create(s.out)
+		if err != nil {
+			fatal(err)
+		}
+		defer f.Close()
+		w = f
+	}
+	if err := rep.write(w); err != nil {
+		fatal(err)
+	}
+	if s.out != "-" {
+		fmt.Fprintln(os.Stderr, "wrote", s.out)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "benchload:", err)
+	os.Exit(1)
+}
+
+// server is a process under test.
+type server struct {
+	name string
+	cmd  *exec.Cmd
+	addr string
+}
+
+// start runs the command and waits for the stderr line that names its
+// gRPC address: the text after marker, up to the next space.
+func start(ctx context.Context, name, marker string, bin string, args ...string) (*server, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		var log []string
+		for sc.Scan() {
+			line := sc.Text()
+			if i := strings.Index(line, marker); i >= 0 && found != nil {
+				found <- strings.Fields(line[i+len(marker):])[0]
+				found = nil
+			} else if found != nil {
+				log = append(log, line)
+			}
+		}
+		if found != nil {
+			fmt.Fprintf(os.Stderr, "%s exited before serving:\n%s\n", name, strings.Join(log, "\n"))
+			close(found)
+		}
+	}()
+	select {
+	case addr, ok := <-found:
+		if !ok {
+			cmd.Wait()
+			return nil, fmt.Errorf("%s did not start", name)
+		}
+		return &server{name: name, cmd: cmd, addr: addr}, nil
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("%s did not report its address within 30s", name)
+	}
+}
+
+func (s *server) stop() {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	s.cmd.Wait()
+}
+
+// cpu is the CPU time the process has used, from /proc (Linux).
+func (s *server) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command name: state is field 3,
+	// utime and stime are fields 14 and 15, in clock ticks (100 a second
+	// on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// measured is one run against one server.
+type measured struct {
+	*loadgen.Result
+	// ServerCPU is the server's CPU time per request in µs, warmup
+	// included.
+	ServerCPU float64
+}
+
+func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
+	o.Target = s.addr
+	c0 := s.cpu()
+	res, err := loadgen.Run(ctx, o)
+	if err != nil {
+		return measured{}, fmt.Errorf("%s: %w", s.name, err)
+	}
+	// Calls in the warmup used CPU too: scale by the whole run's time.
+	total := float64(res.Requests) * float64(o.Warmup+o.Duration) / float64(o.Duration)
+	m := measured{Result: res}
+	if total > 0 {
+		m.ServerCPU = float64((s.cpu() - c0).Microseconds()) / total
+	}
+	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req\n",
+		s.name, o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU)
+	return m, nil
+}
+
+// report is everything the Markdown shows.
+type report struct {
+	settings
+	machine machine
+	closed  []cell
+	open    []cell
+	ghz     *crossCheck
+	genCPU  float64 // the generator's CPU per request at concurrency 50
+}
+
+// cell is one workload and load against both servers.
+type cell struct {
+	workload     string
+	concurrency  int
+	rate         float64
+	sluice, noop measured
+}
+
+type crossCheck struct {
+	rate        float64
+	concurrency int
+	bench       measured
+	ghz         ghzResult
+}
+
+func run(ctx context.Context, s settings) (*report, error) {
+	rep := &report{settings: s, machine: describe()}
+	sl, err := start(ctx, "sluice", "msg=serving grpc=", s.sluice, "serve", "--config", s.config,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "info")
+	if err != nil {
+		return nil, err
+	}
+	defer sl.stop()
+	noop, err := start(ctx, "no-op", "listening on ", s.sluice, "bench", "--noop-listen", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer noop.stop()
+
+	opts := func(workload string, conc int, rate float64) (loadgen.Options, error) {
+		reqs, err := loadgen.Workload(workload, "bench", s.keys)
+		return loadgen.Options{Requests: reqs, Concurrency: conc, Connections: s.connections,
+			Duration: s.duration, Warmup: s.warmup, Rate: rate}, err
+	}
+	// both runs o against each server, the order alternating with i.
+	both := func(i int, o loadgen.Options) (sm, nm measured, err error) {
+		first, second := sl, noop
+		if i%2 == 1 {
+			first, second = noop, sl
+		}
+		a, err := first.measure(ctx, o)
+		if err != nil {
+			return sm, nm, err
+		}
+		b, err := second.measure(ctx, o)
+		if err != nil {
+			return sm, nm, err
+		}
+		if first == sl {
+			return a, b, nil
+		}
+		return b, a, nil
+	}
+
+	i := 0
+	noopAt50 := map[string]float64{}
+	for _, w := range s.workloads {
+		for _, c := range s.concurrency {
+			o, err := opts(w, c, 0)
+			if err != nil {
+				return nil, err
+			}
+			sm, nm, err := both(i, o)
+			if err != nil {
+				return nil, err
+			}
+			i++
+			rep.closed = append(rep.closed, cell{workload: w, concurrency: c, sluice: sm, noop: nm})
+			if c == 50 {
+				noopAt50[w] = nm.RPS
+				if w == "distinct" {
+					rep.genCPU = nm.CPUPerRequest
+				}
+			}
+		}
+	}
+	for _, w := range []string{"distinct", "multi"} {
+		if noopAt50[w] == 0 {
+			continue
+		}
+		rate := float64(int(0.8*noopAt50[w]/100)) * 100 // rounded down to 100/s
+		o, err := opts(w, s.openConc, rate)
+		if err != nil {
+			return nil, err
+		}
+		sm, nm, err := both(i, o)
+		if err != nil {
+			return nil, err
+		}
+		i++
+		rep.open = append(rep.open, cell{workload: w, concurrency: s.openConc, rate: rate, sluice: sm, noop: nm})
+	}
+	if _, err := os.Stat(s.ghz); err == nil {
+		cc, err := crossCheckGhz(ctx, s, sl)
+		if err != nil {
+			return nil, err
+		}
+		rep.ghz = cc
+	} else {
+		fmt.Fprintf(os.Stderr, "no ghz at %s: cross-check skipped\n", s.ghz)
+	}
+	return rep, nil
+}
+
+// ghzRequest is the one request both tools send in the cross-check.
+var ghzRequest = &rlspb.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitpb.RateLimitDescriptor{
+	{Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: "k", Value: "ghz"}}}}}
+
+type ghzResult struct {
+	RPS     float64 `json:"rps"`
+	Average float64 `json:"average"` // ns
+	Count   uint64  `json:"count"`
+	Dist    []struct {
+		Percentage float64 `json:"percentage"`
+		Latency    float64 `json:"latency"` // ns
+	} `json:"latencyDistribution"`
+	StatusCodeDistribution map[string]uint64 `json:"statusCodeDistribution"`
+}
+
+// quantile returns ghz's latency at percentage p, in µs.
+func (g ghzResult) quantile(p float64) float64 {
+	for _, d := range g.Dist {
+		if d.Percentage == p {
+			return d.Latency / 1e3
+		}
+	}
+	return 0
+}
+
+// crossCheckGhz runs ghz and then loadgen at the same fixed rate,
+// concurrency and request against sluice. ghz finds the method through
+// server reflection.
+func crossCheckGhz(ctx context.Context, s settings, sl *server) (*crossCheck, error) {
+	const conc = 50
+	data, err := protojson.Marshal(ghzRequest)
+	if err != nil {
+		return nil, err
+	}
+	total := int((s.warmup + s.duration).Seconds() * s.ghzRate)
+	out, err := exec.CommandContext(ctx, s.ghz, "--insecure", "--format", "json",
+		"--call", "envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit",
+		"-d", string(data), "--rps", strconv.Itoa(int(s.ghzRate)), "-c", strconv.Itoa(conc),
+		"--connections", strconv.Itoa(s.connections), "-n", strconv.Itoa(total), sl.addr).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return nil, fmt.Errorf("ghz: %w: %s", err, ee.Stderr)
+		}
+		return nil, fmt.Errorf("ghz: %w", err)
+	}
+	cc := &crossCheck{rate: s.ghzRate, concurrency: conc}
+	if err := json.Unmarshal(out, &cc.ghz); err != nil {
+		return nil, fmt.Errorf("ghz output: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "ghz    rate=%.0f  %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs\n", s.ghzRate, cc.ghz.RPS, cc.ghz.quantile(50), cc.ghz.quantile(99))
+	cc.bench, err = sl.measure(ctx, loadgen.Options{Requests: []*rlspb.RateLimitRequest{ghzRequest}, Concurrency: conc,
+		Connections: s.connections, Duration: s.duration, Warmup: s.warmup, Rate: s.ghzRate})
+	return cc, err
+}
+
+// machine describes where the benchmark ran.
+type machine struct {
+	cpu, kernel, memory, load, goVersion, date, commit string
+	cores                                              int
+}
+
+func describe() machine {
+	m := machine{cores: runtime.NumCPU(), goVersion: runtime.Version(), date: time.Now().UTC().Format("2006-01-02 15:04 MST")}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 1 {
+			if kb, err := strconv.ParseFloat(f[1], 64); err == nil {
+				m.memory = fmt.Sprintf("%.0f GiB", kb/(1<<20))
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.kernel = "Linux " + strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		m.commit = strings.TrimSpace(string(out))
+	}
+	return m
+}
