@@ -21,8 +21,12 @@ func windowEnd(r *Rule, now uint64) uint64 {
 // stepped back since (so a backwards step never reopens an older window
 // and forgets the newer one's count).
 func currentWindow(s uint64, r *Rule, now uint64) uint64 {
-	end := windowEnd(r, now)
-	return max(end, s>>32)
+	// Stored ends are multiples of the window: one after now is now's
+	// window or a later one, found without dividing.
+	if end := s >> 32; end > now/nsPerSec {
+		return end
+	}
+	return windowEnd(r, now)
 }
 
 // windowCount is the count s holds for the window ending at end.

@@ -155,7 +155,7 @@ func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d
 	for {
 		var ok bool
 		if c, ok = s.m.Load(h.Key); !ok {
-			if after, d = decide(h, 0, now); after == 0 {
+			if after, d = store.Take(0, h.Rule, now, h.Cost); after == 0 && !h.Saturate {
 				return nil, 0, 0, d
 			}
 			c = s.insert(h.Key, h.Rule, now)
@@ -167,7 +167,11 @@ func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d
 			if before == store.Tombstone {
 				break
 			}
-			after, d = decide(h, before, now)
+			if h.Saturate {
+				after, d = store.Saturate(before, h.Rule, now, h.Cost)
+			} else {
+				after, d = store.Take(before, h.Rule, now, h.Cost)
+			}
 			if after == before || c.state.CompareAndSwap(before, after) {
 				return c, before, after, d
 			}
@@ -176,14 +180,6 @@ func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d
 		// insert the live one.
 		s.remove(h.Key, c)
 	}
-}
-
-// decide runs the hit's algorithm on state st.
-func decide(h *store.Hit, st uint64, now int64) (uint64, store.Decision) {
-	if h.Saturate {
-		return store.Saturate(st, h.Rule, now, h.Cost)
-	}
-	return store.Take(st, h.Rule, now, h.Cost)
 }
 
 // refund rolls back one take. If nothing touched the state since, it goes
