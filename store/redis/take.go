@@ -51,20 +51,21 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if !s.breaker.allow() {
 		return ErrOpen
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	cctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
 	defer cancel()
 	var (
 		r   reply
 		err error
 	)
 	if s.cluster {
-		r, err = s.takeCluster(ctx, now, hits, keys)
+		r, err = s.takeCluster(cctx, now, hits, keys)
 	} else {
 		b := batch{keys: keys, args: s.args(hits, nil, now)}
-		r, err = s.run(ctx, b)
+		r, err = s.run(cctx, b)
 	}
 	if err != nil {
-		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// A caller that gave up says nothing about Redis.
+		if ctx.Err() == nil {
 			s.breaker.failure()
 		}
 		return err

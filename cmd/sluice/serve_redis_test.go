@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+func TestServeRedis_RefEnv(t *testing.T) {
+	cases := []struct {
+		env  serveEnv
+		want map[string]string
+	}{
+		{serveEnv{"BACKEND_TYPE": "redis", "REDIS_URL": "10.0.0.1:6379", "REDIS_AUTH": "pw", "CACHE_KEY_PREFIX": "rl_", "REDIS_TIMEOUT": "5ms"},
+			map[string]string{"store": "redis", "redis-url": "redis://10.0.0.1:6379", "redis-password": "pw", "redis-key-prefix": "rl_", "redis-timeout": "5ms"}},
+		{serveEnv{"REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_AUTH": "u:p"},
+			map[string]string{"redis-url": "rediss://r:6380", "redis-tls": "true", "redis-tls-ca": "/ca.pem", "redis-username": "u", "redis-password": "p"}},
+		{serveEnv{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "/run/redis.sock"}, map[string]string{"redis-url": "unix:///run/redis.sock"}},
+		{serveEnv{"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_SENTINEL_AUTH": "sp"},
+			map[string]string{"redis-sentinel-master": "mymaster", "redis-sentinel": "s1:26379,s2:26379", "redis-sentinel-password": "sp"}},
+		{serveEnv{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "c1:7000,c2:7000", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"},
+			map[string]string{"redis-cluster": "c1:7000,c2:7000", "redis-health": "true"}},
+	}
+	for i, c := range cases {
+		fs, _, err := parseServe(t, nil, c.env)
+		if err != nil {
+			t.Fatalf("case %d: %v", i, err)
+		}
+		for name, want := range c.want {
+			if got := flagValue(fs, name); got != want {
+				t.Errorf("case %d: --%s = %q, want %q", i, name, got, want)
+			}
+		}
+	}
+	// A flag wins over the reference's variable; --redis-failure-mode is
+	// --store-failure-mode.
+	fs, _, err := parseServe(t, []string{"--redis-url", "redis://flag:1", "--redis-failure-mode", "deny"}, serveEnv{"REDIS_URL": "env:2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := flagValue(fs, "redis-url"); got != "redis://flag:1" {
+		t.Errorf("--redis-url = %q, want the flag's", got)
+	}
+	if got := flagValue(fs, "store-failure-mode"); got != "deny" {
+		t.Errorf("--store-failure-mode = %q after --redis-failure-mode deny", got)
+	}
+	for _, env := range []serveEnv{
+		{"REDIS_PERSECOND": "true"},
+		{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "only-master"},
+		{"REDIS_TYPE": "ring", "REDIS_URL": "x:1"},
+		{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+	} {
+		if _, _, err := parseServe(t, nil, env); err == nil {
+			t.Errorf("%v: no error", env)
+		}
+	}
+}
+
+func TestServeRedis_BadSettings(t *testing.T) {
+	for _, args := range [][]string{
+		{"--store", "redis"},
+		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-clock", "sundial"},
+		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-timeout", "0s"},
+		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-tls-cert", "c.pem"},
+		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1"}, // nothing listens
+	} {
+		args = append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)
+		if err := serve(testCtx(t), args, serveEnv{}.get, &bytes.Buffer{}, nil); err == nil {
+			t.Errorf("serve %v: no error", args)
+		}
+	}
+}
+
+// buildSluice builds this command without the race detector (the
+// multi-process tests measure grants, not races, and the race detector
+// would make three servers on two cores crawl).
+func buildSluice(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startSluices starts n `sluice serve` processes on the given store flags
+// and returns their gRPC addresses once each reports SERVING.
+func startSluices(t *testing.T, n int, config string, storeArgs ...string) []string {
+	t.Helper()
+	bin := buildSluice(t)
+	var addrs []string
+	for i := range n {
+		addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
+		args := append([]string{"serve", "--config", config,
+			"--grpc-addr", addr, "--http-addr", "127.0.0.1:0", "--log-level", "warn"}, storeArgs...)
+		cmd := exec.Command(bin, args...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+			if t.Failed() {
+				t.Logf("sluice %d output:\n%s", i, out.String())
+			}
+		})
+		_, hc := dialRLS(t, addr)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+			cancel()
+			if err == nil && r.Status == healthpb.HealthCheckResponse_SERVING {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sluice %d not serving: %v\n%s", i, err, out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		addrs = append(addrs, addr)
+	}
+	return addrs
+}
+
+const multiConfig = `domain: shared
+descriptors:
+  - key: fw
+    rate_limit: {unit: year, requests_per_unit: 1000}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 500}
+  - key: a
+    rate_limit: {unit: year, requests_per_unit: 300}
+  - key: b
+    rate_limit: {unit: year, requests_per_unit: 500}
+  - key: c
+    rate_limit: {unit: year, requests_per_unit: 1000}
+`
+
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func desc(kv ...string) *ratelimitpb.RateLimitDescriptor {
+	d := &ratelimitpb.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitpb.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// hammer sends total requests from clients goroutines spread over the
+// servers and returns how many were OK.
+func hammer(t *testing.T, addrs []string, clients, total int, req *rlspb.RateLimitRequest) int64 {
+	t.Helper()
+	rls := make([]rlspb.RateLimitServiceClient, len(addrs))
+	for i, a := range addrs {
+		rls[i], _ = dialRLS(t, a)
+	}
+	var next, ok atomic.Int64
+	var wg sync.WaitGroup
+	ctx := testCtx(t)
+	for c := range clients {
+		wg.Go(func() {
+			client := rls[c%len(rls)]
+			for next.Add(1) <= int64(total) {
+				resp, err := client.ShouldRateLimit(ctx, req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.OverallCode == rlspb.RateLimitResponse_OK {
+					ok.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return ok.Load()
+}
+
+// remaining asks without consuming (hits_addend 0) what is left of each
+// descriptor.
+func remaining(t *testing.T, addr string, descs ...*ratelimitpb.RateLimitDescriptor) []uint32 {
+	t.Helper()
+	rls, _ := dialRLS(t, addr)
+	for _, d := range descs {
+		d.HitsAddend = wrapperspb.UInt64(0)
+	}
+	resp, err := rls.ShouldRateLimit(testCtx(t), &rlspb.RateLimitRequest{Domain: "shared", Descriptors: descs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint32
+	for _, s := range resp.Statuses {
+		out = append(out, s.LimitRemaining)
+	}
+	return out
+}
+
+// noOverGrant is the shared-limit test: 32 clients over three sluice
+// processes on one Redis deployment never grant more than the limits:
+// total requests at one fixed-window key, a fifth of that at a token
+// bucket, a tenth with three descriptors.
+func noOverGrant(t *testing.T, total int, storeArgs ...string) {
+	addrs := startSluices(t, 3, writeConfig(t, multiConfig), storeArgs...)
+
+	if got := hammer(t, addrs, 32, total, &rlspb.RateLimitRequest{Domain: "shared",
+		Descriptors: []*ratelimitpb.RateLimitDescriptor{desc("fw", "x")}}); got != 1000 {
+		t.Errorf("fixed window: %d of %d granted, want exactly 1000", got, total)
+	}
+
+	start := time.Now()
+	got := hammer(t, addrs, 32, total/5, &rlspb.RateLimitRequest{Domain: "shared",
+		Descriptors: []*ratelimitpb.RateLimitDescriptor{desc("tb", "x")}})
+	refill := int64(time.Since(start)/(10*time.Millisecond)) + 1 // 100 per second
+	if got < 500 || got > 500+refill {
+		t.Errorf("token bucket: %d granted, want the burst 500 plus at most the %d refilled", got, refill)
+	}
+
+	multi := &rlspb.RateLimitRequest{Domain: "shared",
+		Descriptors: []*ratelimitpb.RateLimitDescriptor{desc("a", "x"), desc("b", "x"), desc("c", "x")}}
+	if got := hammer(t, addrs, 32, total/10, multi); got != 300 {
+		t.Errorf("multi-descriptor: %d granted, want the 300 of the tightest descriptor", got)
+	}
+	// No descriptor was charged for the denied requests.
+	rem := remaining(t, addrs[1], desc("a", "x"), desc("b", "x"), desc("c", "x"))
+	if fmt.Sprint(rem) != "[0 200 700]" {
+		t.Errorf("remaining after the multi-descriptor run: %v, want [0 200 700]", rem)
+	}
+}
+
+func TestServeRedis_ThreeProcessesNoOverGrant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Redis and three sluice processes")
+	}
+	srv := redistest.Start(t)
+	noOverGrant(t, 50_000, "--store", "redis", "--redis-url", "redis://"+srv.Addr, "--redis-timeout", "1s")
+}
+
+func TestServeRedis_ClusterNoOverGrant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster and three sluice processes")
+	}
+	cl := redistest.StartCluster(t, 3)
+	seeds := ""
+	for i, s := range cl.Seeds() {
+		if i > 0 {
+			seeds += ","
+		}
+		seeds += s
+	}
+	noOverGrant(t, 5_000, "--store", "redis", "--redis-cluster", seeds, "--redis-timeout", "1s")
+}
