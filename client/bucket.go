@@ -53,11 +53,14 @@ func (b *Bucket) Take(now int64, n uint64) store.Decision {
 func (b *Bucket) Allow() bool { return b.Take(b.clock.Now(), 1).Allowed }
 
 // Wait takes one token, waiting for it if the bucket is empty. It returns
-// ctx's error if ctx ends first, and fails at once, without waiting, with
+// ctx's error, taking nothing, if ctx has ended or ends first, and fails at once, without waiting, with
 // an error wrapping context.DeadlineExceeded when the token cannot come
 // before ctx's deadline. Concurrent waiters are not queued: each retries
 // when a token is due, and one of them gets it.
 func (b *Bucket) Wait(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	var t *time.Timer
 	for {
 		now := b.clock.Now()

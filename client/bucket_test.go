@@ -187,7 +187,14 @@ func TestBucket_WaitCancelled(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.Allow()
+		gone, cancelGone := context.WithCancel(context.Background())
+		cancelGone()
+		if err := b.Wait(gone); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait on an ended context = %v, want Canceled", err)
+		}
+		if !b.Allow() {
+			t.Fatal("Wait on an ended context took the token")
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- b.Wait(ctx) }()
