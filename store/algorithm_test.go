@@ -332,8 +332,11 @@ func TestRefund(t *testing.T) {
 			if _, d := Take(back, r, t0, 0); d.Remaining != 5 {
 				t.Fatalf("remaining after refund %d, want 5", d.Remaining)
 			}
-			if got := Refund(s0, r, t0, 1000); !Fresh(got, r, t0) {
+			if got := Refund(s0, r, t0, 10); !Fresh(got, r, t0) {
 				t.Fatalf("over-refund left %#x, want a fresh state", got)
+			}
+			if got := Refund(s1, r, t0, 11); got != s1 {
+				t.Fatalf("refund of a cost over the capacity changed the state %#x → %#x", s1, got)
 			}
 		})
 	}

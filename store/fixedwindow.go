@@ -81,7 +81,7 @@ func TakeWindow(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 // other hits of that window made: never more capacity than without the take.
 func refundWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
 	end := windowEnd(r, clampNow(now))
-	if uint32(s>>32) != uint32(end) {
+	if uint32(s>>32) != uint32(end) || cost > r.limit {
 		return s
 	}
 	count := s & 0xffffffff

@@ -125,11 +125,13 @@ func fillTokens(d *Decision, s uint64, r *Rule, now, nowF uint64) {
 // charged as if it had arrived with this take's now (a sub-period shift
 // within overlapping calls); see docs/STORE.md.
 func refundTokens(s uint64, r *Rule, cost uint64) uint64 {
-	c := cost * r.k
-	if cost > r.burst || c >= s {
-		return 0
+	if cost > r.burst {
+		return s // never taken
 	}
-	return s - c
+	if c := cost * r.k; c < s {
+		return s - c
+	}
+	return 0
 }
 
 // saturateTokens consumes what is left of the bucket, up to cost: the TAT
