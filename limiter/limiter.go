@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"unsafe"
 
@@ -121,7 +122,7 @@ type Limiter struct {
 	store     store.Store
 	opts      Options
 	clock     store.Clock
-	overrides *xsync.Map[uint64, *store.Rule]
+	overrides *xsync.Map[Override, *store.Rule]
 	scratch   sync.Pool
 }
 
@@ -134,7 +135,7 @@ func New(tables Tables, st store.Store, opts Options) *Limiter {
 		opts.MaxEntries = DefaultMaxEntries
 	}
 	l := &Limiter{tables: tables, store: st, opts: opts, clock: opts.Clock,
-		overrides: xsync.NewMap[uint64, *store.Rule]()}
+		overrides: xsync.NewMap[Override, *store.Rule]()}
 	if l.clock == nil {
 		l.clock = store.NewWallClock()
 	}
@@ -182,8 +183,11 @@ func (l *Limiter) Validate(req *Request) error {
 				return &InvalidError{Reason: fmt.Sprintf("descriptor %d: entry %d has an empty key", i, j)}
 			}
 		}
-		if d.Override != (Override{}) && d.Override.Unit.Duration() <= 0 {
-			return &InvalidError{Reason: fmt.Sprintf("descriptor %d: limit override has unknown unit %d", i, int32(d.Override.Unit))}
+		if o := d.Override; o != (Override{}) && o.window() == 0 {
+			if o.Unit.Duration() <= 0 {
+				return &InvalidError{Reason: fmt.Sprintf("descriptor %d: limit override has unknown unit %d", i, int32(o.Unit))}
+			}
+			return &InvalidError{Reason: fmt.Sprintf("descriptor %d: limit override of %d %ss is too long", i, o.UnitMultiplier, o.Unit)}
 		}
 	}
 	return nil
@@ -259,6 +263,9 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			}
 			p.override, p.limit = true, r
 			s.keys = config.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit)
+			if m := d.Override.UnitMultiplier; m > 1 {
+				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
+			}
 			p.keyEnd = len(s.keys)
 			continue
 		}
@@ -348,7 +355,7 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 		case p.override:
 			d := req.Descriptors[i].Override
 			st.Limited = true
-			st.RequestsPerUnit, st.Unit = d.RequestsPerUnit, d.Unit
+			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = d.RequestsPerUnit, d.Unit, d.UnitMultiplier
 		case p.rule == nil:
 			continue
 		case p.rule.Unlimited:
@@ -401,7 +408,7 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 		st.Limited = true
 		if p.override {
 			o := req.Descriptors[i].Override
-			st.RequestsPerUnit, st.Unit = o.RequestsPerUnit, o.Unit
+			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier
 		} else {
 			st.Rule = p.rule
 			st.Name, st.RequestsPerUnit, st.Unit = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit
@@ -419,19 +426,18 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 }
 
 // overrideRule returns the fixed-window rule of an override, compiled once
-// per (requests, unit) while the cache has room. A limit above what a
-// fixed window holds is clamped to it.
+// per override while the cache has room. A limit above what a fixed
+// window holds is clamped to it.
 func (l *Limiter) overrideRule(o Override) (*store.Rule, error) {
-	k := uint64(o.RequestsPerUnit)<<32 | uint64(uint32(o.Unit))
-	if r, ok := l.overrides.Load(k); ok {
+	if r, ok := l.overrides.Load(o); ok {
 		return r, nil
 	}
-	r, err := store.NewFixedWindow(min(uint64(o.RequestsPerUnit), store.MaxFixedWindowLimit), o.Unit.Duration())
+	r, err := store.NewFixedWindow(min(uint64(o.RequestsPerUnit), store.MaxFixedWindowLimit), o.window())
 	if err != nil {
 		return nil, err
 	}
 	if l.overrides.Size() < maxOverrideRules {
-		l.overrides.Store(k, r)
+		l.overrides.Store(o, r)
 	}
 	return r, nil
 }

@@ -409,6 +409,7 @@ func TestValidate(t *testing.T) {
 		{"too many descriptors", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("a", "b"), desc("a", "b"), desc("a", "b")}}, "3 descriptors exceed the limit of 2"},
 		{"too many entries", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("a", "b", "c", "d", "e", "f")}}, "descriptor 0: 3 entries exceed the limit of 2"},
 		{"empty key", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("a", "b"), desc("", "b")}}, "descriptor 1: entry 0 has an empty key"},
+		{"override too long", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{{Entries: desc("a", "b").Entries, Override: limiter.Override{RequestsPerUnit: 3, Unit: config.Year, UnitMultiplier: 1000}}}}, "too long"},
 		{"unknown override unit", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{{Entries: desc("a", "b").Entries, Override: limiter.Override{RequestsPerUnit: 3}}}}, "unknown unit"},
 	}
 	for _, c := range cases {

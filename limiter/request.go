@@ -59,6 +59,21 @@ type Descriptor struct {
 type Override struct {
 	RequestsPerUnit uint32
 	Unit            config.Unit
+	// UnitMultiplier makes the window that many units long; 0 means 1.
+	UnitMultiplier uint32
+}
+
+// window is the override's window length, or 0 when it has no valid
+// unit or is longer than a fixed window can be.
+func (o Override) window() time.Duration {
+	secs := uint64(o.Unit.Duration() / time.Second)
+	if o.UnitMultiplier > 1 {
+		secs *= uint64(o.UnitMultiplier)
+	}
+	if secs > math.MaxUint32 {
+		return 0
+	}
+	return time.Duration(secs) * time.Second
 }
 
 // Code is a descriptor's or a request's outcome. Its values equal Envoy's
@@ -94,6 +109,8 @@ type Status struct {
 	Name            string
 	RequestsPerUnit uint32
 	Unit            config.Unit
+	// UnitMultiplier is an override's; 0 otherwise.
+	UnitMultiplier uint32
 	// Decision is the store's answer. For a rule in shadow mode it keeps
 	// Allowed=false when the rule was exceeded although Code is OK.
 	Decision store.Decision

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -159,9 +160,14 @@ func writeProto(w http.ResponseWriter, code int, opts protojson.MarshalOptions, 
 		writeJSONError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
+	// protojson varies its whitespace on purpose; compact it so that the
+	// output is stable.
+	var out bytes.Buffer
+	json.Compact(&out, b)
+	out.WriteByte('\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	w.Write(append(b, '\n'))
+	w.Write(out.Bytes())
 }
 
 // writeError answers a limiter error: 400 for a bad request, 503 when the

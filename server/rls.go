@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
@@ -94,8 +95,13 @@ func fillRequest(r *limiter.Request, in *rlspb.RateLimitRequest) {
 		if h := pd.GetHitsAddend(); h != nil {
 			d.Cost, d.HasCost = h.GetValue(), true
 		}
+		if pd.GetIsNegativeHits() {
+			// Refunds are not applied: the descriptor is only checked.
+			d.Cost, d.HasCost = 0, true
+		}
 		if o := pd.GetLimit(); o != nil {
-			d.Override = limiter.Override{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: config.Unit(o.GetUnit())}
+			d.Override = limiter.Override{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: config.Unit(o.GetUnit()),
+				UnitMultiplier: o.GetUnitMultiplier().GetValue()}
 		}
 	}
 }
@@ -129,6 +135,9 @@ func (s *RLS) response(r *limiter.Response) *rlspb.RateLimitResponse {
 			l, d := &limits[0], &durations[0]
 			limits, durations = limits[1:], durations[1:]
 			l.Name, l.RequestsPerUnit, l.Unit = st.Name, st.RequestsPerUnit, rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)
+			if st.UnitMultiplier > 1 {
+				l.UnitMultiplier = wrapperspb.UInt32(st.UnitMultiplier)
+			}
 			d.Seconds = int64(st.ResetAfter().Seconds())
 			ps.CurrentLimit, ps.LimitRemaining, ps.DurationUntilReset = l, st.Remaining(), d
 		}

@@ -147,6 +147,21 @@ func override(desc *commonpb.RateLimitDescriptor, n uint32, unit typepb.RateLimi
 	return desc
 }
 
+func multiplied(desc *commonpb.RateLimitDescriptor, m uint32) *commonpb.RateLimitDescriptor {
+	desc.Limit.UnitMultiplier = wrapperspb.UInt32(m)
+	return desc
+}
+
+func negative(desc *commonpb.RateLimitDescriptor) *commonpb.RateLimitDescriptor {
+	desc.IsNegativeHits = true
+	return desc
+}
+
+func withMultiplier(s *dstat, m uint32) *dstat {
+	s.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(m)
+	return s
+}
+
 func req(hitsAddend uint32, ds ...*commonpb.RateLimitDescriptor) *rlspb.RateLimitRequest {
 	return &rlspb.RateLimitRequest{Domain: "e2e", Descriptors: ds, HitsAddend: hitsAddend}
 }
@@ -219,6 +234,11 @@ func TestShouldRateLimit(t *testing.T) {
 		{name: "override, no shadow", in: req(0, override(d("shadow", "o"), 1, typepb.RateLimitUnit_HOUR)), want: overall(over, st(over, "", 1, hour, 0, time.Hour))},
 		{name: "override without a rule", in: req(0, override(d("nothing", "o"), 7, typepb.RateLimitUnit_DAY)),
 			want: overall(ok, st(ok, "", 7, rlspb.RateLimitResponse_RateLimit_DAY, 6, 24*time.Hour))},
+		{name: "override with a multiplier", in: req(0, multiplied(override(d("nothing", "m"), 2, typepb.RateLimitUnit_MINUTE), 5)),
+			want: overall(ok, withMultiplier(st(ok, "", 2, minute, 1, 5*time.Minute), 5))},
+		{name: "override with a multiplier counts apart", in: req(0, override(d("nothing", "m"), 2, typepb.RateLimitUnit_MINUTE)),
+			want: overall(ok, st(ok, "", 2, minute, 1, time.Minute))},
+		{name: "negative hits only check", in: req(0, negative(hits(d("path", "/neg"), 3))), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
 		{name: "token bucket", in: req(15, d("tokens", "t")), want: overall(ok, st(ok, "", 10, second, 5, 2*time.Second))},
 		{name: "token bucket refills", advance: time.Second, in: req(0, hits(d("tokens", "t"), 0)), want: overall(ok, st(ok, "", 10, second, 15, time.Second))},
 		{name: "window resets", advance: 59 * time.Second, in: req(0, d("remote_address", "10.0.0.1")), want: overall(ok, st(ok, "per_ip", 2, minute, 1, time.Minute))},
