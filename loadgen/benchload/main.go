@@ -20,6 +20,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -38,6 +39,7 @@ import (
 
 type settings struct {
 	sluice, config, out, ghz    string
+	cpuProfile                  string
 	duration, warmup            time.Duration
 	concurrency                 []int
 	workloads                   []string
@@ -60,6 +62,7 @@ func main() {
 	flag.IntVar(&s.keys, "keys", 10000, "distinct values of the distinct and multi workloads")
 	flag.IntVar(&s.openConc, "open-concurrency", 200, "request slots of the open-loop runs")
 	flag.Float64Var(&s.ghzRate, "ghz-rate", 1000, "requests/s of the ghz cross-check")
+	flag.StringVar(&s.cpuProfile, "cpuprofile", "", "write sluice's CPU profile during the multi run at concurrency 50 to this file")
 	flag.Parse()
 	for _, c := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
@@ -103,6 +106,7 @@ type server struct {
 	name string
 	cmd  *exec.Cmd
 	addr string
+	log  []string // stderr up to the line that named addr
 }
 
 // start runs the command and waits for the stderr line that names its
@@ -116,31 +120,35 @@ func start(ctx context.Context, name, marker string, bin string, args ...string)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	found := make(chan string, 1)
+	srv := &server{name: name, cmd: cmd}
+	found := make(chan bool, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
-		var log []string
 		for sc.Scan() {
 			line := sc.Text()
-			if i := strings.Index(line, marker); i >= 0 && found != nil {
-				found <- strings.Fields(line[i+len(marker):])[0]
+			if found == nil {
+				continue
+			}
+			if i := strings.Index(line, marker); i >= 0 {
+				srv.addr = strings.Fields(line[i+len(marker):])[0]
+				found <- true
 				found = nil
-			} else if found != nil {
-				log = append(log, line)
+			} else {
+				srv.log = append(srv.log, line)
 			}
 		}
 		if found != nil {
-			fmt.Fprintf(os.Stderr, "%s exited before serving:\n%s\n", name, strings.Join(log, "\n"))
+			fmt.Fprintf(os.Stderr, "%s exited before serving:\n%s\n", name, strings.Join(srv.log, "\n"))
 			close(found)
 		}
 	}()
 	select {
-	case addr, ok := <-found:
+	case ok := <-found:
 		if !ok {
 			cmd.Wait()
 			return nil, fmt.Errorf("%s did not start", name)
 		}
-		return &server{name: name, cmd: cmd, addr: addr}, nil
+		return srv, nil
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
 		cmd.Wait()
@@ -225,11 +233,17 @@ type crossCheck struct {
 func run(ctx context.Context, s settings) (*report, error) {
 	rep := &report{settings: s, machine: describe()}
 	sl, err := start(ctx, "sluice", "msg=serving grpc=", s.sluice, "serve", "--config", s.config,
-		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "info")
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0", "--log-level", "info")
 	if err != nil {
 		return nil, err
 	}
 	defer sl.stop()
+	var debugAddr string
+	for _, l := range sl.log {
+		if _, a, ok := strings.Cut(l, `msg="debug endpoints" addr=`); ok {
+			debugAddr = strings.Fields(a)[0]
+		}
+	}
 	noop, err := start(ctx, "no-op", "listening on ", s.sluice, "bench", "--noop-listen", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -242,23 +256,34 @@ func run(ctx context.Context, s settings) (*report, error) {
 			Duration: s.duration, Warmup: s.warmup, Rate: rate}, err
 	}
 	// both runs o against each server, the order alternating with i.
-	both := func(i int, o loadgen.Options) (sm, nm measured, err error) {
-		first, second := sl, noop
+	// With a profile file, sluice's CPU profile during its run goes there.
+	both := func(i int, o loadgen.Options, profileTo string) (sm, nm measured, err error) {
+		order := []*server{sl, noop}
 		if i%2 == 1 {
-			first, second = noop, sl
+			order = []*server{noop, sl}
 		}
-		a, err := first.measure(ctx, o)
-		if err != nil {
-			return sm, nm, err
+		for _, srv := range order {
+			var prof chan error
+			if srv == sl && profileTo != "" {
+				prof = make(chan error, 1)
+				go func() { prof <- profile(ctx, debugAddr, o.Warmup+o.Duration, profileTo) }()
+			}
+			m, err := srv.measure(ctx, o)
+			if prof != nil {
+				if perr := <-prof; err == nil {
+					err = perr
+				}
+			}
+			if err != nil {
+				return sm, nm, err
+			}
+			if srv == sl {
+				sm = m
+			} else {
+				nm = m
+			}
 		}
-		b, err := second.measure(ctx, o)
-		if err != nil {
-			return sm, nm, err
-		}
-		if first == sl {
-			return a, b, nil
-		}
-		return b, a, nil
+		return sm, nm, nil
 	}
 
 	i := 0
@@ -269,7 +294,11 @@ func run(ctx context.Context, s settings) (*report, error) {
 			if err != nil {
 				return nil, err
 			}
-			sm, nm, err := both(i, o)
+			profileTo := ""
+			if w == "multi" && c == 50 {
+				profileTo = s.cpuProfile
+			}
+			sm, nm, err := both(i, o, profileTo)
 			if err != nil {
 				return nil, err
 			}
@@ -292,7 +321,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 		if err != nil {
 			return nil, err
 		}
-		sm, nm, err := both(i, o)
+		sm, nm, err := both(i, o, "")
 		if err != nil {
 			return nil, err
 		}
@@ -309,6 +338,37 @@ func run(ctx context.Context, s settings) (*report, error) {
 		fmt.Fprintf(os.Stderr, "no ghz at %s: cross-check skipped\n", s.ghz)
 	}
 	return rep, nil
+}
+
+// profile writes the CPU profile sluice serves at debugAddr, taken over
+// d in whole seconds, to file.
+func profile(ctx context.Context, debugAddr string, d time.Duration, file string) error {
+	if debugAddr == "" {
+		return errors.New("sluice logged no debug address: cannot profile")
+	}
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", debugAddr, max(int(d.Seconds()), 1))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile: %s", resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote sluice's CPU profile to %s\n", file)
+	return f.Close()
 }
 
 // ghzRequest is the one request both tools send in the cross-check.
