@@ -1,0 +1,80 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// BenchmarkTake measures Take on a local Redis: one EVALSHA per call,
+// pipelined across the parallel callers. Every hit is allowed (limits no
+// run reaches), on keys spread so the local cache never answers.
+func BenchmarkTake(b *testing.B) {
+	srv := redistest.Start(b)
+	fw := must(store.NewFixedWindow(store.MaxFixedWindowLimit, time.Hour))
+	tb := must(store.NewTokenBucket(1e9, time.Second, 1e9))
+	for _, c := range []struct {
+		name  string
+		rules []*store.Rule
+	}{
+		{"1hit/fixed_window", []*store.Rule{fw}},
+		{"1hit/token_bucket", []*store.Rule{tb}},
+		{"4hits/mixed", []*store.Rule{fw, tb, fw, tb}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := open(b, Options{URL: "redis://" + srv.Addr})
+			var seq atomic.Int64
+			before := commandCalls(b, srv)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				g := strconv.FormatInt(seq.Add(1), 10)
+				hits := make([]store.Hit, len(c.rules))
+				for i, r := range c.rules {
+					hits[i] = store.Hit{Key: "bench" + g + "/" + strconv.Itoa(i), Rule: r, Cost: 1, Veto: true}
+				}
+				out := make([]store.Decision, len(hits))
+				for pb.Next() {
+					if err := s.Take(context.Background(), time.Now().UnixNano(), hits, out); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			after := commandCalls(b, srv)
+			b.ReportMetric(float64(after.calls-before.calls)/float64(b.N), "cmds/op")
+			b.ReportMetric(float64(after.usec-before.usec)/float64(b.N), "redis-µs/op")
+		})
+	}
+}
+
+type cmdStats struct{ calls, usec int64 }
+
+// commandCalls sums Redis's command statistics (calls and CPU µs) over
+// every command but INFO itself.
+func commandCalls(tb testing.TB, srv *redistest.Server) cmdStats {
+	var st cmdStats
+	for _, line := range strings.Split(srv.CLI("info", "commandstats"), "\n") {
+		if !strings.HasPrefix(line, "cmdstat_") || strings.HasPrefix(line, "cmdstat_info:") {
+			continue
+		}
+		for _, kv := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				st.calls += n
+			case "usec":
+				st.usec += n
+			}
+		}
+	}
+	return st
+}
