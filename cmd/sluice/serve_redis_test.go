@@ -283,3 +283,61 @@ func TestServeRedis_ClusterNoOverGrant(t *testing.T) {
 	}
 	noOverGrant(t, 5_000, "--store", "redis", "--redis-cluster", seeds, "--redis-timeout", "1s")
 }
+
+// TestServeRedis_FailureModeAndHealth: with Redis down, requests get the
+// failure mode's answer and (with --redis-health) health is NOT_SERVING;
+// when Redis is back, both recover without a restart.
+func TestServeRedis_FailureModeAndHealth(t *testing.T) {
+	srv := redistest.Start(t)
+	grpcAddr, _, stop := startServe(t, nil, "--config", "testdata/serve", "--store", "redis",
+		"--redis-url", "redis://"+srv.Addr, "--redis-timeout", "200ms", "--redis-failure-mode", "allow", "--redis-health")
+	defer stop()
+	rls, hc := dialRLS(t, grpcAddr)
+	ctx := testCtx(t)
+	serving := func() bool {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
+	}
+	ask := func() rlspb.RateLimitResponse_Code {
+		resp, err := rls.ShouldRateLimit(ctx, rlsRequest("e2e", "remote_address", "10.9.9.9"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode
+	}
+	if !serving() || ask() != rlspb.RateLimitResponse_OK {
+		t.Fatal("not serving with Redis up")
+	}
+	srv.Kill()
+	// The limit is 2 per minute: with Redis down, "allow" answers OK to
+	// every request.
+	for i := range 5 {
+		if c := ask(); c != rlspb.RateLimitResponse_OK {
+			t.Fatalf("request %d with Redis down: %v, want OK (failure mode allow)", i, c)
+		}
+	}
+	waitUntil(t, 5*time.Second, "NOT_SERVING with Redis down", func() bool { return !serving() })
+	srv.Restart()
+	waitUntil(t, 5*time.Second, "SERVING with Redis back", serving)
+	// Counting again, from zero (the killed Redis kept nothing): the
+	// limit of 2 per minute holds.
+	for i := range 2 {
+		if c := ask(); c != rlspb.RateLimitResponse_OK {
+			t.Fatalf("request %d after recovery: %v, want OK", i, c)
+		}
+	}
+	if c := ask(); c != rlspb.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("after recovery: %v, want OVER_LIMIT (Redis counts again)", c)
+	}
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
