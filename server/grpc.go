@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -76,6 +77,9 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor()),
 		grpc.MaxRecvMsgSize(o.MaxRecvMsgSize),
+		// A fixed pool of workers serves the streams: no goroutine (and
+		// no stack growth) per request.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      o.MaxConnectionAge,
 			MaxConnectionAgeGrace: o.MaxConnectionAgeGrace,
