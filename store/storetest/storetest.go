@@ -201,6 +201,8 @@ func testFixedWindowSteps(t *testing.T, x *tester) {
 		step{"over the limit consumes nothing", time.Minute + time.Second, 11, deny(10, 6, 59*time.Second, store.Never)},
 		step{"7 does not fit", time.Minute + time.Second, 7, deny(10, 6, 59*time.Second, 59*time.Second)},
 		step{"6 fits", time.Minute + time.Second, 6, allow(10, 0, 59*time.Second)},
+		step{"clock back into the last window counts in the newer one", 59 * time.Second, 1, deny(10, 0, 61*time.Second, 61*time.Second)},
+		step{"check there", 59 * time.Second, 0, allow(10, 0, 61*time.Second)},
 	)
 	x.steps("fw", r, steps)
 	x.steps("zero", window(t, 0, time.Hour), []step{
@@ -274,8 +276,6 @@ func testKeysIndependent(t *testing.T, x *tester) {
 	x.take(T0, x.hit("a", w, 2))
 	x.expect("a exhausted", x.take(T0, x.hit("a", w, 1)), deny(2, 0, time.Minute, time.Minute))
 	x.expect("b fresh", x.take(T0, x.hit("b", w, 1)), allow(2, 1, time.Minute))
-	// The same key name under another rule's algorithm is another key in
-	// practice (the key names the algorithm); here only the names differ.
 	b := bucket(t, 1, time.Second, 2)
 	x.expect("c fresh", x.take(T0, x.hit("c", b, 2)), allow(2, 0, 2*time.Second))
 }
