@@ -19,6 +19,12 @@ func TestStore(t *testing.T) {
 	storetest.Run(t, func(*testing.T) store.Store { return New(Options{}) })
 }
 
+// The suite's concurrency cases scale down (as for Redis) and still hold.
+func TestStoreSmall(t *testing.T) {
+	storetest.RunOptions(t, func(*testing.T) store.Store { return New(Options{}) },
+		storetest.Options{Goroutines: 3, Takes: 20, Budget: 2})
+}
+
 func window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
 	t.Helper()
 	r, err := store.NewFixedWindow(limit, w)

@@ -393,7 +393,7 @@ func testConcurrentOneKey(t *testing.T, x *tester, alg store.Algorithm, o Option
 // batches that hit it (a rollback leaks nothing).
 func testConcurrentBatches(t *testing.T, x *tester, alg store.Algorithm, o Options) {
 	const nkeys = 4
-	budgets := [nkeys]int{o.Budget, o.Budget / 2, o.Budget / 4, o.Budget}
+	budgets := [nkeys]int{o.Budget, max(1, o.Budget/2), max(1, o.Budget/4), o.Budget}
 	var rules [nkeys]*store.Rule
 	for i := range rules {
 		rules[i] = rule(t, alg, budgets[i])
