@@ -70,14 +70,16 @@ func BenchmarkTake(b *testing.B) {
 	}
 }
 
-// BenchmarkTakeParallel takes with the clock read under RunParallel: all
-// callers on one key, each on its own key, and spread over a million keys.
+// BenchmarkTakeParallel takes under RunParallel, with and without the
+// clock read: all callers on one key, each on its own key, and spread
+// over a million keys.
 func BenchmarkTakeParallel(b *testing.B) {
 	r := bucket(b, 1_000_000_000, time.Second, 1<<32)
 	c := store.NewWallClock()
 	ctx := context.Background()
-	run := func(b *testing.B, s *Store, key func(worker, i int) string) {
+	run := func(b *testing.B, s *Store, withClock bool, key func(worker, i int) string) {
 		var workers atomic.Int64
+		now := c.Now()
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			w := int(workers.Add(1))
@@ -85,32 +87,46 @@ func BenchmarkTakeParallel(b *testing.B) {
 			out := make([]store.Decision, 1)
 			for i := 0; pb.Next(); i++ {
 				hits[0].Key = key(w, i)
-				s.Take(ctx, c.Now(), hits, out)
+				if withClock {
+					s.Take(ctx, c.Now(), hits, out)
+				} else {
+					s.Take(ctx, now, hits, out)
+				}
 			}
 		})
 	}
-	b.Run("one_key", func(b *testing.B) {
-		run(b, New(Options{}), func(int, int) string { return "one" })
-	})
-	b.Run("distinct_keys", func(b *testing.B) {
-		keys := make([]string, 64)
-		for i := range keys {
-			keys[i] = fmt.Sprint("worker", i)
+	workerKeys := make([]string, 64)
+	for i := range workerKeys {
+		workerKeys[i] = fmt.Sprint("worker", i)
+	}
+	const n = 1 << 20
+	var million *Store
+	var millionKeys []string
+	for _, withClock := range []bool{false, true} {
+		suffix := ""
+		if withClock {
+			suffix = "+clock"
 		}
-		run(b, New(Options{}), func(w, _ int) string { return keys[w%len(keys)] })
-	})
-	b.Run("1M_keys", func(b *testing.B) {
-		const n = 1 << 20
-		keys := make([]string, n)
-		s := New(Options{})
-		out := make([]store.Decision, 1)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("domain|path_%016d|minute", i)
-			s.Take(ctx, c.Now(), []store.Hit{{Key: keys[i], Rule: r, Cost: 1, Veto: true}}, out)
-		}
-		b.ResetTimer()
-		run(b, s, func(w, i int) string { return keys[(uint(i)*2654435761+uint(w)*40503)%n] })
-	})
+		b.Run("one_key"+suffix, func(b *testing.B) {
+			run(b, New(Options{}), withClock, func(int, int) string { return "one" })
+		})
+		b.Run("distinct_keys"+suffix, func(b *testing.B) {
+			run(b, New(Options{}), withClock, func(w, _ int) string { return workerKeys[w%len(workerKeys)] })
+		})
+		b.Run("1M_keys"+suffix, func(b *testing.B) {
+			if million == nil {
+				millionKeys = make([]string, n)
+				million = New(Options{})
+				out := make([]store.Decision, 1)
+				for i := range millionKeys {
+					millionKeys[i] = fmt.Sprintf("domain|path_%016d|minute", i)
+					million.Take(ctx, c.Now(), []store.Hit{{Key: millionKeys[i], Rule: r, Cost: 1, Veto: true}}, out)
+				}
+				b.ResetTimer()
+			}
+			run(b, million, withClock, func(w, i int) string { return millionKeys[(uint(i)*2654435761+uint(w)*40503)%n] })
+		})
+	}
 }
 
 // BenchmarkMemoryPerKey reports the heap held per idle key at a million

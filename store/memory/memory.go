@@ -12,8 +12,8 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// DefaultMaxKeys is the key bound when Options.MaxKeys is 0: about 100 MB
-// of state plus the key strings.
+// DefaultMaxKeys is the key bound when Options.MaxKeys is 0: about 75 MB
+// of state (72 bytes a key, measured) plus the key strings.
 const DefaultMaxKeys = 1 << 20
 
 // sweepGrace keeps Sweep and eviction from removing a state that became
@@ -26,8 +26,8 @@ type Options struct {
 	// MaxKeys bounds the number of keys held; 0 means DefaultMaxKeys.
 	// Inserting a key at the bound first drops fresh states and, if
 	// there are too few, evicts live ones: an evicted key starts fresh,
-	// which can grant that key more than its limit once. Concurrent
-	// inserts can overshoot the bound briefly by the number of callers.
+	// which can grant that key more than its limit once. Inserts that
+	// arrive while room is being made overshoot the bound briefly.
 	MaxKeys int
 }
 
