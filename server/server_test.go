@@ -322,6 +322,13 @@ func TestShouldRateLimit_BadRequests(t *testing.T) {
 			t.Errorf("%s: %v, want InvalidArgument containing %q", c.name, err, c.reason)
 		}
 	}
+	// A request whose deadline has passed is not processed.
+	rls := server.NewRLS(limiter.New(tables{loadTable(t)}, memory.New(memory.Options{}), limiter.Options{}), server.Options{})
+	past, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := rls.ShouldRateLimit(past, req(0, d("path", "/x"))); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("past deadline: %v, want DeadlineExceeded", err)
+	}
 	// An empty value and a very long one are fine.
 	if _, err := e.rls.ShouldRateLimit(ctx(t), req(0, d("path", ""), d("path", strings.Repeat("x", 100000)))); err != nil {
 		t.Errorf("long value: %v", err)

@@ -59,7 +59,7 @@ type serveFlags struct {
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "limits `path`: a YAML file or a directory of them (required)")
-	fs.BoolVar(&f.allowEmptyConfig, "allow-empty-config", false, "start with an empty or missing config directory, NOT_SERVING until a valid config appears")
+	fs.BoolVar(&f.allowEmptyConfig, "allow-empty-config", false, "start with an empty config directory, NOT_SERVING until a valid config appears in it")
 	fs.BoolVar(&f.mergeDomains, "merge-domains", false, "let several files define the same domain (merged)")
 	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, sluice.v1, health, reflection)")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/healthcheck, /json, /v1/check)")
@@ -227,7 +227,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	}
 
 	reloader, err := config.NewReloader(f.config, config.Options{MergeDomains: f.mergeDomains, MaxValueBytes: f.maxValueBytes}, logger)
-	if err != nil && !(f.allowEmptyConfig && (errors.Is(err, config.ErrEmpty) || errors.Is(err, os.ErrNotExist))) {
+	if err != nil && !(f.allowEmptyConfig && errors.Is(err, config.ErrEmpty)) {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)

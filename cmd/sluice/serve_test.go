@@ -237,6 +237,7 @@ func TestServe_BadSettings(t *testing.T) {
 		{"--config", "testdata/serve", "--tls-cert", "x.pem"},
 		{"--config", "testdata/serve", "--log-level", "loud"},
 		{"--config", t.TempDir()}, // empty without --allow-empty-config
+		{"--config", filepath.Join(t.TempDir(), "missing"), "--allow-empty-config"},
 	} {
 		err := serve(testCtx(t), append(args, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), serveEnv{}.get, io.Discard, nil)
 		if err == nil {
