@@ -1,13 +1,16 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"math"
 	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -421,4 +424,61 @@ func TestCheck(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("key and descriptors: %v, want InvalidArgument", err)
 	}
+}
+
+// TestGRPC_LoggingAndRecovery: at debug level every call is logged; a
+// panic below the recovery interceptor becomes INTERNAL and a log line.
+func TestGRPC_LoggingAndRecovery(t *testing.T) {
+	var buf lockedBuffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	lim := limiter.New(tables{loadTable(t)}, memory.New(memory.Options{}), limiter.Options{})
+	boom := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		if r, ok := req.(*rlspb.RateLimitRequest); ok && r.Domain == "panic" {
+			panic("boom")
+		}
+		return next(ctx, req)
+	}
+	gs := server.NewGRPC(lim, server.NewHealth(), server.GRPCOptions{Logger: logger, Interceptors: []grpc.UnaryServerInterceptor{boom}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(lis)
+	defer gs.Stop()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := rlspb.NewRateLimitServiceClient(cc)
+	if _, err := client.ShouldRateLimit(ctx(t), req(0, d("path", "/log"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.ShouldRateLimit(ctx(t), &rlspb.RateLimitRequest{Domain: "panic"}); status.Code(err) != codes.Internal {
+		t.Errorf("panicking handler: %v, want Internal", err)
+	}
+	log := buf.String()
+	if !strings.Contains(log, "finished call") || !strings.Contains(log, "ShouldRateLimit") {
+		t.Errorf("no call logged at debug level:\n%s", log)
+	}
+	if !strings.Contains(log, "panic in gRPC handler") || !strings.Contains(log, "boom") {
+		t.Errorf("panic not logged:\n%s", log)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

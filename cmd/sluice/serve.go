@@ -65,7 +65,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/healthcheck, /json, /v1/check)")
 	fs.StringVar(&f.store, "store", "memory", "counter store: "+strings.Join(backendNames(), "|"))
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text|json")
-	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug|info|warn|error")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug (logs every gRPC call) | info | warn | error")
 	fs.BoolVar(&f.shadowMode, "shadow-mode", false, "global shadow mode: count and report, but answer every request OK")
 	fs.StringVar(&f.deniedHits, "denied-hits", "drop", "what a denied hit consumes: drop (nothing) | saturate (up to the limit)")
 	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
