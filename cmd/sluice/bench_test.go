@@ -39,7 +39,7 @@ func TestBench_JSON(t *testing.T) {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := Main(ctx, []string{"bench", "--addr", addr, "--workload", "multi", "--keys", "5", "--concurrency", "3",
-		"--connections", "2", "--duration", "300ms", "--warmup", "50ms", "--json"}, &stdout, &stderr)
+		"--connections", "2", "--duration", "1s", "--warmup", "50ms", "--json"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 	}
@@ -126,7 +126,7 @@ func TestBench_NoopListen(t *testing.T) {
 		t.Fatalf("first line %q does not name the address", line)
 	}
 	var stdout, stderr bytes.Buffer
-	if code := Main(ctx, []string{"bench", "--addr", addr, "--duration", "100ms", "--warmup", "0s", "--json"}, &stdout, &stderr); code != 0 {
+	if code := Main(ctx, []string{"bench", "--addr", addr, "--duration", "1s", "--warmup", "0s", "--json"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("bench against the no-op server: exit %d, stderr:\n%s", code, stderr.String())
 	}
 	var out struct{ Requests, Keys uint64 }
