@@ -106,40 +106,36 @@ func fillRequest(r *limiter.Request, in *rlspb.RateLimitRequest) {
 	}
 }
 
-// response builds Envoy's response. Messages of one kind are allocated
-// together.
+// statusBlock holds one descriptor's messages, so that a response's
+// statuses are allocated together.
+type statusBlock struct {
+	status   rlspb.RateLimitResponse_DescriptorStatus
+	limit    rlspb.RateLimitResponse_RateLimit
+	duration durationpb.Duration
+}
+
+// response builds Envoy's response: three allocations whatever the
+// number of descriptors.
 func (s *RLS) response(r *limiter.Response) *rlspb.RateLimitResponse {
-	n, limited := len(r.Statuses), 0
-	for i := range r.Statuses {
-		if r.Statuses[i].Limited {
-			limited++
-		}
-	}
 	out := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_Code(r.Overall)}
-	statuses := make([]rlspb.RateLimitResponse_DescriptorStatus, n)
-	out.Statuses = make([]*rlspb.RateLimitResponse_DescriptorStatus, n)
-	var limits []rlspb.RateLimitResponse_RateLimit
-	var durations []durationpb.Duration
-	if limited > 0 {
-		limits = make([]rlspb.RateLimitResponse_RateLimit, limited)
-		durations = make([]durationpb.Duration, limited)
-	}
+	blocks := make([]statusBlock, len(r.Statuses))
+	out.Statuses = make([]*rlspb.RateLimitResponse_DescriptorStatus, len(r.Statuses))
 	for i := range r.Statuses {
-		st, ps := &r.Statuses[i], &statuses[i]
+		st, b := &r.Statuses[i], &blocks[i]
+		ps := &b.status
 		out.Statuses[i] = ps
 		ps.Code = rlspb.RateLimitResponse_Code(st.Code)
 		switch {
 		case st.Unlimited:
 			ps.LimitRemaining = st.Remaining()
 		case st.Limited:
-			l, d := &limits[0], &durations[0]
-			limits, durations = limits[1:], durations[1:]
+			l := &b.limit
 			l.Name, l.RequestsPerUnit, l.Unit = st.Name, st.RequestsPerUnit, rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)
 			if st.UnitMultiplier > 1 {
 				l.UnitMultiplier = wrapperspb.UInt32(st.UnitMultiplier)
 			}
-			d.Seconds = int64(st.ResetAfter().Seconds())
-			ps.CurrentLimit, ps.LimitRemaining, ps.DurationUntilReset = l, st.Remaining(), d
+			b.duration.Seconds = int64(st.ResetAfter().Seconds())
+			ps.CurrentLimit, ps.LimitRemaining, ps.DurationUntilReset = l, st.Remaining(), &b.duration
 		}
 	}
 	if s.opts.ResponseHeaders {
