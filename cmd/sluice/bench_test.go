@@ -76,7 +76,7 @@ func TestBench_Text(t *testing.T) {
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	code := Main(ctx, []string{"bench", "--addr", addr, "--workload", "hot", "--concurrency", "2",
-		"--duration", "200ms", "--warmup", "0s", "--rate", "100"}, &stdout, &stderr)
+		"--duration", "500ms", "--warmup", "0s", "--rate", "100"}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 	}
