@@ -97,7 +97,7 @@ func checkTokenDecision(t *testing.T, op int, r *Rule, s0, s uint64, now int64, 
 		if (d.RetryAfter == Never) != (cost > r.burst) && d.RetryAfter != Never {
 			t.Fatalf("op %d: cost %d burst %d retry %v", op, cost, r.burst, d.RetryAfter)
 		}
-		if d.RetryAfter != Never {
+		if d.RetryAfter != Never && int64(d.RetryAfter) <= math.MaxInt64-now {
 			at := now + int64(d.RetryAfter)
 			if _, e := TakeTokens(s, r, at, cost); !e.Allowed {
 				t.Fatalf("op %d: cost %d denied at retry-after %v: %+v", op, cost, d.RetryAfter, e)
@@ -115,7 +115,8 @@ func checkTokenDecision(t *testing.T, op int, r *Rule, s0, s uint64, now int64, 
 	if _, e := TakeTokens(s, r, now, d.Remaining+1); e.Allowed {
 		t.Fatalf("op %d: remaining %d but %d takeable", op, d.Remaining, d.Remaining+1)
 	}
-	if d.ResetAfter != Never && now >= 0 {
+	// (Instants past 2262 do not fit the int64 nanoseconds of now.)
+	if d.ResetAfter != Never && now >= 0 && int64(d.ResetAfter) <= math.MaxInt64-now {
 		if !Fresh(s, r, now+int64(d.ResetAfter)) {
 			t.Fatalf("op %d: not full after reset-after %v", op, d.ResetAfter)
 		}
