@@ -223,3 +223,60 @@ func TestTakeAllocations(t *testing.T) {
 		}
 	}
 }
+
+// Batches over overlapping token buckets, with the clock moving and
+// callers' readings interleaving (as a clock stepping back and forth),
+// never grant a key more than its burst plus what refilled over the span
+// of instants used, rollbacks included.
+func TestBatchesUnderRefill(t *testing.T) {
+	const (
+		keys    = 4
+		workers = 8
+		batches = 4000
+		rate    = 1000 // per second
+		burst   = 10
+	)
+	s := New(Options{})
+	r := bucket(t, rate, time.Second, burst)
+	clock := storetest.NewClock(t0)
+	var committed [keys]atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			out := make([]store.Decision, 3)
+			hits := make([]store.Hit, 3)
+			for i := range batches {
+				for j := range hits {
+					hits[j] = store.Hit{Key: fmt.Sprint("k", (w+i*(j+1))%keys), Rule: r, Cost: uint64(1 + j%2), Veto: true}
+				}
+				now := clock.Now()
+				if i%3 == 0 {
+					clock.Advance(50 * time.Microsecond)
+				}
+				if err := s.Take(context.Background(), now, hits, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if out[0].Allowed && out[1].Allowed && out[2].Allowed {
+					for _, h := range hits {
+						committed[h.Key[1]-'0'].Add(int64(h.Cost))
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	span := time.Duration(clock.Now() - t0)
+	bound := burst + int64(span)*rate/int64(time.Second)
+	total := int64(0)
+	for k := range keys {
+		c := committed[k].Load()
+		total += c
+		if c > bound {
+			t.Errorf("key %d: granted %d tokens over %v, bound %d", k, c, span, bound)
+		}
+	}
+	if total == 0 {
+		t.Fatal("nothing was granted")
+	}
+}
