@@ -5,20 +5,27 @@ import (
 	"time"
 )
 
-// breaker fails calls fast after consecutive failures. Once open, it lets
+// breaker fails calls fast while Redis is down. It opens after threshold
+// failures in a row with no success for window: concurrent calls that time
+// out together in a hiccup (a GC pause, a busy CPU) while others succeed
+// do not open it, a Redis that answers nothing does. Once open, it lets
 // one call through per cooldown as a probe; the first success closes it.
 // Safe for concurrent use.
 type breaker struct {
 	threshold int64
 	cooldown  time.Duration
+	window    time.Duration
 	now       func() time.Time
 
 	fails     atomic.Int64
+	lastOK    atomic.Int64 // unix ns of the latest success
 	openUntil atomic.Int64 // unix ns until the next probe; 0 when closed
 }
 
-func newBreaker(threshold int, cooldown time.Duration, now func() time.Time) *breaker {
-	return &breaker{threshold: int64(threshold), cooldown: cooldown, now: now}
+func newBreaker(threshold int, cooldown, window time.Duration, now func() time.Time) *breaker {
+	b := &breaker{threshold: int64(threshold), cooldown: cooldown, window: window, now: now}
+	b.lastOK.Store(now().UnixNano())
+	return b
 }
 
 // allow reports whether a call may go to Redis now.
@@ -36,6 +43,7 @@ func (b *breaker) allow() bool {
 func (b *breaker) closed() bool { return b.openUntil.Load() == 0 }
 
 func (b *breaker) success() {
+	b.lastOK.Store(b.now().UnixNano())
 	if b.fails.Load() != 0 {
 		b.fails.Store(0)
 	}
@@ -45,7 +53,8 @@ func (b *breaker) success() {
 }
 
 func (b *breaker) failure() {
-	if b.fails.Add(1) >= b.threshold {
-		b.openUntil.Store(b.now().UnixNano() + int64(b.cooldown))
+	t := b.now().UnixNano()
+	if b.fails.Add(1) >= b.threshold && t-b.lastOK.Load() >= int64(b.window) {
+		b.openUntil.Store(t + int64(b.cooldown))
 	}
 }

@@ -137,21 +137,33 @@ func TestTake_SlowRedis(t *testing.T) {
 	r := must(store.NewFixedWindow(10, time.Minute))
 	hits := []store.Hit{{Key: "slow", Rule: r, Cost: 1, Veto: true}}
 	out := make([]store.Decision, 1)
-	if err := s.Take(context.Background(), time.Now().UnixNano(), hits, out); err != nil {
-		t.Fatal(err)
-	}
+	waitFor(t, 5*time.Second, "a first take", func() bool {
+		return s.Take(context.Background(), time.Now().UnixNano(), hits, out) == nil
+	})
 	slept := make(chan struct{})
 	go func() {
 		defer close(slept)
-		if out, err := srv.Run("debug", "sleep", "0.5"); err != nil || out != "OK" {
+		if out, err := srv.Run("debug", "sleep", "1"); err != nil || out != "OK" {
 			t.Errorf("DEBUG SLEEP: %q, %v", out, err)
 		}
 	}()
-	time.Sleep(50 * time.Millisecond) // let the sleep begin
-	t0 := time.Now()
-	err := s.Take(context.Background(), time.Now().UnixNano(), hits, out)
-	if took := time.Since(t0); err == nil || took > 5*timeout {
-		t.Fatalf("take during DEBUG SLEEP: err %v after %v, want a deadline error within ~%v", err, took, timeout)
+	defer func() { <-slept }()
+	// Once Redis sleeps (redis-cli takes a moment to start), takes fail
+	// at their deadline, long before Redis wakes up (the bound leaves room
+	// for a busy machine running the race detector).
+	for start := time.Now(); ; {
+		t0 := time.Now()
+		err := s.Take(context.Background(), time.Now().UnixNano(), hits, out)
+		if took := time.Since(t0); took > 10*timeout {
+			t.Fatalf("take during a 1s DEBUG SLEEP took %v (err %v), want about the %v deadline", took, err, timeout)
+		}
+		if err != nil {
+			break
+		}
+		if time.Since(start) > time.Second {
+			t.Fatal("no take failed while Redis slept")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 	<-slept
 	waitFor(t, 2*time.Second, "takes succeed after the sleep", func() bool {
@@ -161,21 +173,26 @@ func TestTake_SlowRedis(t *testing.T) {
 
 func TestBreaker(t *testing.T) {
 	now := time.Unix(100, 0)
-	b := newBreaker(2, time.Second, func() time.Time { return now })
+	b := newBreaker(2, time.Second, 50*time.Millisecond, func() time.Time { return now })
+	wait := func(d time.Duration) func() { return func() { now = now.Add(d) } }
 	steps := []struct {
 		do         func()
 		allow, clo bool
 	}{
 		{func() {}, true, true},
 		{b.failure, true, true},
-		{b.failure, false, false}, // opens
-		{func() { now = now.Add(999 * time.Millisecond) }, false, false},
-		{func() { now = now.Add(time.Millisecond) }, true, false}, // one probe
-		{func() {}, false, false},                                 // only one
+		{b.failure, true, true}, // two in a row, but a success 0s ago
+		{wait(50 * time.Millisecond), true, true},
+		{b.failure, false, false}, // no success for the window: opens
+		{wait(999 * time.Millisecond), false, false},
+		{wait(time.Millisecond), true, false}, // one probe
+		{func() {}, false, false},             // only one
 		{b.failure, false, false},
-		{func() { now = now.Add(time.Second) }, true, false},
+		{wait(time.Second), true, false},
 		{b.success, true, true},
 		{b.failure, true, true}, // the count started over
+		{wait(time.Second), true, true},
+		{b.failure, false, false},
 	}
 	for i, st := range steps {
 		st.do()

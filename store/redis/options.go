@@ -40,8 +40,12 @@ type Options struct {
 	NoLocalCache bool
 
 	// BreakerFailures consecutive failures open the circuit breaker
-	// (default 3): calls then fail at once until a probe succeeds.
+	// (default 3) if no call succeeded for BreakerWindow (default 250 ms,
+	// so that a stall of this process, which times out every call in
+	// flight at once, does not): calls then fail at once until a probe
+	// succeeds.
 	BreakerFailures int
+	BreakerWindow   time.Duration
 	// BreakerCooldown is how long the breaker stays open before it lets
 	// one call through as a probe (default 100 ms).
 	BreakerCooldown time.Duration
@@ -57,6 +61,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BreakerFailures <= 0 {
 		o.BreakerFailures = 3
+	}
+	if o.BreakerWindow <= 0 {
+		o.BreakerWindow = 250 * time.Millisecond
 	}
 	if o.BreakerCooldown <= 0 {
 		o.BreakerCooldown = 100 * time.Millisecond

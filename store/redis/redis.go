@@ -59,7 +59,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("redis: connect: %w", err)
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
-		breaker: newBreaker(opt.BreakerFailures, opt.BreakerCooldown, time.Now)}
+		breaker: newBreaker(opt.BreakerFailures, opt.BreakerCooldown, opt.BreakerWindow, time.Now)}
 	if !opt.NoLocalCache {
 		s.cache = newOverCache()
 	}
@@ -116,6 +116,11 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 		co.TLSConfig = tc
 	}
 	co.DisableCache = true
+	// Queue every command on the background pipeline, also when only one
+	// is in flight: a call that reaches its deadline then just stops
+	// waiting, where the synchronous path would drop the connection and
+	// make the next calls wait for a reconnect.
+	co.AlwaysPipelining = true
 	co.Dialer.Timeout = time.Second
 	co.ConnWriteTimeout = time.Second
 	return co, nil
