@@ -116,8 +116,17 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 	if v := getenv("DEBUG_PORT"); v != "" {
 		set("debug-addr", hostPort(getenv("DEBUG_HOST"), v))
 	}
-	if v := getenv("LOG_LEVEL"); v != "" {
-		set("log-level", strings.ToLower(v))
+	if v := strings.ToLower(getenv("LOG_LEVEL")); v != "" {
+		// logrus's levels, as the reference accepts them.
+		switch v {
+		case "trace":
+			v = "debug"
+		case "warning":
+			v = "warn"
+		case "fatal", "panic":
+			v = "error"
+		}
+		set("log-level", v)
 	}
 	if v := getenv("LOG_FORMAT"); v != "" {
 		set("log-format", strings.ToLower(v))

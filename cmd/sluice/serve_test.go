@@ -75,6 +75,7 @@ func TestServe_EnvPrecedence(t *testing.T) {
 		{"runtime dirs", nil, serveEnv{"RUNTIME_ROOT": "/srv/runtime", "RUNTIME_SUBDIRECTORY": "ratelimit"}, "config", "/srv/runtime/ratelimit/config"},
 		{"runtime app dir", nil, serveEnv{"RUNTIME_ROOT": "/r", "RUNTIME_SUBDIRECTORY": "s", "RUNTIME_APPDIRECTORY": "limits"}, "config", "/r/s/limits"},
 		{"LOG_LEVEL", nil, serveEnv{"LOG_LEVEL": "WARN"}, "log-level", "warn"},
+		{"LOG_LEVEL logrus", nil, serveEnv{"LOG_LEVEL": "trace"}, "log-level", "debug"},
 		{"LOG_FORMAT", nil, serveEnv{"LOG_FORMAT": "json"}, "log-format", "json"},
 		{"SHADOW_MODE", nil, serveEnv{"SHADOW_MODE": "true"}, "shadow-mode", "true"},
 		{"SLUICE_ bool", nil, serveEnv{"SLUICE_SHADOW_MODE": "true"}, "shadow-mode", "true"},
