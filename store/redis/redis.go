@@ -237,7 +237,7 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 
 // flagSets are the script's hit flags indexed by veto | saturate<<1 |
 // beyond capacity<<2.
-var flagSets = [8]string{"", "v", "s", "vs", "n", "vn", "sn", "vsn"}
+var flagSets = [8]string{"0", "1", "2", "3", "4", "5", "6", "7"}
 
 func b2i(b bool) int {
 	if b {

@@ -11,8 +11,8 @@
 -- ARGV[2+8(i-1) ...] are the 8 fields of hit i, on KEYS[i]:
 --   "f", flags, cost (at most limit+1), limit, e, ttl, "", ""
 --   "t", flags, cost (at most burst), k, a, b, tol, m
--- flags contains "v" for veto, "s" for saturate and "n" for a token-bucket
--- cost beyond the burst (never allowed). For a fixed window e is the end
+-- flags is a digit, the sum of 1 for veto, 2 for saturate and 4 for a
+-- token-bucket cost beyond the burst (never allowed). For a fixed window e is the end
 -- (Unix seconds) of the window holding now and ttl the milliseconds until
 -- a second after it. For a token bucket k
 -- is quanta per token, tol the capacity in quanta, m milliseconds per
@@ -146,14 +146,13 @@ end
 local hits = {}
 for i = 1, #KEYS do
   local o = 2 + 8 * (i - 1)
-  local h = {key = KEYS[i], alg = ARGV[o], flags = ARGV[o + 1]}
-  h.veto = string.find(h.flags, 'v', 1, true) ~= nil
-  h.sat = string.find(h.flags, 's', 1, true) ~= nil
+  local f = tonumber(ARGV[o + 1])
+  local h = {key = KEYS[i], alg = ARGV[o], veto = f % 2 == 1, sat = f % 4 >= 2}
   if h.alg == 'f' then
     h.cost, h.limit = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
-    h.e, h.ttl = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
+    h.e, h.ttl = tonumber(ARGV[o + 4]), ARGV[o + 5]
   else
-    h.never = string.find(h.flags, 'n', 1, true) ~= nil
+    h.never = f >= 4
     h.cost = num(ARGV[o + 2])
     h.k, h.tol = num(ARGV[o + 3]), num(ARGV[o + 6])
     if server then
@@ -174,11 +173,22 @@ end
 -- counts (Unix seconds) and its count, stored as "end:count"; for a token
 -- bucket the theoretical arrival time (TAT) in quanta. orig holds them as
 -- read, before the batch.
-local orig = {}
+local orig, distinct = {}, {}
+for i = 1, #hits do
+  local k = hits[i].key
+  if orig[k] == nil then
+    orig[k] = false
+    distinct[#distinct + 1] = k
+  end
+end
+local vals = redis.call('MGET', unpack(distinct))
 for i = 1, #hits do
   local h = hits[i]
-  if orig[h.key] == nil then
-    local v = redis.call('GET', h.key)
+  if orig[h.key] == false then
+    local v = false
+    for j = 1, #distinct do
+      if distinct[j] == h.key then v = vals[j] break end
+    end
     if h.alg == 'f' then
       local e, c = 0, 0
       if v then
@@ -307,11 +317,12 @@ for i = 1, n do
   if h.alg == 'f' then
     if not done[h.key] and not same(h, v, o) then
       local ttl = h.ttl
-      if v.e > h.e then ttl = ttl + (v.e - h.e) * 1000 end
-      redis.call('SET', h.key, string.format('%d:%d', v.e, v.c), 'PX', string.format('%d', ttl))
+      if v.e > h.e then ttl = tonumber(ttl) + (v.e - h.e) * 1000 end
+      redis.call('SET', h.key, v.e .. ':' .. v.c, 'PX', ttl)
     end
-    out[3 + i] = string.format('%d:%d', o.e, o.c)
-    out[3 + n + i] = string.format('%d:%d', v.e, v.c)
+    -- (numbers below 10^14 concatenate as plain integers)
+    out[3 + i] = o.e .. ':' .. o.c
+    out[3 + n + i] = v.e .. ':' .. v.c
   else
     if not done[h.key] and cmp(v, o) ~= 0 then
       local q = 0
