@@ -222,17 +222,16 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 			strconv.FormatUint(end, 10), strconv.FormatUint(ttl, 10), "", "")
 	}
 	k, rk, tol := r.Quanta()
-	cost := strconv.FormatUint(min(h.Cost, r.Burst()), 10)
-	var a, b string
+	ck := strconv.FormatUint(min(h.Cost, r.Burst())*k, 10) // at most tol < 2^62
+	ms := strconv.FormatFloat(float64(r.Period())/float64(rk)/float64(time.Millisecond), 'g', 17, 64)
 	if s.opt.ServerClock {
-		a, b = strconv.FormatUint(rk, 10), strconv.FormatInt(int64(r.Period()), 10)
-	} else {
-		lo, hi := quanta(r, now)
-		a, b = strconv.FormatUint(lo, 10), strconv.FormatUint(hi, 10)
+		return append(args, "t", flags, ck, strconv.FormatUint(rk, 10),
+			strconv.FormatInt(int64(r.Period()), 10), strconv.FormatUint(tol, 10), "", ms)
 	}
-	ms := float64(r.Period()) / float64(rk) / float64(time.Millisecond)
-	return append(args, "t", flags, cost, strconv.FormatUint(k, 10), a, b,
-		strconv.FormatUint(tol, 10), strconv.FormatFloat(ms, 'g', 17, 64))
+	// nowC + tol < 2^63 + 2^62: no wrap.
+	lo, hi := quanta(r, now)
+	return append(args, "t", flags, ck, strconv.FormatUint(lo, 10), strconv.FormatUint(hi, 10),
+		strconv.FormatUint(lo+tol, 10), strconv.FormatUint(hi+tol, 10), ms)
 }
 
 // flagSets are the script's hit flags indexed by veto | saturate<<1 |

@@ -10,15 +10,15 @@
 --          (see below).
 -- ARGV[2+8(i-1) ...] are the 8 fields of hit i, on KEYS[i]:
 --   "f", flags, cost (at most limit+1), limit, e, ttl, "", ""
---   "t", flags, cost (at most burst), k, a, b, tol, m
+--   "t", flags, ck, a, b, c, d, m
 -- flags is a digit, the sum of 1 for veto, 2 for saturate and 4 for a
--- token-bucket cost beyond the burst (never allowed). For a fixed window e is the end
--- (Unix seconds) of the window holding now and ttl the milliseconds until
--- a second after it. For a token bucket k
--- is quanta per token, tol the capacity in quanta, m milliseconds per
--- quantum (for the key's expiry) and a, b are floor and ceil of now in
--- quanta, or with the server clock rk (quanta per period) and the period
--- in nanoseconds.
+-- token-bucket cost beyond the burst (never allowed). For a fixed window,
+-- e is the end (Unix seconds) of the window holding now and ttl the
+-- milliseconds until a second after it. For a token bucket, ck is the cost
+-- (at most the burst) in quanta, m milliseconds per quantum (for the key's
+-- expiry), and a, b, c, d are floor(now), ceil(now), floor(now)+capacity
+-- and ceil(now)+capacity in quanta, or with the server clock quanta per
+-- period, the period in nanoseconds, the capacity in quanta and "".
 -- Returns {committed, TIME seconds, TIME microseconds, state of each key
 -- before the batch..., state of each key after it...}.
 local B = 10000000
@@ -152,19 +152,18 @@ for i = 1, #KEYS do
     h.cost, h.limit = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
     h.e, h.ttl = tonumber(ARGV[o + 4]), ARGV[o + 5]
   else
-    h.never = f >= 4
-    h.cost = num(ARGV[o + 2])
-    h.k, h.tol = num(ARGV[o + 3]), num(ARGV[o + 6])
+    h.never, h.zero = f >= 4, ARGV[o + 2] == '0'
+    h.ck, h.ms = num(ARGV[o + 2]), tonumber(ARGV[o + 7])
     if server then
-      local rk, period = num(ARGV[o + 4]), num(ARGV[o + 5])
+      local rk, period, tol = num(ARGV[o + 3]), num(ARGV[o + 4]), num(ARGV[o + 5])
       local q, frac = div(mul(now, rk), period)
       h.nf = q
       if frac then h.nc = add(q, ONE) else h.nc = q end
-      h.ms = tonumber(ARGV[o + 7])
+      h.lim, h.cap = add(h.nf, tol), add(h.nc, tol)
     else
-      h.nf, h.nc, h.ms = num(ARGV[o + 4]), num(ARGV[o + 5]), tonumber(ARGV[o + 7])
+      h.nf, h.nc = num(ARGV[o + 3]), num(ARGV[o + 4])
+      h.lim, h.cap = num(ARGV[o + 5]), num(ARGV[o + 6])
     end
-    h.lim = add(h.nf, h.tol)
   end
   hits[i] = h
 end
@@ -225,10 +224,10 @@ local function take(h, s)
   end
   if h.never then return s, false end
   if cmp(s, h.nf) <= 0 then
-    if cmp(h.cost, ZERO) == 0 then return s, true end
-    return add(h.nc, mul(h.cost, h.k)), true
+    if h.zero then return s, true end
+    return add(h.nc, h.ck), true
   end
-  local n = add(s, mul(h.cost, h.k))
+  local n = add(s, h.ck)
   if cmp(n, h.lim) <= 0 then return n, true end
   return s, false
 end
@@ -245,9 +244,8 @@ local function saturate(h, s)
   end
   local base = s
   if cmp(s, h.nf) <= 0 then base = h.nc end
-  n = add(base, mul(h.cost, h.k))
-  local cap = add(h.nc, h.tol)
-  if cmp(n, cap) > 0 then n = cap end
+  n = add(base, h.ck)
+  if cmp(n, h.cap) > 0 then n = h.cap end
   if cmp(n, s) < 0 then n = s end
   return n, false
 end
@@ -259,9 +257,8 @@ local function refund(h, s)
     if h.cost >= s.c then return {e = h.e, c = 0} end
     return {e = h.e, c = s.c - h.cost}
   end
-  local c = mul(h.cost, h.k)
-  if cmp(c, s) >= 0 then return ZERO end
-  return sub(s, c)
+  if cmp(h.ck, s) >= 0 then return ZERO end
+  return sub(s, h.ck)
 end
 
 local function same(h, a, b)
@@ -324,7 +321,9 @@ for i = 1, n do
     out[3 + i] = o.e .. ':' .. o.c
     out[3 + n + i] = v.e .. ':' .. v.c
   else
-    if not done[h.key] and cmp(v, o) ~= 0 then
+    local os_, vs = str(o), nil
+    if cmp(v, o) == 0 then vs = os_ else vs = str(v) end
+    if not done[h.key] and vs ~= os_ then
       local q = 0
       if cmp(v, h.nf) > 0 then
         local d = sub(v, h.nf)
@@ -332,9 +331,9 @@ for i = 1, n do
       end
       -- capped at ~31,700 years, within what PX accepts
       local ttl = math.min(math.floor(q * h.ms) + 1000, 1e15)
-      redis.call('SET', h.key, str(v), 'PX', string.format('%.0f', ttl))
+      redis.call('SET', h.key, vs, 'PX', string.format('%.0f', ttl))
     end
-    out[3 + i], out[3 + n + i] = str(o), str(v)
+    out[3 + i], out[3 + n + i] = os_, vs
   end
   done[h.key] = true
 end
