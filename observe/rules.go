@@ -49,8 +49,7 @@ type Rules struct {
 	ratio     float64
 	maxValues int
 
-	hits, within, over, near, shadow *prometheus.CounterVec
-	storeFailures                    *prometheus.CounterVec
+	storeFailures *prometheus.CounterVec
 
 	// index maps the rules of the tables seen to their counters. It is
 	// replaced whole (copy on write) under mu, read with one atomic load.
@@ -58,11 +57,19 @@ type Rules struct {
 	mu    sync.Mutex
 	// overrides maps a domain to the counters of its override hits.
 	overrides atomic.Pointer[map[string]*counters]
+
+	// byLabels holds every label set's counters, for Collect. A leaf lock:
+	// nothing else is locked while holding it.
+	labelsMu sync.Mutex
+	byLabels map[[3]string]*counters
 }
 
-// counters are one label set's counters, resolved once.
+// counters are one label set's counts. Hits are not counted apart: every
+// descriptor is either within or over the limit, so hits = within + over,
+// one atomic add per descriptor fewer on the hot path.
 type counters struct {
-	hits, within, over, near, shadow prometheus.Counter
+	within, over, near, shadow atomic.Uint64
+	labels                     [3]string // domain, rule, value
 }
 
 // ruleSeries are a rule's counters: one set, or one per value for a
@@ -76,6 +83,18 @@ type ruleSeries struct {
 	other  *counters            // detailed rule: past the cap
 }
 
+var (
+	ruleLabels = []string{"domain", "rule", "value"}
+	hitsDesc   = prometheus.NewDesc("sluice_rule_hits_total", "Descriptors that matched the rule.", ruleLabels, nil)
+	withinDesc = prometheus.NewDesc("sluice_rule_within_limit_total", "Descriptors the rule allowed.", ruleLabels, nil)
+	overDesc   = prometheus.NewDesc("sluice_rule_over_limit_total",
+		"Descriptors over the rule's limit (denied, or reported only in shadow mode).", ruleLabels, nil)
+	nearDesc = prometheus.NewDesc("sluice_rule_near_limit_total",
+		"Allowed descriptors that left the rule's usage at or above the near-limit ratio.", ruleLabels, nil)
+	shadowDesc = prometheus.NewDesc("sluice_rule_shadow_mode_total",
+		"Descriptors over the limit of a shadow-mode rule, allowed anyway.", ruleLabels, nil)
+)
+
 // NewRules registers the per-rule and store-failure counters on reg.
 func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 	if opts.NearLimitRatio <= 0 {
@@ -87,21 +106,13 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 	if opts.NearLimitRatio > 1 {
 		return nil, errors.New("observe: near-limit ratio must be in (0, 1]")
 	}
-	labels := []string{"domain", "rule", "value"}
-	vec := func(name, help string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Subsystem: "rule", Name: name, Help: help}, labels)
-	}
 	r := &Rules{
 		ratio: opts.NearLimitRatio, maxValues: opts.MaxValuesPerRule,
-		hits:   vec("hits_total", "Descriptors that matched the rule."),
-		within: vec("within_limit_total", "Descriptors the rule allowed."),
-		over:   vec("over_limit_total", "Descriptors over the rule's limit (denied, or reported only in shadow mode)."),
-		near:   vec("near_limit_total", "Allowed descriptors that left the rule's usage at or above the near-limit ratio."),
-		shadow: vec("shadow_mode_total", "Descriptors over the limit of a shadow-mode rule, allowed anyway."),
 		storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Subsystem: "store", Name: "failures_total",
 			Help: "Requests the store could not decide, by kind of error and by the failure mode that answered them."}, []string{"kind", "mode"}),
+		byLabels: map[[3]string]*counters{},
 	}
-	for _, c := range []prometheus.Collector{r.hits, r.within, r.over, r.near, r.shadow, r.storeFailures} {
+	for _, c := range []prometheus.Collector{rulesCollector{r}, r.storeFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -109,6 +120,33 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 	r.index.Store(&map[*config.Rule]*ruleSeries{})
 	r.overrides.Store(&map[string]*counters{})
 	return r, nil
+}
+
+// rulesCollector exports the per-rule counters at scrape time.
+type rulesCollector struct{ r *Rules }
+
+func (c rulesCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc} {
+		ch <- d
+	}
+}
+
+func (c rulesCollector) Collect(ch chan<- prometheus.Metric) {
+	c.r.labelsMu.Lock()
+	all := make([]*counters, 0, len(c.r.byLabels))
+	for _, s := range c.r.byLabels {
+		all = append(all, s)
+	}
+	c.r.labelsMu.Unlock()
+	for _, s := range all {
+		l := s.labels[:]
+		within, over := float64(s.within.Load()), float64(s.over.Load())
+		ch <- prometheus.MustNewConstMetric(hitsDesc, prometheus.CounterValue, within+over, l...)
+		ch <- prometheus.MustNewConstMetric(withinDesc, prometheus.CounterValue, within, l...)
+		ch <- prometheus.MustNewConstMetric(overDesc, prometheus.CounterValue, over, l...)
+		ch <- prometheus.MustNewConstMetric(nearDesc, prometheus.CounterValue, float64(s.near.Load()), l...)
+		ch <- prometheus.MustNewConstMetric(shadowDesc, prometheus.CounterValue, float64(s.shadow.Load()), l...)
+	}
 }
 
 // SetTable resolves the counters of t's rules, so that they are exported
@@ -140,14 +178,18 @@ func (r *Rules) newSeries(rule *config.Rule) *ruleSeries {
 	return &ruleSeries{plain: r.counters(rule.Domain, rule.Path, "")}
 }
 
+// counters returns the counters of a label set, creating them on first
+// use: a rule reloaded with the same domain and path keeps its counts.
 func (r *Rules) counters(domain, rule, value string) *counters {
-	return &counters{
-		hits:   r.hits.WithLabelValues(domain, rule, value),
-		within: r.within.WithLabelValues(domain, rule, value),
-		over:   r.over.WithLabelValues(domain, rule, value),
-		near:   r.near.WithLabelValues(domain, rule, value),
-		shadow: r.shadow.WithLabelValues(domain, rule, value),
+	k := [3]string{domain, rule, value}
+	r.labelsMu.Lock()
+	defer r.labelsMu.Unlock()
+	c := r.byLabels[k]
+	if c == nil {
+		c = &counters{labels: k}
+		r.byLabels[k] = c
 	}
+	return c
 }
 
 // series returns rule's counters, resolving them on a rule's first hit
@@ -211,20 +253,19 @@ func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule
 	} else {
 		c = r.value(s, rule, entries)
 	}
-	c.hits.Inc()
 	d := &st.Decision
 	switch {
 	case st.Unlimited:
-		c.within.Inc()
+		c.within.Add(1)
 	case !d.Allowed:
-		c.over.Inc()
+		c.over.Add(1)
 		if st.Code == limiter.OK {
-			c.shadow.Inc()
+			c.shadow.Add(1)
 		}
 	default:
-		c.within.Inc()
+		c.within.Add(1)
 		if d.Limit > 0 && float64(d.Limit-d.Remaining) >= r.ratio*float64(d.Limit) {
-			c.near.Inc()
+			c.near.Add(1)
 		}
 	}
 }
