@@ -1,0 +1,18 @@
+// Package redis is a store.Store on Redis (single, Sentinel or Cluster),
+// so that every Sluice replica shares every limit.
+//
+// A Take is one EVALSHA of take.lua per request (per hash slot on
+// Cluster): the script runs the batch atomically, in the memory store's
+// order, on the key states it reads, and writes the new states with an
+// expiry at which they are fresh again. Lua numbers are doubles, so the
+// script keeps token-bucket states as decimal strings and adds and
+// compares them in base-10^7 limbs; everything that depends only on the
+// clock and the rule (now in quanta, window ends, expiries) is computed in
+// Go. The decisions come from the store package's own algorithms,
+// replayed on the states the script read, and Take checks that the replay
+// ends where the script did.
+//
+// Every call has a deadline; a circuit breaker fails calls fast while
+// Redis is down, and Run probes until it is back. A local cache answers
+// keys known to be over their limit without a call. See docs/REDIS.md.
+package redis
