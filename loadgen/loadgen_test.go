@@ -72,6 +72,9 @@ func TestRun_ClosedLoopAgainstNoop(t *testing.T) {
 	if res.StatusMismatches != 0 {
 		t.Errorf("%d replies had a status count other than 4", res.StatusMismatches)
 	}
+	if res.Service != nil {
+		t.Errorf("closed loop reports a service latency apart: %+v", res.Service)
+	}
 	if want := float64(res.Requests) / 0.5; res.RPS != want {
 		t.Errorf("RPS = %v, want requests/duration = %v", res.RPS, want)
 	}
@@ -162,6 +165,9 @@ func TestRun_OpenLoopPaces(t *testing.T) {
 	// would send far more.
 	if res.Requests+res.Unfinished != 400 || res.Requests == 0 {
 		t.Errorf("open loop at 400/s for 1s: %d requests + %d unfinished, want 400 with some answered", res.Requests, res.Unfinished)
+	}
+	if s := res.Service; s == nil || s.P50 <= 0 || s.P50 > res.Latency.P50 || s.Max > res.Latency.Max {
+		t.Errorf("service latency %+v: want positive and at most the latency from the schedule %+v", s, res.Latency)
 	}
 	// Achieved: the answers over at least the measured second.
 	if res.Rate != 400 || res.RPS > 400 || res.RPS <= 0 {

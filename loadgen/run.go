@@ -72,8 +72,15 @@ type Result struct {
 	Overall map[string]uint64 `json:"overall_codes"`
 	// StatusMismatches counts replies whose number of statuses differed
 	// from the request's number of descriptors.
-	StatusMismatches uint64  `json:"status_mismatches"`
-	Latency          Latency `json:"latency_us"`
+	StatusMismatches uint64 `json:"status_mismatches"`
+	// Latency runs from each call's start (closed loop) or scheduled
+	// time (open loop).
+	Latency Latency `json:"latency_us"`
+	// Service, in an open loop only, runs from each call's actual start,
+	// as most load generators measure; Latency - Service is how late the
+	// generator sent (Go timers wake up to a millisecond late on an idle
+	// machine).
+	Service *Latency `json:"service_latency_us,omitempty"`
 	// CPUPerRequest is the CPU time this process spent per finished
 	// call (warmup included), in microseconds: the generator's own cost
 	// when the server runs elsewhere. Zero where the platform cannot tell.
@@ -97,6 +104,7 @@ type worker struct {
 	next     int
 	reply    reply
 	hist     Histogram
+	service  *Histogram // open loop only: from the actual send
 	codes    [maxCode + 1]uint64
 	overall  [3]uint64
 	mismatch uint64
@@ -140,6 +148,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	workers := make([]*worker, conc)
 	for i := range workers {
 		workers[i] = &worker{conn: conns[i%nconn], frames: frames, next: i * len(frames) / conc}
+		if o.Rate > 0 {
+			workers[i].service = new(Histogram)
+		}
 	}
 	cpu0 := cpuTime()
 	start := time.Now()
@@ -259,6 +270,7 @@ func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, s
 			time.Sleep(d)
 		}
 		f := w.frame()
+		t0 := time.Now()
 		err := w.conn.Invoke(ctx, method, f, &w.reply)
 		t1 := time.Now()
 		if ctx.Err() != nil {
@@ -267,6 +279,7 @@ func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, s
 		w.calls++
 		if !due.Before(from) {
 			w.record(t1.Sub(due), f, err)
+			w.service.Record(int64(t1.Sub(t0)))
 			w.last = t1
 		}
 	}
@@ -298,8 +311,17 @@ func (w *worker) record(d time.Duration, f *frame, err error) {
 	}
 }
 
+// summary is h's quantiles in microseconds.
+func summary(h *Histogram) Latency {
+	us := func(ns int64) float64 { return float64(ns) / 1e3 }
+	return Latency{
+		Mean: h.Mean() / 1e3, P50: us(h.Quantile(0.5)), P90: us(h.Quantile(0.9)),
+		P99: us(h.Quantile(0.99)), P999: us(h.Quantile(0.999)), Max: us(h.Max()),
+	}
+}
+
 func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker, cpu time.Duration) *Result {
-	var h Histogram
+	var h, service Histogram
 	var calls uint64
 	r := &Result{
 		Target: o.Target, Concurrency: conc, Connections: nconn, Rate: o.Rate,
@@ -307,6 +329,9 @@ func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker,
 	}
 	for _, w := range workers {
 		h.Merge(&w.hist)
+		if w.service != nil {
+			service.Merge(w.service)
+		}
 		for c, n := range w.codes {
 			if n > 0 {
 				r.Codes[codes.Code(c).String()] += n
@@ -322,10 +347,10 @@ func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker,
 	}
 	r.Requests = h.Count()
 	r.RPS = float64(r.Requests) / dur.Seconds()
-	us := func(ns int64) float64 { return float64(ns) / 1e3 }
-	r.Latency = Latency{
-		Mean: h.Mean() / 1e3, P50: us(h.Quantile(0.5)), P90: us(h.Quantile(0.9)),
-		P99: us(h.Quantile(0.99)), P999: us(h.Quantile(0.999)), Max: us(h.Max()),
+	r.Latency = summary(&h)
+	if o.Rate > 0 {
+		s := summary(&service)
+		r.Service = &s
 	}
 	if calls > 0 {
 		r.CPUPerRequest = float64(cpu.Nanoseconds()) / 1e3 / float64(calls)

@@ -212,6 +212,10 @@ func printResult(w io.Writer, f benchFlags, r *loadgen.Result) {
 	}
 	l := r.Latency
 	fmt.Fprintf(w, "latency µs  mean %.0f  p50 %.0f  p90 %.0f  p99 %.0f  p99.9 %.0f  max %.0f\n", l.Mean, l.P50, l.P90, l.P99, l.P999, l.Max)
+	if s := r.Service; s != nil {
+		fmt.Fprintf(w, "  from send mean %.0f  p50 %.0f  p90 %.0f  p99 %.0f  p99.9 %.0f  max %.0f (latency above runs from the scheduled time)\n",
+			s.Mean, s.P50, s.P90, s.P99, s.P999, s.Max)
+	}
 }
 
 // counts prints a count map in a stable order: "OK 10, OVER_LIMIT 2".

@@ -80,7 +80,7 @@ func TestBench_Text(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
 	}
-	for _, want := range []string{"workload hot", "open loop at 100/s", "grpc codes  OK ", "overall     OK ", "p99.9"} {
+	for _, want := range []string{"workload hot", "open loop at 100/s", "grpc codes  OK ", "overall     OK ", "p99.9", "from send mean"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}

@@ -14,6 +14,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,6 +46,7 @@ type settings struct {
 	concurrency                 []int
 	workloads                   []string
 	connections, keys, openConc int
+	repeat                      int
 	ghzRate                     float64
 }
 
@@ -61,6 +64,7 @@ func main() {
 	flag.IntVar(&s.connections, "connections", 2, "HTTP/2 connections per run")
 	flag.IntVar(&s.keys, "keys", 10000, "distinct values of the distinct and multi workloads")
 	flag.IntVar(&s.openConc, "open-concurrency", 200, "request slots of the open-loop runs")
+	flag.IntVar(&s.repeat, "repeat", 1, "runs per cell and server; the median is reported")
 	flag.Float64Var(&s.ghzRate, "ghz-rate", 1000, "requests/s of the ghz cross-check")
 	flag.StringVar(&s.cpuProfile, "cpuprofile", "", "write sluice's CPU profile during the multi run at concurrency 50 to this file")
 	flag.Parse()
@@ -72,6 +76,9 @@ func main() {
 		s.concurrency = append(s.concurrency, n)
 	}
 	s.workloads = strings.Split(workloads, ",")
+	if s.repeat < 1 {
+		fatal(errors.New("-repeat must be at least 1"))
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -255,35 +262,44 @@ func run(ctx context.Context, s settings) (*report, error) {
 		return loadgen.Options{Requests: reqs, Concurrency: conc, Connections: s.connections,
 			Duration: s.duration, Warmup: s.warmup, Rate: rate}, err
 	}
-	// both runs o against each server, the order alternating with i.
-	// With a profile file, sluice's CPU profile during its run goes there.
+	// both runs o against each server -repeat times, the order
+	// alternating from run to run, and keeps each server's median run
+	// (by throughput, or by p99 in an open loop). With a profile file,
+	// sluice's CPU profile during its first run goes there.
 	both := func(i int, o loadgen.Options, profileTo string) (sm, nm measured, err error) {
-		order := []*server{sl, noop}
-		if i%2 == 1 {
-			order = []*server{noop, sl}
-		}
-		for _, srv := range order {
-			var prof chan error
-			if srv == sl && profileTo != "" {
-				prof = make(chan error, 1)
-				go func() { prof <- profile(ctx, debugAddr, o.Warmup+o.Duration, profileTo) }()
+		var sruns, nruns []measured
+		for rep := range s.repeat {
+			order := []*server{sl, noop}
+			if (i+rep)%2 == 1 {
+				order = []*server{noop, sl}
 			}
-			m, err := srv.measure(ctx, o)
-			if prof != nil {
-				if perr := <-prof; err == nil {
-					err = perr
+			for _, srv := range order {
+				var prof chan error
+				if srv == sl && profileTo != "" && rep == 0 {
+					prof = make(chan error, 1)
+					go func() { prof <- profile(ctx, debugAddr, o.Warmup+o.Duration, profileTo) }()
+				}
+				m, err := srv.measure(ctx, o)
+				if prof != nil {
+					if perr := <-prof; err == nil {
+						err = perr
+					}
+				}
+				if err != nil {
+					return sm, nm, err
+				}
+				if srv == sl {
+					sruns = append(sruns, m)
+				} else {
+					nruns = append(nruns, m)
 				}
 			}
-			if err != nil {
-				return sm, nm, err
-			}
-			if srv == sl {
-				sm = m
-			} else {
-				nm = m
-			}
 		}
-		return sm, nm, nil
+		key := func(m measured) float64 { return m.RPS }
+		if o.Rate > 0 {
+			key = func(m measured) float64 { return m.Latency.P99 }
+		}
+		return median(sruns, key), median(nruns, key), nil
 	}
 
 	i := 0
@@ -338,6 +354,13 @@ func run(ctx context.Context, s settings) (*report, error) {
 		fmt.Fprintf(os.Stderr, "no ghz at %s: cross-check skipped\n", s.ghz)
 	}
 	return rep, nil
+}
+
+// median returns the run whose key is the median (the lower one of an
+// even count).
+func median(runs []measured, key func(measured) float64) measured {
+	slices.SortFunc(runs, func(a, b measured) int { return cmp.Compare(key(a), key(b)) })
+	return runs[(len(runs)-1)/2]
 }
 
 // profile writes the CPU profile sluice serves at debugAddr, taken over
