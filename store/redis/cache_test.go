@@ -1,0 +1,65 @@
+package redis
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// TestLocalCache: once a key is over its limit, a request on it is
+// answered without Redis until the window ends, with the decision Redis
+// would give; without the cache, every request asks Redis.
+func TestLocalCache(t *testing.T) {
+	srv := redistest.Start(t)
+	r := must(store.NewFixedWindow(2, time.Minute))
+	t0 := int64(1_800_000_000) * int64(time.Second) // a minute boundary
+	for _, cached := range []bool{true, false} {
+		s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: !cached})
+		hits := []store.Hit{{Key: "k", Rule: r, Cost: 1, Veto: true}}
+		out := make([]store.Decision, 1)
+		for range 2 {
+			if err := s.Take(context.Background(), t0, hits, out); err != nil || !out[0].Allowed {
+				t.Fatalf("cached %v: %+v %v", cached, out[0], err)
+			}
+		}
+		before := commandCalls(t, srv).calls
+		for i := range 3 {
+			if err := s.Take(context.Background(), t0+int64(i)*int64(time.Second), hits, out); err != nil {
+				t.Fatal(err)
+			}
+			want := store.Decision{Limit: 2, ResetAfter: time.Minute - time.Duration(i)*time.Second}
+			want.RetryAfter = want.ResetAfter
+			if out[0] != want {
+				t.Fatalf("cached %v, denial %d: %+v, want %+v", cached, i, out[0], want)
+			}
+		}
+		calls := commandCalls(t, srv).calls - before
+		if cached && calls != 0 {
+			t.Errorf("with the cache: %d Redis commands for 3 requests on a key over its limit, want 0", calls)
+		}
+		if !cached && calls < 3 {
+			t.Errorf("without the cache: %d Redis commands for 3 requests, want at least 3", calls)
+		}
+		// The next window is Redis's again.
+		if err := s.Take(context.Background(), t0+int64(time.Minute), hits, out); err != nil || !out[0].Allowed {
+			t.Fatalf("cached %v, next window: %+v %v", cached, out[0], err)
+		}
+	}
+}
+
+func TestLocalCache_Sweep(t *testing.T) {
+	c := newOverCache()
+	r := must(store.NewFixedWindow(1, time.Minute))
+	c.m.Store("a", overEntry{rule: r, until: 100})
+	c.m.Store("b", overEntry{rule: r, until: 200})
+	c.sweep(150)
+	if _, ok := c.m.Load("a"); ok {
+		t.Error("a lapsed at 100 and is still cached at 150")
+	}
+	if _, ok := c.m.Load("b"); !ok {
+		t.Error("b holds until 200 and was dropped at 150")
+	}
+}
