@@ -169,3 +169,14 @@ func TestSentinel_Failover(t *testing.T) {
 func endOf(r *store.Rule, now int64) string {
 	return strconv.FormatUint(windowEnd(r, now), 10)
 }
+
+func TestNew_UnixSocket(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "redis.sock")
+	redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
+	s := open(t, Options{URL: "unix://" + sock})
+	r := must(store.NewFixedWindow(2, time.Minute))
+	if got := takeN(t, s, "k", r, time.Now().UnixNano(), 3); got != 2 {
+		t.Errorf("%d allowed of 3, want 2", got)
+	}
+}
