@@ -147,13 +147,15 @@ local hits = {}
 for i = 1, #KEYS do
   local o = 2 + 8 * (i - 1)
   local f = tonumber(ARGV[o + 1])
-  local h = {key = KEYS[i], alg = ARGV[o], veto = f % 2 == 1, sat = f % 4 >= 2}
-  if h.alg == 'f' then
-    h.cost, h.limit = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
-    h.e, h.ttl = tonumber(ARGV[o + 4]), ARGV[o + 5]
+  local h
+  if ARGV[o] == 'f' then
+    h = {key = KEYS[i], alg = 'f', veto = f % 2 == 1, sat = f % 4 >= 2,
+      cost = tonumber(ARGV[o + 2]), limit = tonumber(ARGV[o + 3]),
+      e = tonumber(ARGV[o + 4]), ttl = ARGV[o + 5]}
   else
-    h.never, h.zero = f >= 4, ARGV[o + 2] == '0'
-    h.ck, h.ms = num(ARGV[o + 2]), tonumber(ARGV[o + 7])
+    h = {key = KEYS[i], alg = 't', veto = f % 2 == 1, sat = f % 4 >= 2,
+      never = f >= 4, zero = ARGV[o + 2] == '0', ck = num(ARGV[o + 2]),
+      ms = tonumber(ARGV[o + 7]), nf = false, nc = false, lim = false, cap = false}
     if server then
       local rk, period, tol = num(ARGV[o + 3]), num(ARGV[o + 4]), num(ARGV[o + 5])
       local q, frac = div(mul(now, rk), period)
