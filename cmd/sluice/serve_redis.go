@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
 )
@@ -84,17 +86,44 @@ func init() {
 			return st, st, st.Run, nil
 		},
 	})
-	// With --redis-health, health follows Redis as well as the config.
-	registerExtension(extension{name: "redis-health", setup: func(_ context.Context, x *serveContext) error {
-		if opened == nil || !f.health {
+	// The store's metrics; with --redis-health, health follows Redis as
+	// well as the config.
+	registerExtension(extension{name: "redis", setup: func(_ context.Context, x *serveContext) error {
+		if opened == nil {
 			return nil
 		}
 		st := opened
-		x.Run = append(x.Run, func(ctx context.Context) error {
-			return followHealth(ctx, st, x, 50*time.Millisecond)
-		})
+		if err := registerRedisMetrics(x.Registry, st); err != nil {
+			return err
+		}
+		if f.health {
+			x.Run = append(x.Run, func(ctx context.Context) error {
+				return followHealth(ctx, st, x, 50*time.Millisecond)
+			})
+		}
 		return nil
 	}})
+}
+
+func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store) error {
+	opts := func(name, help string) prometheus.GaugeOpts {
+		return prometheus.GaugeOpts{Namespace: "sluice", Subsystem: "redis", Name: name, Help: help}
+	}
+	up := func() float64 {
+		if st.Stats().Healthy {
+			return 1
+		}
+		return 0
+	}
+	return errors.Join(
+		reg.Register(prometheus.NewGaugeFunc(opts("up", "1 while Redis answers, 0 while the circuit breaker is open."), up)),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("local_answers_total", "Requests the local over-limit cache answered without Redis.")),
+			func() float64 { return float64(st.Stats().LocalAnswers) })),
+		reg.Register(prometheus.NewGaugeFunc(opts("local_cache_keys", "Keys in the local over-limit cache."),
+			func() float64 { return float64(st.Stats().LocalKeys) })),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("refund_failures_total", "Cluster refunds that failed: takes left in place until their keys expire (over-deny).")),
+			func() float64 { return float64(st.Stats().RefundFailures) })),
+	)
 }
 
 // followHealth sets x's health to NOT_SERVING while st is unhealthy and

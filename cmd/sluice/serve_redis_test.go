@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -289,7 +290,7 @@ func TestServeRedis_ClusterNoOverGrant(t *testing.T) {
 // when Redis is back, both recover without a restart.
 func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 	srv := redistest.Start(t)
-	grpcAddr, _, stop := startServe(t, nil, "--config", "testdata/serve", "--store", "redis",
+	grpcAddr, httpAddr, stop := startServe(t, nil, "--config", "testdata/serve", "--store", "redis",
 		"--redis-url", "redis://"+srv.Addr, "--redis-timeout", "200ms", "--redis-failure-mode", "allow", "--redis-health")
 	defer stop()
 	rls, hc := dialRLS(t, grpcAddr)
@@ -308,6 +309,13 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 	if !serving() || ask() != rlspb.RateLimitResponse_OK {
 		t.Fatal("not serving with Redis up")
 	}
+	metricUp := func(want string) {
+		t.Helper()
+		if m := httpGet(t, "http://"+httpAddr+"/metrics"); !strings.Contains(m, "\nsluice_redis_up "+want+"\n") {
+			t.Errorf("/metrics: no sluice_redis_up %s", want)
+		}
+	}
+	metricUp("1")
 	srv.Kill()
 	// The limit is 2 per minute: with Redis down, "allow" answers OK to
 	// every request.
@@ -317,6 +325,7 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 		}
 	}
 	waitUntil(t, 5*time.Second, "NOT_SERVING with Redis down", func() bool { return !serving() })
+	metricUp("0")
 	srv.Restart()
 	waitUntil(t, 5*time.Second, "SERVING with Redis back", serving)
 	// Counting again, from zero (the killed Redis kept nothing): the

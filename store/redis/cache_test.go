@@ -40,6 +40,9 @@ func TestLocalCache(t *testing.T) {
 		if cached && calls != 0 {
 			t.Errorf("with the cache: %d Redis commands for 3 requests on a key over its limit, want 0", calls)
 		}
+		if st := s.Stats(); cached && (st.LocalAnswers != 3 || st.LocalKeys != 1) {
+			t.Errorf("with the cache: %+v, want 3 local answers and 1 key", st)
+		}
 		if !cached && calls < 3 {
 			t.Errorf("without the cache: %d Redis commands for 3 requests, want at least 3", calls)
 		}

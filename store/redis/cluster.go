@@ -15,7 +15,7 @@ import (
 // the refund lands a concurrent request may be denied for capacity this
 // batch held briefly (an over-deny), never granted capacity it did not
 // have. A refund that fails leaves the takes in place until the keys
-// expire, also an over-deny; RefundFailures counts them.
+// expire, also an over-deny; Stats counts them.
 func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, keys []string) (reply, error) {
 	var bs []batch
 	var slots []uint16

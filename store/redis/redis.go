@@ -43,6 +43,15 @@ type Store struct {
 	cache   *overCache // nil when disabled
 
 	refundFailures atomic.Uint64
+	localAnswers   atomic.Uint64
+}
+
+// Stats are the store's counters and state, for metrics.
+type Stats struct {
+	Healthy        bool   // see Healthy
+	LocalAnswers   uint64 // requests the local cache answered without Redis
+	LocalKeys      int    // keys in the local cache now
+	RefundFailures uint64 // Cluster refunds that failed (see Take)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -132,8 +141,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// RefundFailures counts Cluster refunds that failed (see Take).
-func (s *Store) RefundFailures() uint64 { return s.refundFailures.Load() }
+// Stats returns the store's counters and state.
+func (s *Store) Stats() Stats {
+	st := Stats{Healthy: s.Healthy(), LocalAnswers: s.localAnswers.Load(), RefundFailures: s.refundFailures.Load()}
+	if s.cache != nil {
+		st.LocalKeys = s.cache.m.Size()
+	}
+	return st
+}
 
 // Healthy reports whether Redis answered the last call or probe. It is
 // false while the circuit breaker is open.

@@ -46,6 +46,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		keys[i] = s.opt.KeyPrefix + hits[i].Key
 	}
 	if s.cache != nil && s.cache.answer(s, now, hits, keys, out) {
+		s.localAnswers.Add(1)
 		return nil
 	}
 	if !s.breaker.allow() {
