@@ -21,6 +21,35 @@
 -- period, the period in nanoseconds, the capacity in quanta and "".
 -- Returns {committed, TIME seconds, TIME microseconds, state of each key
 -- before the batch..., state of each key after it...}.
+-- One fixed-window hit, the most common request: the steps of the batch
+-- below (take, or saturate, on the window holding now or the later one the
+-- state holds), without its machinery.
+if #KEYS == 1 and ARGV[2] == 'f' and ARGV[1] ~= 'r' then
+  local key, f = KEYS[1], tonumber(ARGV[3])
+  local cost, limit, we, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+  local v, oe, oc = redis.call('GET', key), 0, 0
+  if v then
+    local a, b = string.match(v, '^(%d+):(%d+)$')
+    oe, oc = tonumber(a), tonumber(b)
+  end
+  local e, c = oe, oc
+  local cur, count = math.max(we, oe), 0
+  if oe == cur then count = oc end
+  local ok = limit > 0 and count <= limit and cost <= limit - count
+  if ok then
+    if cost > 0 then e, c = cur, count + cost end
+  elseif f % 4 >= 2 and count < limit and cost > 0 then
+    e, c = cur, count + math.min(cost, limit - count)
+  end
+  if e ~= oe or c ~= oc then
+    if e > we then ttl = tonumber(ttl) + (e - we) * 1000 end
+    redis.call('SET', key, e .. ':' .. c, 'PX', ttl)
+  end
+  local committed = 1
+  if f % 2 == 1 and not ok then committed = 0 end
+  return {committed, '', '', oe .. ':' .. oc, e .. ':' .. c}
+end
+
 local B = 10000000
 
 local function num(s)
