@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -64,5 +65,26 @@ func TestLocalCache_Sweep(t *testing.T) {
 	}
 	if _, ok := c.m.Load("b"); !ok {
 		t.Error("b holds until 200 and was dropped at 150")
+	}
+}
+
+// TestTake_KeysNotRetained: a caller may reuse the memory of a hit's Key
+// once Take returns; the local cache must not see the change.
+func TestTake_KeysNotRetained(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: ""})
+	r := must(store.NewFixedWindow(1, time.Minute))
+	buf := []byte("key-a")
+	key := unsafe.String(&buf[0], len(buf))
+	out := make([]store.Decision, 1)
+	now := int64(1_800_000_000) * int64(time.Second)
+	for range 2 { // the second take puts key-a over its limit in the cache
+		if err := s.Take(context.Background(), now, []store.Hit{{Key: key, Rule: r, Cost: 1, Veto: true}}, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copy(buf, "key-b")
+	if err := s.Take(context.Background(), now, []store.Hit{{Key: "key-b", Rule: r, Cost: 1, Veto: true}}, out); err != nil || !out[0].Allowed {
+		t.Fatalf("key-b's first take: %+v %v, want allowed (key-a's cache entry must not become key-b's)", out[0], err)
 	}
 }

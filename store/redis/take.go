@@ -41,9 +41,16 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if len(hits) == 0 {
 		return nil
 	}
+	// Own copies of the keys: a hit's Key may alias the caller's reused
+	// buffer, and a call that reaches its deadline may still be written to
+	// Redis after Take returns.
 	keys := make([]string, len(hits))
 	for i := range hits {
-		keys[i] = s.opt.KeyPrefix + hits[i].Key
+		if s.opt.KeyPrefix == "" {
+			keys[i] = strings.Clone(hits[i].Key)
+		} else {
+			keys[i] = s.opt.KeyPrefix + hits[i].Key
+		}
 	}
 	if s.cache != nil && s.cache.answer(s, now, hits, keys, out) {
 		s.localAnswers.Add(1)
