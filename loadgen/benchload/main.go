@@ -47,12 +47,13 @@ type settings struct {
 	workloads                   []string
 	connections, keys, openConc int
 	repeat                      int
+	openFractions               []float64
 	ghzRate                     float64
 }
 
 func main() {
 	var s settings
-	var conc, workloads string
+	var conc, workloads, fractions string
 	flag.StringVar(&s.sluice, "sluice", "bin/sluice", "the sluice binary")
 	flag.StringVar(&s.config, "config", "examples/bench.yaml", "limits for sluice serve")
 	flag.StringVar(&s.out, "out", "docs/BENCHMARKS.md", "Markdown file to write (- for stdout)")
@@ -65,6 +66,7 @@ func main() {
 	flag.IntVar(&s.keys, "keys", 10000, "distinct values of the distinct and multi workloads")
 	flag.IntVar(&s.openConc, "open-concurrency", 200, "request slots of the open-loop runs")
 	flag.IntVar(&s.repeat, "repeat", 1, "runs per cell and server; the median is reported")
+	flag.StringVar(&fractions, "open-fractions", "0.8,0.5", "open-loop rates as fractions of the no-op server's closed-loop throughput at concurrency 50")
 	flag.Float64Var(&s.ghzRate, "ghz-rate", 1000, "requests/s of the ghz cross-check")
 	flag.StringVar(&s.cpuProfile, "cpuprofile", "", "write sluice's CPU profile during the multi run at concurrency 50 to this file")
 	flag.Parse()
@@ -76,6 +78,13 @@ func main() {
 		s.concurrency = append(s.concurrency, n)
 	}
 	s.workloads = strings.Split(workloads, ",")
+	for _, f := range strings.Split(fractions, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			fatal(fmt.Errorf("-open-fractions %q: want positive numbers", fractions))
+		}
+		s.openFractions = append(s.openFractions, v)
+	}
 	if s.repeat < 1 {
 		fatal(errors.New("-repeat must be at least 1"))
 	}
@@ -227,6 +236,7 @@ type cell struct {
 	workload     string
 	concurrency  int
 	rate         float64
+	fraction     float64 // open loop: rate / the no-op's closed-loop throughput at 50
 	sluice, noop measured
 }
 
@@ -328,21 +338,23 @@ func run(ctx context.Context, s settings) (*report, error) {
 			}
 		}
 	}
-	for _, w := range []string{"distinct", "multi"} {
-		if noopAt50[w] == 0 {
-			continue
+	for _, frac := range s.openFractions {
+		for _, w := range []string{"distinct", "multi"} {
+			if noopAt50[w] == 0 {
+				continue
+			}
+			rate := float64(int(frac*noopAt50[w]/100)) * 100 // rounded down to 100/s
+			o, err := opts(w, s.openConc, rate)
+			if err != nil {
+				return nil, err
+			}
+			sm, nm, err := both(i, o, "")
+			if err != nil {
+				return nil, err
+			}
+			i++
+			rep.open = append(rep.open, cell{workload: w, concurrency: s.openConc, rate: rate, fraction: frac, sluice: sm, noop: nm})
 		}
-		rate := float64(int(0.8*noopAt50[w]/100)) * 100 // rounded down to 100/s
-		o, err := opts(w, s.openConc, rate)
-		if err != nil {
-			return nil, err
-		}
-		sm, nm, err := both(i, o, "")
-		if err != nil {
-			return nil, err
-		}
-		i++
-		rep.open = append(rep.open, cell{workload: w, concurrency: s.openConc, rate: rate, sluice: sm, noop: nm})
 	}
 	if _, err := os.Stat(s.ghz); err == nil {
 		cc, err := crossCheckGhz(ctx, s, sl)
