@@ -72,7 +72,12 @@ func TestLocalCache_Sweep(t *testing.T) {
 // once Take returns; the local cache must not see the change.
 func TestTake_KeysNotRetained(t *testing.T) {
 	srv := redistest.Start(t)
-	s := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: ""})
+	// No prefix (open would set one): the keys are the hits' own.
+	s, err := New(context.Background(), Options{URL: "redis://" + srv.Addr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	r := must(store.NewFixedWindow(1, time.Minute))
 	buf := []byte("key-a")
 	key := unsafe.String(&buf[0], len(buf))
@@ -84,7 +89,11 @@ func TestTake_KeysNotRetained(t *testing.T) {
 		}
 	}
 	copy(buf, "key-b")
-	if err := s.Take(context.Background(), now, []store.Hit{{Key: "key-b", Rule: r, Cost: 1, Veto: true}}, out); err != nil || !out[0].Allowed {
-		t.Fatalf("key-b's first take: %+v %v, want allowed (key-a's cache entry must not become key-b's)", out[0], err)
+	before := s.Stats().LocalAnswers
+	if err := s.Take(context.Background(), now, []store.Hit{{Key: "key-a", Rule: r, Cost: 1, Veto: true}}, out); err != nil || out[0].Allowed {
+		t.Fatalf("key-a over its limit: %+v %v", out[0], err)
+	}
+	if s.Stats().LocalAnswers != before+1 {
+		t.Error("key-a, over its limit, was not answered by the local cache: its entry changed with the caller's buffer")
 	}
 }
