@@ -180,3 +180,44 @@ func TestNew_UnixSocket(t *testing.T) {
 		t.Errorf("%d allowed of 3, want 2", got)
 	}
 }
+
+// TestTake_Expiry: keys expire a second after they are fresh again: a
+// fixed window at its end, a token bucket when full; alone (the script's
+// fast paths) or in a batch.
+func TestTake_Expiry(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr})
+	fw := must(store.NewFixedWindow(5, time.Minute))
+	tb := must(store.NewTokenBucket(1, time.Hour, 3)) // 2 taken: full in 2h
+	now := int64(1_800_000_000)*int64(time.Second) + 15*int64(time.Second)
+	out := make([]store.Decision, 2)
+	pttl := func(key string) time.Duration {
+		ms, err := strconv.ParseInt(srv.CLI("pttl", s.opt.KeyPrefix+key), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ms) * time.Millisecond
+	}
+	check := func(key string, want time.Duration) {
+		t.Helper()
+		// Redis's clock runs on while we look: allow a second of it.
+		if got := pttl(key); got > want || got < want-time.Second {
+			t.Errorf("%s: PTTL %v, want about %v", key, got, want)
+		}
+	}
+	for _, batch := range [][]store.Hit{
+		{{Key: "fw1", Rule: fw, Cost: 1, Veto: true}},
+		{{Key: "tb1", Rule: tb, Cost: 2, Veto: true}},
+		{{Key: "fw2", Rule: fw, Cost: 1, Veto: true}, {Key: "tb2", Rule: tb, Cost: 2, Veto: true}},
+	} {
+		if err := s.Take(context.Background(), now, batch, out[:len(batch)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []string{"fw1", "fw2"} {
+		check(k, 45*time.Second+time.Second)
+	}
+	for _, k := range []string{"tb1", "tb2"} {
+		check(k, 2*time.Hour+time.Second)
+	}
+}
