@@ -98,6 +98,7 @@ func (s *Server) Restart() {
 	before, _ := os.ReadFile(log)
 	cmd := exec.Command(s.bin, s.args...)
 	cmd.Dir = s.dir
+	cmd.SysProcAttr = procAttr()
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
