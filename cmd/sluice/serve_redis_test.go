@@ -111,7 +111,7 @@ func startSluices(t *testing.T, n int, config string, storeArgs ...string) []str
 		addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
 		args := append([]string{"serve", "--config", config,
 			"--grpc-addr", addr, "--http-addr", "127.0.0.1:0", "--log-level", "warn"}, storeArgs...)
-		cmd := exec.Command(bin, args...)
+		cmd := redistest.Command(bin, args...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {

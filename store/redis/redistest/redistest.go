@@ -96,9 +96,8 @@ func (s *Server) Restart() {
 		log = filepath.Join(s.dir, "sentinel.log")
 	}
 	before, _ := os.ReadFile(log)
-	cmd := exec.Command(s.bin, s.args...)
+	cmd := Command(s.bin, s.args...)
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = procAttr()
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
@@ -238,4 +237,12 @@ func StartSentinel(t testing.TB) *Sentinel {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return &Sentinel{Master: m, Replica: r, Sentinel: s, MasterSet: set}
+}
+
+// Command is exec.Command for a child the test starts (a server under
+// test): on Linux it dies with the test process.
+func Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = procAttr()
+	return cmd
 }
