@@ -324,7 +324,7 @@ func TestRefund(t *testing.T) {
 				t.Fatal("take 4 denied")
 			}
 			other, _ := Take(s1, r, t0, 2)
-			back := Refund(other, r, t0, 4)
+			back := Refund(other, s1, r, t0, 4)
 			want, _ := Take(s0, r, t0, 2)
 			if back != want {
 				t.Fatalf("refund after an interleaved take: %#x, want %#x", back, want)
@@ -332,10 +332,10 @@ func TestRefund(t *testing.T) {
 			if _, d := Take(back, r, t0, 0); d.Remaining != 5 {
 				t.Fatalf("remaining after refund %d, want 5", d.Remaining)
 			}
-			if got := Refund(s0, r, t0, 10); !Fresh(got, r, t0) {
+			if got := Refund(s0, s0, r, t0, 10); !Fresh(got, r, t0) {
 				t.Fatalf("over-refund left %#x, want a fresh state", got)
 			}
-			if got := Refund(s1, r, t0, 11); got != s1 {
+			if got := Refund(s1, s1, r, t0, 11); got != s1 {
 				t.Fatalf("refund of a cost over the capacity changed the state %#x → %#x", s1, got)
 			}
 		})
@@ -344,7 +344,7 @@ func TestRefund(t *testing.T) {
 	r := mustWindow(t, 10, time.Second)
 	s, _ := Take(0, r, t0, 5)
 	next, _ := Take(s, r, t0+int64(time.Second), 5)
-	if got := Refund(next, r, t0, 5); got != next {
+	if got := Refund(next, s, r, t0+int64(time.Second), 5); got != next {
 		t.Fatalf("refund into the next window: %#x, want %#x", got, next)
 	}
 }
@@ -403,6 +403,41 @@ func TestFresh(t *testing.T) {
 	}
 }
 
+// TestRefund_OwedOnly: a rollback that comes after time has passed
+// returns only what the take still owes. The refilled part was there for
+// others to take; returning it as well would erase their debt.
+func TestRefund_OwedOnly(t *testing.T) {
+	r := mustBucket(t, 1, time.Second, 10) // one token per second
+	steps := []struct {
+		name    string
+		refund  int64 // when the rollback runs, seconds after the take
+		stacked bool  // another caller took 1 token at the rollback's instant
+		want    uint64
+	}{
+		{"at once, alone", 0, false, 10},
+		{"at once, stacked", 0, true, 9},
+		{"3 s later, stacked", 3, true, 9},
+		{"5 s later, stacked (the take has refilled)", 5, true, 9},
+		{"9 s later, alone", 9, false, 10},
+	}
+	for _, st := range steps {
+		after, d := Take(0, r, t0, 5)
+		if !d.Allowed {
+			t.Fatalf("%s: take 5 denied", st.name)
+		}
+		at := t0 + st.refund*int64(time.Second)
+		s := after
+		if st.stacked {
+			s, _ = Take(s, r, at, 1)
+		}
+		s = Refund(s, after, r, at, 5)
+		// Without the take, the bucket at `at` holds 10 (less the stacked 1).
+		if _, d := Take(s, r, at, 0); d.Remaining != st.want {
+			t.Errorf("%s: remaining %d after the rollback, want %d", st.name, d.Remaining, st.want)
+		}
+	}
+}
+
 func TestAllocations(t *testing.T) {
 	w := mustWindow(t, 10, time.Minute)
 	b := mustBucket(t, 3, time.Second, 3)
@@ -410,7 +445,7 @@ func TestAllocations(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() {
 		s, _ = Take(s, w, t0, 1)
 		s, _ = Take(s, b, t0, 1)
-		s = Refund(s, b, t0, 1)
+		s = Refund(s, s, b, t0, 1)
 	}); n != 0 {
 		t.Fatalf("%v allocations per take", n)
 	}

@@ -72,16 +72,15 @@ func TakeWindow(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 	return s, d
 }
 
-// refundWindow rolls back an allowed take of cost made at now: the count
-// drops by cost if s still holds the window of that take. If the window
-// has turned since, the take no longer counts anywhere and nothing changes
-// (nor when the take counted in a later window because the clock had
-// stepped back: a lost refund only denies more).
-// Counts are sums, so taking cost away again leaves exactly the count the
-// other hits of that window made: never more capacity than without the take.
-func refundWindow(s uint64, r *Rule, now int64, cost uint64) uint64 {
-	end := windowEnd(r, clampNow(now))
-	if uint32(s>>32) != uint32(end) || cost > r.limit {
+// refundWindow rolls back an allowed take of cost that left the state
+// after: the count drops by cost if s still holds the window the take
+// counted in. If the window has turned since, the take no longer counts
+// anywhere and nothing changes. Counts are sums, so taking cost away again
+// leaves exactly the count the other hits of that window made: never more
+// capacity than without the take.
+func refundWindow(s, after uint64, r *Rule, cost uint64) uint64 {
+	end := after >> 32
+	if s>>32 != end || cost > r.limit {
 		return s
 	}
 	count := s & 0xffffffff

@@ -56,7 +56,7 @@ func FuzzTokenBucket(f *testing.F) {
 			checkTokenDecision(t, i/3, r, s0, s, now, cost, d)
 			if d.Allowed {
 				if prog[i+2]&1 == 1 {
-					if s = Refund(s, r, now, cost); s < s0 {
+					if s = Refund(s, s, r, now, cost); s < s0 {
 						t.Fatalf("op %d: refund moved the TAT from %d to %d, before the take", i/3, s0, s)
 					}
 				} else {
@@ -149,7 +149,7 @@ func FuzzFixedWindow(f *testing.F) {
 			checkWindowDecision(t, i/3, r, s0, s, now, cost, d)
 			if d.Allowed {
 				if prog[i+2]&1 == 1 {
-					s = Refund(s, r, now, cost)
+					s = Refund(s, s, r, now, cost)
 					// A take clamped into a later window by a backwards
 					// clock is not refunded (that only denies more).
 					nowEnd := windowEnd(r, clampNow(now))

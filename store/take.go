@@ -25,14 +25,16 @@ func Take(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 	return TakeWindow(s, r, now, cost)
 }
 
-// Refund rolls back an allowed Take of cost made at now, given the state
-// s as it is now (other takes may have happened since). It never leaves
-// more capacity than the state had before that take.
-func Refund(s uint64, r *Rule, now int64, cost uint64) uint64 {
+// Refund rolls back an allowed Take of cost that left the state after,
+// given the state s as it is at now, the time of the rollback (read after
+// every take the rollback might undo, so that no concurrent take used a
+// later instant). Other takes may have changed the state since. It never
+// leaves more capacity than the state would have without that take.
+func Refund(s, after uint64, r *Rule, now int64, cost uint64) uint64 {
 	if r.alg == TokenBucket {
-		return refundTokens(s, r, cost)
+		return refundTokens(s, after, r, now, cost)
 	}
-	return refundWindow(s, r, now, cost)
+	return refundWindow(s, after, r, cost)
 }
 
 // Saturate is Take for a hit that is charged even when denied: if cost

@@ -117,19 +117,27 @@ func fillTokens(d *Decision, s uint64, r *Rule, now, nowF uint64) {
 	d.ResetAfter = until(r, now, s)
 }
 
-// refundTokens rolls back an allowed take of cost: the TAT moves cost*k
-// quanta earlier. The take moved it from s0 to base + cost*k with base ≥
-// s0, and other takes only move it later, so the result is never earlier
-// than s0: the refund never leaves more tokens than before the take.
-// Another take that found the bucket in debt because of this one is
-// charged as if it had arrived with this take's now (a sub-period shift
-// within overlapping calls); see docs/STORE.md.
-func refundTokens(s uint64, r *Rule, cost uint64) uint64 {
+// refundTokens rolls back an allowed take of cost that left the TAT at
+// after, at now, the time of the rollback. Only what the take still owes
+// goes back: the part of its cost*k quanta that lies after now. The tokens
+// of that take that have refilled since were available to everyone in the
+// meantime; returning them too would grant them twice (a caller that took
+// from a bucket refilled past this take, or stacked behind it, would find
+// its own debt erased). Reading now late only shrinks the refund.
+//
+// Other takes only move the TAT later (or re-anchor it past after, when
+// the bucket had refilled entirely, in which case nothing is owed), so
+// the result is never earlier than the state before the take.
+func refundTokens(s, after uint64, r *Rule, now int64, cost uint64) uint64 {
 	if cost > r.burst {
 		return s // never taken
 	}
-	if c := cost * r.k; c < s {
-		return s - c
+	_, nowC := quanta(r, clampNow(now))
+	if after <= nowC {
+		return s // all of it has refilled
+	}
+	if owed := min(cost*r.k, after-nowC); owed < s {
+		return s - owed
 	}
 	return 0
 }

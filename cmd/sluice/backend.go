@@ -23,10 +23,11 @@ type backend struct {
 	// backend cannot honour. serve applies it only to flags not set by a
 	// flag or a SLUICE_* variable.
 	refEnv func(getenv func(string) string, set func(flag, value string)) error
-	// open builds the store after flags are parsed. The closer releases
-	// it at shutdown; run, if not nil, is started by serve with the
+	// open builds the store after flags are parsed. clock is the one the
+	// limiter reads each request's now from. The closer releases the
+	// store at shutdown; run, if not nil, is started by serve with the
 	// serving context (health probes, sweepers) and returns when ctx ends.
-	open func(ctx context.Context, logger *slog.Logger) (st store.Store, closer io.Closer, run func(ctx context.Context) error, err error)
+	open func(ctx context.Context, logger *slog.Logger, clock store.Clock) (st store.Store, closer io.Closer, run func(ctx context.Context) error, err error)
 }
 
 var backends = map[string]backend{}

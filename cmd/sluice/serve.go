@@ -233,7 +233,8 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	st, closer, storeRun, err := b.open(ctx, logger)
+	clock := store.NewWallClock()
+	st, closer, storeRun, err := b.open(ctx, logger, clock)
 	if err != nil {
 		return fmt.Errorf("store %s: %w", f.store, err)
 	}
@@ -254,7 +255,6 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		}
 	}
 	lopts.Observer = observers(x.Observers)
-	clock := store.NewWallClock()
 	lopts.Clock = clock
 	lim := limiter.New(reloader, st, lopts)
 	x.Limiter = lim

@@ -29,6 +29,13 @@ type Options struct {
 	// which can grant that key more than its limit once. Inserts that
 	// arrive while room is being made overshoot the bound briefly.
 	MaxKeys int
+	// Clock, when set, is read when a denied batch rolls back what it
+	// took, so that a token bucket gets back only what the take still
+	// owes at that instant (its refilled part was there for others to
+	// take). Pass the clock the callers read their now from. Nil rolls
+	// back as of the batch's now, which is exact for callers that do not
+	// share keys with other callers' later instants.
+	Clock store.Clock
 }
 
 // Stats are cumulative counters and the current key count.
@@ -50,6 +57,7 @@ type Store struct {
 	swept     atomic.Uint64
 	evictions atomic.Uint64
 	evicting  atomic.Bool
+	clock     store.Clock // may be nil
 }
 
 // cell is one key's state. The rule lets Sweep judge a token bucket's
@@ -70,6 +78,7 @@ func New(opts Options) *Store {
 		m:          xsync.NewMap[string, *cell](),
 		maxKeys:    int64(maxKeys),
 		evictBatch: max(1, maxKeys/16),
+		clock:      opts.Clock,
 	}
 }
 
@@ -133,9 +142,13 @@ func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store
 	if !denied {
 		return nil
 	}
+	at := now
+	if s.clock != nil {
+		at = max(at, s.clock.Now())
+	}
 	for i := len(hits) - 1; i >= 0; i-- {
 		if tk[i].c != nil {
-			refund(tk[i], &hits[i], now)
+			refund(tk[i], &hits[i], at)
 		}
 	}
 	for i := range hits {
@@ -182,8 +195,9 @@ func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d
 	}
 }
 
-// refund rolls back one take. If nothing touched the state since, it goes
-// back exactly; otherwise store.Refund takes the cost away. A tombstone
+// refund rolls back one take at now, the time of the rollback. If nothing
+// touched the state since, it goes back exactly; otherwise store.Refund
+// takes back what the take still owes. A tombstone
 // means the state was swept (it had lapsed) or evicted: nothing to undo.
 func refund(t taken, h *store.Hit, now int64) {
 	for {
@@ -193,7 +207,7 @@ func refund(t taken, h *store.Hit, now int64) {
 		}
 		n := t.before
 		if cur != t.after {
-			n = store.Refund(cur, h.Rule, now, h.Cost)
+			n = store.Refund(cur, t.after, h.Rule, now, h.Cost)
 		}
 		if t.c.state.CompareAndSwap(cur, n) {
 			return

@@ -280,3 +280,41 @@ func TestBatchesUnderRefill(t *testing.T) {
 		t.Fatal("nothing was granted")
 	}
 }
+
+// interleavingClock stands for another caller: when the rollback reads
+// the time, that caller takes from the same key at a later instant first.
+type interleavingClock struct {
+	st  *Store
+	hit store.Hit
+	at  int64
+}
+
+func (c *interleavingClock) Now() int64 {
+	out := make([]store.Decision, 1)
+	if err := c.st.Take(context.Background(), c.at, []store.Hit{c.hit}, out); err != nil || !out[0].Allowed {
+		panic(fmt.Sprintf("interleaved take: %v %+v", err, out[0]))
+	}
+	return c.at
+}
+
+// A rollback that runs after the bucket refilled past the take returns
+// nothing: the caller that took in between keeps its debt. (Rolled back as
+// of the batch's own instant, the refund would erase that caller's take.)
+func TestRollbackAtClockTime(t *testing.T) {
+	tb := bucket(t, 1, time.Second, 10)
+	later := t0 + 5*int64(time.Second) // the take of 5 has refilled by then
+	other := store.Hit{Key: "x", Rule: tb, Cost: 1, Veto: true}
+	st := New(Options{})
+	st.clock = &interleavingClock{st: st, hit: other, at: later}
+	out := make([]store.Decision, 2)
+	hits := []store.Hit{{Key: "x", Rule: tb, Cost: 5, Veto: true}, {Key: "y", Rule: window(t, 0, time.Second), Cost: 1, Veto: true}}
+	if err := st.Take(context.Background(), t0, hits, out); err != nil || out[1].Allowed {
+		t.Fatalf("batch: %v %+v", err, out)
+	}
+	if err := st.Take(context.Background(), later, []store.Hit{{Key: "x", Rule: tb}}, out[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Remaining != 9 {
+		t.Fatalf("remaining %d after the rollback, want 9 (10 less the other caller's 1)", out[0].Remaining)
+	}
+}

@@ -265,7 +265,7 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 				if cur[f] == t.after {
 					cur[f] = t.before
 				} else {
-					cur[f] = store.Refund(cur[f], hits[i].Rule, at[i], hits[i].Cost)
+					cur[f] = store.Refund(cur[f], t.after, hits[i].Rule, at[i], hits[i].Cost)
 				}
 			}
 		}
