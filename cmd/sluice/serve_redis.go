@@ -71,11 +71,12 @@ func init() {
 			fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
 		},
 		refEnv: redisRefEnv,
-		open: func(ctx context.Context, logger *slog.Logger, _ store.Clock) (store.Store, io.Closer, func(context.Context) error, error) {
+		open: func(ctx context.Context, logger *slog.Logger, clock store.Clock) (store.Store, io.Closer, func(context.Context) error, error) {
 			opt, err := f.options()
 			if err != nil {
 				return nil, nil, nil, err
 			}
+			opt.Clock = clock
 			st, err := redis.New(ctx, opt)
 			if err != nil {
 				return nil, nil, nil, err

@@ -87,6 +87,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		}
 		out := make([]store.Decision, len(sub))
 		s.decide(now, r.now, sub, b.keys, r.orig, out)
+		owed := s.owed(now, r, sub, b.keys, out)
 		rkeys, rargs = rkeys[:0], append(rargs[:0], "r")
 		for k, h := range sub {
 			if !out[k].Allowed || h.Saturate || h.Cost == 0 {
@@ -94,8 +95,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 			}
 			amount, end := h.Cost, ""
 			if h.Rule.Algorithm() == store.TokenBucket {
-				tk, _, _ := h.Rule.Quanta()
-				amount *= tk
+				amount = owed[k]
 			} else {
 				end = strconv.FormatUint(windowEnd(h.Rule, now), 10)
 			}
@@ -115,4 +115,35 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		return whole, errors.Join(errs...)
 	}
 	return whole, nil
+}
+
+// owed returns, for each refundable token-bucket take of a committed slot,
+// the quanta it still owes at the time of the refund (store.Refund's rule):
+// the part of its key's debt that lies after that time, handed out from the
+// key's last take back, so that a key taken twice owes at most its
+// debt in all.
+func (s *Store) owed(now int64, r reply, sub []store.Hit, keys []string, out []store.Decision) []uint64 {
+	at := now
+	if s.opt.Clock != nil {
+		at = max(at, s.opt.Clock.Now())
+	}
+	owed := make([]uint64, len(sub))
+	state := map[string]uint64{}
+	for k := len(sub) - 1; k >= 0; k-- {
+		h := &sub[k]
+		if h.Rule.Algorithm() != store.TokenBucket || !out[k].Allowed || h.Saturate || h.Cost == 0 {
+			continue
+		}
+		v, seen := state[keys[k]]
+		if !seen {
+			v = r.final[k]
+		}
+		t := at
+		if r.now != nil {
+			t = r.now[k] // Redis TIME of the take
+		}
+		n := store.Refund(v, v, h.Rule, t, h.Cost)
+		owed[k], state[keys[k]] = v-n, n
+	}
+	return owed
 }

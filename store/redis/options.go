@@ -3,6 +3,8 @@ package redis
 import (
 	"crypto/tls"
 	"time"
+
+	"github.com/sluicehq/sluice/store"
 )
 
 // Options configure a Store. The zero value of every field means its
@@ -35,6 +37,11 @@ type Options struct {
 	// instead of the now passed to Take, so that instances with skewed
 	// clocks agree. Fixed windows always use the caller's now.
 	ServerClock bool
+	// Clock, when set, is read when a Cluster batch refunds the slots that
+	// committed, so that a token bucket gets back only what its take still
+	// owes then (see store.Refund). Pass the clock the callers read their
+	// now from; nil refunds as of the batch's now.
+	Clock store.Clock
 	// NoLocalCache turns off the local cache of keys known to be over
 	// their limit.
 	NoLocalCache bool
