@@ -45,6 +45,11 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if err := observe.RegisterConfig(reg, x.Config); err != nil {
 		return err
 	}
+	if ms, ok := x.Store.(observe.MemoryStatser); ok {
+		if err := observe.RegisterMemory(reg, ms); err != nil {
+			return err
+		}
+	}
 	rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: f.nearLimitRatio, MaxValuesPerRule: f.maxValuesPerRule})
 	if err != nil {
 		return err
@@ -59,6 +64,9 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	x.GRPCOptions = append(x.GRPCOptions,
 		grpc.ChainUnaryInterceptor(gm.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(gm.StreamServerInterceptor()))
 	x.HTTP.Handle("GET /metrics", observe.Handler(reg))
+	if x.HTTPRoot, err = observe.InstrumentHTTP(reg, x.HTTP); err != nil {
+		return err
+	}
 
 	if f.debugAddr == "" {
 		return nil
@@ -67,7 +75,10 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if err != nil {
 		return fmt.Errorf("--debug-addr: %w", err)
 	}
-	dbg := &observe.Debug{Tables: x.Config, Build: build}
+	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock}
+	if kr, ok := x.Store.(observe.KeyRanger); ok {
+		dbg.Keys = kr
+	}
 	srv := &http.Server{Handler: dbg.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	x.Logger.Info("debug endpoints", "addr", lis.Addr().String())
 	x.Run = append(x.Run, func(ctx context.Context) error {

@@ -113,7 +113,8 @@ func TestServe_Observability(t *testing.T) {
 	if hits["hot_hot"] != 12 || len(hits) != 6 || hits["k"] != 0 {
 		t.Errorf("sluice_rule_hits_total by rule = %v, want hot_hot 12 and the 5 other rules at 0", hits)
 	}
-	for _, name := range []string{"grpc_server_handled_total", "sluice_config_last_reload_successful", "sluice_build_info", "go_goroutines"} {
+	for _, name := range []string{"grpc_server_handled_total", "sluice_config_last_reload_successful", "sluice_build_info", "go_goroutines",
+		"sluice_memory_keys"} {
 		if fams[name] == nil {
 			t.Errorf("/metrics lacks %s", name)
 		}
@@ -125,6 +126,13 @@ func TestServe_Observability(t *testing.T) {
 	}
 	if body := httpGet(t, "http://"+m[1]+"/rlconfig"); !strings.Contains(body, "bench.hot_hot: unit=SECOND requests_per_unit=10") {
 		t.Errorf("/rlconfig lacks the hot rule:\n%s", body)
+	}
+	if body := httpGet(t, "http://"+m[1]+"/debug/keys?domain=bench"); !strings.Contains(body, "bench|hot=hot|fw:1s") {
+		t.Errorf("/debug/keys lacks the hot counter:\n%s", body)
+	}
+	// The first scrape is counted by the HTTP metrics: the second shows it.
+	if body := httpGet(t, "http://"+httpAddr.String()+"/metrics"); !strings.Contains(body, `sluice_http_requests_total{code="200",method="get"}`) {
+		t.Errorf("/metrics does not count HTTP requests:\n%s", body)
 	}
 	if body := httpGet(t, "http://"+m[1]+"/debug/build"); !strings.HasPrefix(body, "sluice ") {
 		t.Errorf("/debug/build = %q", body)

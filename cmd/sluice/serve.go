@@ -111,6 +111,9 @@ type serveContext struct {
 	Health   *server.Health
 	// HTTP is the mux of --http-addr; serve mounts its endpoints on it.
 	HTTP *http.ServeMux
+	// HTTPRoot, if set, serves --http-addr in place of HTTP, which it
+	// wraps (request metrics).
+	HTTPRoot http.Handler
 	// Observers are told about every decision.
 	Observers []limiter.Observer
 	// GRPCOptions are added to the gRPC server (stats handlers,
@@ -120,6 +123,9 @@ type serveContext struct {
 	Run []func(ctx context.Context) error
 	// Limiter is set after setup, for extensions' goroutines.
 	Limiter *limiter.Limiter
+	// Store is the backend's store and Clock the limiter's clock.
+	Store store.Store
+	Clock store.Clock
 }
 
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
@@ -242,7 +248,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 
 	health := server.NewHealth()
 	x := &serveContext{Logger: logger, Registry: prometheus.NewRegistry(), Config: reloader,
-		Health: health, HTTP: http.NewServeMux()}
+		Health: health, HTTP: http.NewServeMux(), Store: st, Clock: clock}
 	if storeRun != nil {
 		x.Run = append(x.Run, storeRun)
 	}
@@ -263,7 +269,11 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions}
-	httpSrv := &http.Server{Handler: x.HTTP, ReadHeaderTimeout: 10 * time.Second,
+	var root http.Handler = x.HTTP
+	if x.HTTPRoot != nil {
+		root = x.HTTPRoot
+	}
+	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	if f.tlsCert != "" {
 		certs, err := server.NewCertReloader(f.tlsCert, f.tlsKey, f.tlsClientCA, logger)

@@ -350,6 +350,24 @@ func (s *Store) makeRoom(now int64) {
 	s.evictions.Add(uint64(evicted))
 }
 
+// RangeKeys calls fn with each live key that starts with prefix and the
+// decision a zero-cost check of it gets at now, in no particular order,
+// until fn returns false. It is for debugging views: it reads a snapshot
+// of each state and changes nothing.
+func (s *Store) RangeKeys(prefix string, now int64, fn func(key string, d store.Decision) bool) {
+	s.m.Range(func(key string, c *cell) bool {
+		if !strings.HasPrefix(key, prefix) {
+			return true
+		}
+		st := c.state.Load()
+		if st == store.Tombstone {
+			return true
+		}
+		_, d := store.Take(st, c.rule.Load(), now, 0)
+		return fn(key, d)
+	})
+}
+
 // Len returns the number of keys held.
 func (s *Store) Len() int { return int(s.keys.Load()) }
 

@@ -318,3 +318,31 @@ func TestRollbackAtClockTime(t *testing.T) {
 		t.Fatalf("remaining %d after the rollback, want 9 (10 less the other caller's 1)", out[0].Remaining)
 	}
 }
+
+func TestRangeKeys(t *testing.T) {
+	st := New(Options{})
+	r := window(t, 10, time.Minute)
+	out := make([]store.Decision, 1)
+	for _, k := range []string{"a|x", "a|y", "b|x"} {
+		if err := st.Take(context.Background(), t0, []store.Hit{{Key: k, Rule: r, Cost: 3, Veto: true}}, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]uint64{}
+	st.RangeKeys("a|", t0, func(key string, d store.Decision) bool {
+		got[key] = d.Remaining
+		return true
+	})
+	if len(got) != 2 || got["a|x"] != 7 || got["a|y"] != 7 {
+		t.Fatalf("RangeKeys(a|) = %v, want a|x and a|y with 7 remaining", got)
+	}
+	n := 0
+	st.RangeKeys("", t0, func(string, store.Decision) bool { n++; return false })
+	if n != 1 {
+		t.Fatalf("RangeKeys went on after fn returned false: %d calls", n)
+	}
+	// Looking changes nothing.
+	if err := st.Take(context.Background(), t0, []store.Hit{{Key: "a|x", Rule: r}}, out); err != nil || out[0].Remaining != 7 {
+		t.Fatalf("after RangeKeys: %v %+v", err, out[0])
+	}
+}
