@@ -68,19 +68,25 @@ func keySuffix(r *Rule) string {
 // OverrideKey appends the counter key for a descriptor's limit override:
 // the domain, the request's entries as sent and the override's unit, as a
 // fixed window. It is the key a rule matching the same entries exactly with
-// the same unit uses, as in envoyproxy/ratelimit. Parts longer than
-// DefaultMaxValueBytes are hashed.
-func OverrideKey(dst []byte, domain string, entries []Entry, unit Unit) []byte {
-	dst = appendPart(dst, domain, DefaultMaxValueBytes)
+// the same unit uses, as in envoyproxy/ratelimit. Parts longer than the
+// table's MaxValueBytes are hashed, as in rule keys.
+func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Unit) []byte {
+	dst = appendPart(dst, domain, t.max)
 	for _, e := range entries {
 		dst = append(dst, '|')
-		dst = appendPart(dst, e.Key, DefaultMaxValueBytes)
+		dst = appendPart(dst, e.Key, t.max)
 		dst = append(dst, '=')
-		dst = appendPart(dst, e.Value, DefaultMaxValueBytes)
+		dst = appendPart(dst, e.Value, t.max)
 	}
 	dst = append(dst, "|fw:"...)
 	dst = strconv.AppendInt(dst, int64(unit.Duration()/time.Second), 10)
 	return append(dst, 's')
+}
+
+// KeyPrefix is how the counter keys of domain begin: the domain as keys
+// hold it, then the separator.
+func (t *Table) KeyPrefix(domain string) string {
+	return string(append(appendPart(nil, domain, t.max), '|'))
 }
 
 // glob is a compiled wildcard value: '*' matches any run of bytes,

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -36,7 +37,7 @@ func TestUnit(t *testing.T) {
 }
 
 func TestOverrideKey(t *testing.T) {
-	got := string(OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute))
+	got := string((&Table{max: DefaultMaxValueBytes}).OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute))
 	if want := "x:api|user=bob|path=/a%7Cb|fw:60s"; got != want {
 		t.Errorf("OverrideKey = %q, want %q", got, want)
 	}
@@ -50,8 +51,24 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
 	_, key := tbl.Match("api", entries("user=bob"), nil)
-	if ov := OverrideKey(nil, "api", entries("user=bob"), Minute); string(ov) != string(key) {
+	if ov := tbl.OverrideKey(nil, "api", entries("user=bob"), Minute); string(ov) != string(key) {
 		t.Errorf("OverrideKey %q differs from the rule's key %q", ov, key)
+	}
+	if p := tbl.KeyPrefix("api"); !strings.HasPrefix(string(key), p) || p != "api|" {
+		t.Errorf("KeyPrefix = %q, want the start of %q", p, key)
+	}
+}
+
+// Overrides hash long values at the table's limit, like rule keys.
+func TestOverrideKey_MaxValueBytes(t *testing.T) {
+	tbl, err := compile([]source{{name: "a.yaml", data: []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")}}, Options{MaxValueBytes: 8}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := entries("user=" + strings.Repeat("x", 9))
+	_, key := tbl.Match("api", long, nil)
+	if ov := tbl.OverrideKey(nil, "api", long, Minute); string(ov) != string(key) || strings.Contains(string(ov), "xxxxxxxxx") {
+		t.Errorf("override key %q, rule key %q: want the same, hashed", ov, key)
 	}
 }
 

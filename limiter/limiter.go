@@ -262,7 +262,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 				return &InvalidError{Reason: fmt.Sprintf("descriptor %d: limit override: %v", i, err)}
 			}
 			p.override, p.limit = true, r
-			s.keys = config.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit)
+			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit)
 			if m := d.Override.UnitMultiplier; m > 1 {
 				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
 			}

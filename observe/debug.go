@@ -8,10 +8,8 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/store"
 )
@@ -117,25 +115,21 @@ func (d *Debug) keys(w http.ResponseWriter, r *http.Request) {
 		now = d.Clock.Now()
 	}
 	out := KeyList{Keys: []KeyInfo{}, Limit: limit}
-	d.Keys.RangeKeys(domainPrefix(domain)+q.Get("prefix"), now, func(key string, dec store.Decision) bool {
-		if len(out.Keys) == limit {
-			out.Truncated = true
-			return false
-		}
-		out.Keys = append(out.Keys, KeyInfo{Key: key, Limit: dec.Limit, Remaining: dec.Remaining, ResetS: dec.ResetAfter.Seconds()})
-		return true
-	})
+	// Before a config has loaded there are no counters to show.
+	if t := d.Tables.Current(); t != nil {
+		d.Keys.RangeKeys(t.KeyPrefix(domain)+q.Get("prefix"), now, func(key string, dec store.Decision) bool {
+			if len(out.Keys) == limit {
+				out.Truncated = true
+				return false
+			}
+			out.Keys = append(out.Keys, KeyInfo{Key: key, Limit: dec.Limit, Remaining: dec.Remaining, ResetS: dec.ResetAfter.Seconds()})
+			return true
+		})
+	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(out)
-}
-
-// domainPrefix is how the counter keys of domain begin: the domain as
-// config writes it into keys, then the separator.
-func domainPrefix(domain string) string {
-	k := string(config.OverrideKey(nil, domain, nil, config.Second))
-	return k[:strings.IndexByte(k, '|')+1]
 }
 
 func (d *Debug) build(w http.ResponseWriter, _ *http.Request) {

@@ -68,7 +68,7 @@ func TestDebug_Keys(t *testing.T) {
 		"other|k=a|fw:60s":      {Limit: 1, Remaining: 0},
 		"w%7Cx|k=a|tb:1/1s:100": {Limit: 100, Remaining: 99, ResetAfter: 10 * time.Millisecond},
 	}}
-	d := &observe.Debug{Keys: m, Clock: storetest.NewClock(t0)}
+	d := &observe.Debug{Keys: m, Clock: storetest.NewClock(t0), Tables: tables{loadTable(t, limits)}}
 	h := d.Handler()
 	list := func(url string) observe.KeyList {
 		t.Helper()
@@ -98,6 +98,10 @@ func TestDebug_Keys(t *testing.T) {
 	}
 	if l := list("/debug/keys?domain=none"); len(l.Keys) != 0 || l.Keys == nil {
 		t.Errorf("unknown domain: %+v, want an empty list", l)
+	}
+	noConfig := &observe.Debug{Keys: m, Tables: tables{nil}}
+	if code, body := get(t, noConfig.Handler(), "/debug/keys?domain=web"); code != http.StatusOK || !strings.Contains(body, `"keys": []`) {
+		t.Errorf("/debug/keys before a config = %d %s, want 200 with no keys", code, body)
 	}
 	for _, url := range []string{"/debug/keys", "/debug/keys?domain=web&limit=0", "/debug/keys?domain=web&limit=1001", "/debug/keys?domain=web&limit=x"} {
 		if code, _ := get(t, h, url); code != http.StatusBadRequest {
