@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -54,9 +51,7 @@ type benchFlags struct {
 	rate                                float64
 	jsonOut                             bool
 	noopListen                          string
-	tls                                 bool
-	tlsCA, tlsCert, tlsKey, tlsName     string
-	tlsSkipVerify                       bool
+	tls                                 tlsClientFlags
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -76,12 +71,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.Float64Var(&f.rate, "rate", 0, "requests/s on a fixed schedule (open loop); 0 sends as fast as replies come (closed loop)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.StringVar(&f.noopListen, "noop-listen", "", "run a no-op RLS server on `address` instead of sending load")
-	fs.BoolVar(&f.tls, "tls", false, "connect with TLS (implied by the other --tls-* flags)")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM `file` of CAs to verify the server with (default: the system's)")
-	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate PEM `file`, for mTLS")
-	fs.StringVar(&f.tlsKey, "tls-key", "", "client key PEM `file`, for mTLS")
-	fs.StringVar(&f.tlsName, "tls-server-name", "", "server `name` to verify (default: from --addr)")
-	fs.BoolVar(&f.tlsSkipVerify, "tls-skip-verify", false, "do not verify the server's certificate")
+	f.tls.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -149,39 +139,14 @@ func (f *benchFlags) options() (loadgen.Options, error) {
 	if err != nil {
 		return o, err
 	}
-	if f.tls || f.tlsCA != "" || f.tlsCert != "" || f.tlsKey != "" || f.tlsName != "" || f.tlsSkipVerify {
-		cfg, err := f.tlsConfig()
-		if err != nil {
-			return o, err
-		}
+	cfg, err := f.tls.config()
+	if err != nil {
+		return o, err
+	}
+	if cfg != nil {
 		o.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 	}
 	return o, nil
-}
-
-func (f *benchFlags) tlsConfig() (*tls.Config, error) {
-	cfg := &tls.Config{ServerName: f.tlsName, InsecureSkipVerify: f.tlsSkipVerify, MinVersion: tls.VersionTLS12}
-	if f.tlsCA != "" {
-		pem, err := os.ReadFile(f.tlsCA)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--tls-ca %s: no PEM certificate", f.tlsCA)
-		}
-	}
-	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return nil, errors.New("--tls-cert and --tls-key go together")
-	}
-	if f.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
 }
 
 func runNoop(ctx context.Context, addr string, stderr io.Writer) int {
