@@ -34,9 +34,19 @@ import (
 
 var (
 	binaryOnce sync.Once
+	binaryDir  string
 	binaryPath string
 	binaryErr  error
 )
+
+// TestMain removes the binary built for the end-to-end tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
 
 // sluiceBinary builds the real binary once per test run.
 func sluiceBinary(t *testing.T) string {
@@ -47,7 +57,7 @@ func sluiceBinary(t *testing.T) string {
 			binaryErr = err
 			return
 		}
-		binaryPath = filepath.Join(dir, "sluice")
+		binaryDir, binaryPath = dir, filepath.Join(dir, "sluice")
 		out, err := exec.Command("go", "build", "-o", binaryPath, ".").CombinedOutput()
 		if err != nil {
 			binaryErr = errors.New(string(out))
