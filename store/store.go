@@ -28,6 +28,9 @@ type Decision struct {
 	// RetryAfter is zero when allowed. When denied it is the exact time
 	// until the same cost could succeed, or Never.
 	RetryAfter time.Duration
+	// Local reports a denial answered from a store's local cache of keys
+	// known to be over their limit, without asking the shared store.
+	Local bool
 }
 
 // Hit asks a store to apply Cost to the state under Key by Rule.

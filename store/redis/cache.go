@@ -40,8 +40,13 @@ func (c *overCache) answer(s *Store, now int64, hits []store.Hit, keys []string,
 		}
 		orig = append(orig, e.state)
 	}
-	committed, _ := s.decide(now, nil, hits, keys, orig, out)
-	return !committed
+	if committed, _ := s.decide(now, nil, hits, keys, orig, out); committed {
+		return false
+	}
+	for i := range out {
+		out[i].Local = true
+	}
+	return true
 }
 
 // update caches the keys of the batch that are now over their limit, from

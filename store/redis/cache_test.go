@@ -31,7 +31,7 @@ func TestLocalCache(t *testing.T) {
 			if err := s.Take(context.Background(), t0+int64(i)*int64(time.Second), hits, out); err != nil {
 				t.Fatal(err)
 			}
-			want := store.Decision{Limit: 2, ResetAfter: time.Minute - time.Duration(i)*time.Second}
+			want := store.Decision{Limit: 2, ResetAfter: time.Minute - time.Duration(i)*time.Second, Local: cached}
 			want.RetryAfter = want.ResetAfter
 			if out[0] != want {
 				t.Fatalf("cached %v, denial %d: %+v, want %+v", cached, i, out[0], want)

@@ -127,6 +127,9 @@ func (x *tester) take(now int64, hits ...store.Hit) []store.Decision {
 	if err := x.st.Take(ctx, now, hits, out); err != nil {
 		x.t.Fatalf("Take: %v", err)
 	}
+	for i := range out {
+		out[i].Local = false // whether a local cache answered is the store's business
+	}
 	return out
 }
 
