@@ -158,7 +158,8 @@ type planned struct {
 	override bool
 	keyStart int
 	keyEnd   int
-	hit      int // index into hits, -1 when none
+	cost     uint64 // the descriptor's hits_addend
+	hit      int    // index into hits, -1 when none
 }
 
 // Validate checks a request's shape: a domain, at least one descriptor,
@@ -255,7 +256,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		p := &s.plan[i]
-		*p = planned{hit: -1, keyStart: len(s.keys)}
+		*p = planned{hit: -1, keyStart: len(s.keys), cost: cost(req, d)}
 		if d.Override != (Override{}) {
 			r, err := l.overrideRule(d.Override)
 			if err != nil {
@@ -314,19 +315,11 @@ func (l *Limiter) build(req *Request, s *scratch) {
 		if p.limit == nil {
 			continue
 		}
-		d := &req.Descriptors[i]
-		cost := req.HitsAddend
-		if cost == 0 {
-			cost = 1
-		}
-		if d.HasCost {
-			cost = d.Cost
-		}
 		p.hit = len(s.hits)
 		s.hits = append(s.hits, store.Hit{
 			Key:      keyString(s.keys[p.keyStart:p.keyEnd]),
 			Rule:     p.limit,
-			Cost:     cost,
+			Cost:     p.cost,
 			Veto:     p.override || !p.rule.ShadowMode,
 			Saturate: l.opts.SaturateDenied,
 		})
@@ -335,6 +328,18 @@ func (l *Limiter) build(req *Request, s *scratch) {
 		s.out = make([]store.Decision, len(s.hits))
 	}
 	s.out = s.out[:len(s.hits)]
+}
+
+// cost is d's hits_addend: its own when set (zero checks without
+// consuming), else the request's, where zero means 1.
+func cost(req *Request, d *Descriptor) uint64 {
+	switch {
+	case d.HasCost:
+		return d.Cost
+	case req.HitsAddend == 0:
+		return 1
+	}
+	return req.HitsAddend
 }
 
 // keyString views b as a string without copying. s.keys is not appended
@@ -359,14 +364,14 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 		case p.rule == nil:
 			continue
 		case p.rule.Unlimited:
-			st.Rule, st.Unlimited = p.rule, true
+			st.Rule, st.Unlimited, st.Hits = p.rule, true, p.cost
 			l.observe(req, i, p.rule, st)
 			continue
 		default:
 			st.Rule, st.Limited = p.rule, true
 			st.Name, st.RequestsPerUnit, st.Unit = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit
 		}
-		st.Decision = s.out[p.hit]
+		st.Decision, st.Hits = s.out[p.hit], p.cost
 		if !st.Decision.Allowed && (p.override || !p.rule.ShadowMode) {
 			st.Code = OverLimit
 			resp.Overall = OverLimit
@@ -400,12 +405,12 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 		p := &s.plan[i]
 		if p.hit < 0 {
 			if p.rule != nil && p.rule.Unlimited {
-				resp.Statuses[i].Rule, resp.Statuses[i].Unlimited = p.rule, true
+				resp.Statuses[i].Rule, resp.Statuses[i].Unlimited, resp.Statuses[i].Hits = p.rule, true, p.cost
 			}
 			continue
 		}
 		st := &resp.Statuses[i]
-		st.Limited = true
+		st.Limited, st.Hits = true, p.cost
 		if p.override {
 			o := req.Descriptors[i].Override
 			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier

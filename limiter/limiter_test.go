@@ -219,6 +219,33 @@ func TestCheck_HitsAddend(t *testing.T) {
 	}
 }
 
+// TestCheck_StatusHits: Status.Hits is the cost applied to each
+// descriptor with a rule or an override, 0 for a check and for no rule.
+func TestCheck_StatusHits(t *testing.T) {
+	r := newRig(t, limiter.Options{})
+	over := desc("custom", "v")
+	over.Override = limiter.Override{RequestsPerUnit: 100, Unit: config.Minute}
+	for _, c := range []struct {
+		name string
+		req  limiter.Request
+		want []uint64
+	}{
+		{"hits_addend 0 means 1", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("tb", "a")}}, []uint64{1}},
+		{"request and descriptor cost", limiter.Request{Domain: "test", HitsAddend: 5,
+			Descriptors: []limiter.Descriptor{withCost(desc("tb", "a"), 3), desc("tb", "b"), withCost(desc("tb", "c"), 0)}}, []uint64{3, 5, 0}},
+		{"unlimited, no rule, override", limiter.Request{Domain: "test", HitsAddend: 4,
+			Descriptors: []limiter.Descriptor{desc("free", "x"), desc("none", "x"), over}}, []uint64{4, 0, 4}},
+		{"denied", limiter.Request{Domain: "test", HitsAddend: 30, Descriptors: []limiter.Descriptor{desc("tb", "d")}}, []uint64{30}},
+	} {
+		resp := r.check(t, &c.req)
+		for i, want := range c.want {
+			if got := resp.Statuses[i].Hits; got != want {
+				t.Errorf("%s: status %d: Hits = %d, want %d", c.name, i, got, want)
+			}
+		}
+	}
+}
+
 func TestCheck_TokenBucketFields(t *testing.T) {
 	r := newRig(t, limiter.Options{})
 	resp := r.check(t, &limiter.Request{Domain: "test", HitsAddend: 15, Descriptors: []limiter.Descriptor{desc("tb", "a")}})

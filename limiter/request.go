@@ -111,6 +111,12 @@ type Status struct {
 	Unit            config.Unit
 	// UnitMultiplier is an override's; 0 otherwise.
 	UnitMultiplier uint32
+	// Hits is the descriptor's cost, its own hits_addend or the
+	// request's (0 there meaning 1), whenever a rule (unlimited included)
+	// or an override applied; 0 for a check without consuming and when
+	// nothing applied. Per-rule metrics count it, as the reference's
+	// stats add hits_addend.
+	Hits uint64
 	// Decision is the store's answer. For a rule in shadow mode it keeps
 	// Allowed=false when the rule was exceeded although Code is OK.
 	Decision store.Decision

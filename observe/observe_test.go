@@ -209,13 +209,65 @@ func TestRules_CountsPerRule(t *testing.T) {
 	}
 }
 
+// TestRules_CountsHitsAddend: every counter adds the descriptor's
+// hits_addend, like the reference's stats; a check (0) adds nothing.
+func TestRules_CountsHitsAddend(t *testing.T) {
+	tab := loadTable(t, limits)
+	reg := prometheus.NewRegistry()
+	rules, err := observe.NewRules(reg, observe.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules.SetTable(tab)
+	lim := limiter.New(tables{tab}, memory.New(memory.Options{}), limiter.Options{Observer: rules, Clock: storetest.NewClock(t0)})
+	send := func(hits uint64, d limiter.Descriptor) {
+		t.Helper()
+		req := &limiter.Request{Domain: "web", HitsAddend: hits, Descriptors: []limiter.Descriptor{d}}
+		if err := lim.Check(context.Background(), req, new(limiter.Response)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check0 := desc("k", "a")
+	check0.Cost, check0.HasCost = 0, true
+	over := desc("custom", "v")
+	over.Override = limiter.Override{RequestsPerUnit: 1, Unit: config.Minute}
+	// k: 10 per minute, near from the 8th hit on.
+	send(3, desc("k", "a")) // 3 used
+	send(4, desc("k", "a")) // 7
+	send(2, desc("k", "a")) // 9: the 8th and 9th are near
+	send(5, desc("k", "a")) // denied: 5 over
+	send(9, check0)         // a check: nothing
+	send(1, desc("k", "a")) // 10: near
+	send(3, desc("shadow", "x"))
+	send(7, desc("free", ""))
+	send(2, over)
+
+	fams := scrape(t, reg)
+	for _, s := range []struct {
+		rule                             string
+		hits, within, over, near, shadow float64
+	}{
+		{"k", 15, 10, 5, 3, 0},
+		{"shadow", 3, 0, 3, 0, 3},
+		{"free", 7, 7, 0, 0, 0},
+		{observe.OverrideRule, 2, 0, 2, 0, 0},
+	} {
+		l := map[string]string{"domain": "web", "rule": s.rule, "value": ""}
+		check(t, fams, "sluice_rule_hits_total", l, s.hits)
+		check(t, fams, "sluice_rule_within_limit_total", l, s.within)
+		check(t, fams, "sluice_rule_over_limit_total", l, s.over)
+		check(t, fams, "sluice_rule_near_limit_total", l, s.near)
+		check(t, fams, "sluice_rule_shadow_mode_total", l, s.shadow)
+	}
+}
+
 func TestRules_ReloadKeepsSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	rules, err := observe.NewRules(reg, observe.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &limiter.Status{Code: limiter.OK, Limited: true, Decision: store.Decision{Allowed: true, Limit: 10, Remaining: 9}}
+	st := &limiter.Status{Code: limiter.OK, Limited: true, Hits: 1, Decision: store.Decision{Allowed: true, Limit: 10, Remaining: 9}}
 	first := loadTable(t, limits)
 	// Not passed to SetTable: resolved on first hit.
 	rules.Observe("web", []config.Entry{{Key: "k", Value: "a"}}, first.Rules()[0], st)
@@ -231,23 +283,26 @@ func TestRules_NearLimitRatio(t *testing.T) {
 	for _, c := range []struct {
 		ratio     float64
 		remaining uint64
-		near      bool
-	}{{0.5, 5, true}, {0.5, 6, false}, {0.9, 1, true}, {0.9, 2, false}, {1, 0, true}, {1, 1, false}} {
+		hits      uint64
+		near      float64
+	}{
+		{0.5, 5, 1, 1}, {0.5, 6, 1, 0}, {0.9, 1, 1, 1}, {0.9, 2, 1, 0}, {1, 0, 1, 1}, {1, 1, 1, 0},
+		// Of several hits only those that reached the threshold are near:
+		// 5 → 9 used of 10 at 0.8 counts the 8th and 9th.
+		{0.8, 1, 4, 2}, {0.8, 1, 2, 2}, {0.8, 3, 3, 0}, {0.5, 0, 10, 6},
+		{0.8, 0, 0, 0}, // a check counts nothing
+	} {
 		reg := prometheus.NewRegistry()
 		rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: c.ratio})
 		if err != nil {
 			t.Fatal(err)
 		}
 		tab := loadTable(t, limits)
-		rules.Observe("web", nil, tab.Rules()[0], &limiter.Status{Code: limiter.OK, Limited: true,
+		rules.Observe("web", nil, tab.Rules()[0], &limiter.Status{Code: limiter.OK, Limited: true, Hits: c.hits,
 			Decision: store.Decision{Allowed: true, Limit: 10, Remaining: c.remaining}})
-		want := 0.0
-		if c.near {
-			want = 1
-		}
 		got, _ := value(scrape(t, reg), "sluice_rule_near_limit_total", map[string]string{"rule": "k"})
-		if got != want {
-			t.Errorf("ratio %v, 10 - %d used: near = %v, want %v", c.ratio, c.remaining, got, want)
+		if got != c.near {
+			t.Errorf("ratio %v, %d hits leaving 10 - %d used: near = %v, want %v", c.ratio, c.hits, c.remaining, got, c.near)
 		}
 	}
 	if _, err := observe.NewRules(prometheus.NewRegistry(), observe.Options{NearLimitRatio: 1.5}); err == nil {
@@ -290,7 +345,7 @@ func TestRules_ObserveAllocsNothing(t *testing.T) {
 	tab := loadTable(t, limits)
 	rules.SetTable(tab)
 	rule, entries := tab.Rules()[0], []config.Entry{{Key: "k", Value: "a"}}
-	st := &limiter.Status{Code: limiter.OK, Limited: true, Decision: store.Decision{Allowed: true, Limit: 10, Remaining: 1}}
+	st := &limiter.Status{Code: limiter.OK, Limited: true, Hits: 3, Decision: store.Decision{Allowed: true, Limit: 10, Remaining: 1}}
 	if n := testing.AllocsPerRun(1000, func() { rules.Observe("web", entries, rule, st) }); n != 0 {
 		t.Errorf("Observe allocates %v times per call, want 0", n)
 	}

@@ -3,6 +3,7 @@ package observe
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Defaults for Options.
@@ -64,9 +66,10 @@ type Rules struct {
 	byLabels map[[3]string]*counters
 }
 
-// counters are one label set's counts. Hits are not counted apart: every
-// descriptor is either within or over the limit, so hits = within + over,
-// one atomic add per descriptor fewer on the hot path.
+// counters are one label set's counts, in hits (each descriptor adds its
+// hits_addend, limiter.Status.Hits). Hits are not counted apart: every
+// descriptor's hits are either within or over the limit, so hits =
+// within + over, one atomic add per descriptor fewer on the hot path.
 type counters struct {
 	within, over, near, shadow atomic.Uint64
 	labels                     [3]string // domain, rule, value
@@ -85,14 +88,15 @@ type ruleSeries struct {
 
 var (
 	ruleLabels = []string{"domain", "rule", "value"}
-	hitsDesc   = prometheus.NewDesc("sluice_rule_hits_total", "Descriptors that matched the rule.", ruleLabels, nil)
-	withinDesc = prometheus.NewDesc("sluice_rule_within_limit_total", "Descriptors the rule allowed.", ruleLabels, nil)
+	hitsDesc   = prometheus.NewDesc("sluice_rule_hits_total",
+		"Hits (hits_addend) of descriptors that matched the rule.", ruleLabels, nil)
+	withinDesc = prometheus.NewDesc("sluice_rule_within_limit_total", "Hits the rule allowed.", ruleLabels, nil)
 	overDesc   = prometheus.NewDesc("sluice_rule_over_limit_total",
-		"Descriptors over the rule's limit (denied, or reported only in shadow mode).", ruleLabels, nil)
+		"Hits over the rule's limit (denied, or reported only in shadow mode).", ruleLabels, nil)
 	nearDesc = prometheus.NewDesc("sluice_rule_near_limit_total",
-		"Allowed descriptors that left the rule's usage at or above the near-limit ratio.", ruleLabels, nil)
+		"Allowed hits that brought the rule's usage to or above the near-limit ratio.", ruleLabels, nil)
 	shadowDesc = prometheus.NewDesc("sluice_rule_shadow_mode_total",
-		"Descriptors over the limit of a shadow-mode rule, allowed anyway.", ruleLabels, nil)
+		"Hits over the limit of a shadow-mode rule, allowed anyway.", ruleLabels, nil)
 )
 
 // NewRules registers the per-rule and store-failure counters on reg.
@@ -242,8 +246,11 @@ func (r *Rules) override(domain string) *counters {
 	return c
 }
 
-// Observe counts one descriptor's decision. For a rule that is neither
-// detailed nor new it allocates nothing and takes no lock.
+// Observe counts one descriptor's decision, adding its hits (st.Hits) as
+// the reference adds hits_addend: a check (0 hits) counts nothing. Of an
+// allowed descriptor's hits, those that brought the usage to or past the
+// near-limit threshold count as near. For a rule that is neither detailed
+// nor new it allocates nothing and takes no lock.
 func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule, st *limiter.Status) {
 	var c *counters
 	if rule == nil {
@@ -253,21 +260,40 @@ func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule
 	} else {
 		c = r.value(s, rule, entries)
 	}
+	n := st.Hits
+	if n == 0 {
+		return
+	}
 	d := &st.Decision
 	switch {
 	case st.Unlimited:
-		c.within.Add(1)
+		c.within.Add(n)
 	case !d.Allowed:
-		c.over.Add(1)
+		c.over.Add(n)
 		if st.Code == limiter.OK {
-			c.shadow.Add(1)
+			c.shadow.Add(n)
 		}
 	default:
-		c.within.Add(1)
-		if d.Limit > 0 && float64(d.Limit-d.Remaining) >= r.ratio*float64(d.Limit) {
-			c.near.Add(1)
+		c.within.Add(n)
+		if near := r.near(d, n); near > 0 {
+			c.near.Add(near)
 		}
 	}
+}
+
+// near returns how many of an allowed descriptor's n hits brought the
+// usage (limit - remaining) to or past ratio × limit: the hits numbered
+// used-n+1 … used that are at or above the threshold.
+func (r *Rules) near(d *store.Decision, n uint64) uint64 {
+	if d.Limit == 0 || d.Remaining >= d.Limit {
+		return 0
+	}
+	used := d.Limit - d.Remaining
+	threshold := uint64(math.Ceil(r.ratio * float64(d.Limit)))
+	if used < threshold {
+		return 0
+	}
+	return min(n, used-threshold+1)
 }
 
 // value returns the counters of a detailed rule for the descriptor's
