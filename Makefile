@@ -76,7 +76,7 @@ bench: ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 .PHONY: bench-load
-bench-load: build $(BIN)/ghz ## load benchmark: sluice vs a no-op RLS server on loopback, writes docs/BENCHMARKS.md (BENCH_FLAGS=-duration 5s ...)
+bench-load: build $(BIN)/ghz ## load benchmark: sluice (memory, and Redis if redis-server is installed) vs a no-op RLS server on loopback, writes docs/BENCHMARKS.md (BENCH_FLAGS=-duration 5s ...)
 	$(GO) run ./loadgen/benchload -sluice bin/sluice -ghz $(BIN)/ghz -out docs/BENCHMARKS.md $(BENCH_FLAGS)
 
 .PHONY: check-generated

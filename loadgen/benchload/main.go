@@ -4,10 +4,13 @@
 // no-op RLS server (`sluice bench --noop-listen`, the floor gRPC-go sets
 // on the machine), both on loopback, and drives them with the loadgen
 // library in this process: every workload at every concurrency against
-// each server in turn (the order alternating from cell to cell), then an
-// open-loop run at 80% of the no-op server's throughput, then a
-// cross-check of the latencies against ghz at a fixed rate. It writes the
-// results, with the machine's description, as Markdown.
+// each server in turn (the order alternating from cell to cell); then,
+// if redis-server is installed, the same against `sluice serve --store
+// redis` on a redis-server of its own for the distinct and multi
+// workloads; then open-loop runs at fractions of the no-op server's
+// throughput, then a cross-check of the latencies against ghz at a fixed
+// rate. It writes the results, with the machine's description, as
+// Markdown.
 //
 //	go run ./loadgen/benchload -sluice bin/sluice -out docs/BENCHMARKS.md
 package main
@@ -41,9 +44,9 @@ import (
 
 type settings struct {
 	sluice, config, out, ghz    string
-	cpuProfile                  string
+	cpuProfile, redisServer     string
 	duration, warmup            time.Duration
-	concurrency                 []int
+	concurrency, redisConc      []int
 	workloads                   []string
 	connections, keys, openConc int
 	repeat                      int
@@ -53,7 +56,7 @@ type settings struct {
 
 func main() {
 	var s settings
-	var conc, workloads, fractions string
+	var conc, redisConc, workloads, fractions string
 	flag.StringVar(&s.sluice, "sluice", "bin/sluice", "the sluice binary")
 	flag.StringVar(&s.config, "config", "examples/bench.yaml", "limits for sluice serve")
 	flag.StringVar(&s.out, "out", "docs/BENCHMARKS.md", "Markdown file to write (- for stdout)")
@@ -61,6 +64,8 @@ func main() {
 	flag.DurationVar(&s.duration, "duration", 5*time.Second, "measured time per run")
 	flag.DurationVar(&s.warmup, "warmup", time.Second, "warmup per run")
 	flag.StringVar(&conc, "concurrency", "1,50,200", "closed-loop concurrencies")
+	flag.StringVar(&s.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis store's runs; skipped if absent")
+	flag.StringVar(&redisConc, "redis-concurrency", "50,200", "closed-loop concurrencies of the Redis store's runs")
 	flag.StringVar(&workloads, "workloads", "distinct,hot,multi", "workloads")
 	flag.IntVar(&s.connections, "connections", 2, "HTTP/2 connections per run")
 	flag.IntVar(&s.keys, "keys", 10000, "distinct values of the distinct and multi workloads")
@@ -70,13 +75,8 @@ func main() {
 	flag.Float64Var(&s.ghzRate, "ghz-rate", 1000, "requests/s of the ghz cross-check")
 	flag.StringVar(&s.cpuProfile, "cpuprofile", "", "write sluice's CPU profile during the multi run at concurrency 50 to this file")
 	flag.Parse()
-	for _, c := range strings.Split(conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(c))
-		if err != nil || n < 1 {
-			fatal(fmt.Errorf("-concurrency %q: want positive integers", conc))
-		}
-		s.concurrency = append(s.concurrency, n)
-	}
+	s.concurrency = positives("concurrency", conc)
+	s.redisConc = positives("redis-concurrency", redisConc)
 	s.workloads = strings.Split(workloads, ",")
 	for _, f := range strings.Split(fractions, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -112,6 +112,19 @@ func main() {
 	}
 }
 
+// positives parses the comma-separated value of flag name.
+func positives(name, list string) []int {
+	var ns []int
+	for _, c := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			fatal(fmt.Errorf("-%s %q: want positive integers", name, list))
+		}
+		ns = append(ns, n)
+	}
+	return ns
+}
+
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "benchload:", err)
 	os.Exit(1)
@@ -119,10 +132,11 @@ func fatal(err error) {
 
 // server is a process under test.
 type server struct {
-	name string
-	cmd  *exec.Cmd
-	addr string
-	log  []string // stderr up to the line that named addr
+	name  string
+	cmd   *exec.Cmd
+	addr  string
+	log   []string     // stderr up to the line that named addr
+	redis *redisServer // the server's store, if Redis
 }
 
 // start runs the command and waits for the stderr line that names its
@@ -201,11 +215,25 @@ type measured struct {
 	// ServerCPU is the server's CPU time per request in µs, warmup
 	// included.
 	ServerCPU float64
+	// RedisCPU (µs) and RedisCommands are Redis's CPU time and commands
+	// per request in the measured time, if the server's store is Redis.
+	RedisCPU, RedisCommands float64
 }
 
 func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
 	o.Target = s.addr
 	c0 := s.cpu()
+	// Redis's counters are read when the warmup ends (by this process's
+	// clock) and after the run, so they cover the measured calls.
+	var r0 redisStats
+	warm := make(chan error, 1)
+	if s.redis != nil {
+		time.AfterFunc(o.Warmup, func() {
+			var err error
+			r0, err = s.redis.stats()
+			warm <- err
+		})
+	}
 	res, err := loadgen.Run(ctx, o)
 	if err != nil {
 		return measured{}, fmt.Errorf("%s: %w", s.name, err)
@@ -216,8 +244,24 @@ func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, erro
 	if total > 0 {
 		m.ServerCPU = float64((s.cpu() - c0).Microseconds()) / total
 	}
-	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req\n",
-		s.name, o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU)
+	extra := ""
+	if s.redis != nil {
+		if err := <-warm; err != nil {
+			return measured{}, fmt.Errorf("%s: %w", s.name, err)
+		}
+		r1, err := s.redis.stats()
+		if err != nil {
+			return measured{}, fmt.Errorf("%s: %w", s.name, err)
+		}
+		if res.Requests > 0 {
+			m.RedisCPU = float64((r1.cpu - r0.cpu).Microseconds()) / float64(res.Requests)
+			// Less the first INFO, which the second counts.
+			m.RedisCommands = float64(r1.commands-r0.commands-1) / float64(res.Requests)
+		}
+		extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
+	}
+	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req%s\n",
+		s.name, o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU, extra)
 	return m, nil
 }
 
@@ -226,12 +270,14 @@ type report struct {
 	settings
 	machine machine
 	closed  []cell
+	redis   []cell // sluice is the Redis-backed server
+	noRedis string // why redis is empty
 	open    []cell
 	ghz     *crossCheck
 	genCPU  float64 // the generator's CPU per request at concurrency 50
 }
 
-// cell is one workload and load against both servers.
+// cell is one workload and load against a Sluice server and the no-op.
 type cell struct {
 	workload     string
 	concurrency  int
@@ -272,16 +318,16 @@ func run(ctx context.Context, s settings) (*report, error) {
 		return loadgen.Options{Requests: reqs, Concurrency: conc, Connections: s.connections,
 			Duration: s.duration, Warmup: s.warmup, Rate: rate}, err
 	}
-	// both runs o against each server -repeat times, the order
-	// alternating from run to run, and keeps each server's median run
-	// (by throughput, or by p99 in an open loop). With a profile file,
-	// sluice's CPU profile during its first run goes there.
-	both := func(i int, o loadgen.Options, profileTo string) (sm, nm measured, err error) {
+	// both runs o against target and the no-op server -repeat times, the
+	// order alternating from run to run, and keeps each server's median
+	// run (by throughput, or by p99 in an open loop). With a profile
+	// file, sl's CPU profile during its first run goes there.
+	both := func(i int, target *server, o loadgen.Options, profileTo string) (sm, nm measured, err error) {
 		var sruns, nruns []measured
 		for rep := range s.repeat {
-			order := []*server{sl, noop}
+			order := []*server{target, noop}
 			if (i+rep)%2 == 1 {
-				order = []*server{noop, sl}
+				order = []*server{noop, target}
 			}
 			for _, srv := range order {
 				var prof chan error
@@ -298,7 +344,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 				if err != nil {
 					return sm, nm, err
 				}
-				if srv == sl {
+				if srv != noop {
 					sruns = append(sruns, m)
 				} else {
 					nruns = append(nruns, m)
@@ -324,7 +370,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 			if w == "multi" && c == 50 {
 				profileTo = s.cpuProfile
 			}
-			sm, nm, err := both(i, o, profileTo)
+			sm, nm, err := both(i, sl, o, profileTo)
 			if err != nil {
 				return nil, err
 			}
@@ -338,6 +384,41 @@ func run(ctx context.Context, s settings) (*report, error) {
 			}
 		}
 	}
+	if _, err := exec.LookPath(s.redisServer); err != nil {
+		rep.noRedis = fmt.Sprintf("No `%s` was found on this machine, so the Redis store was not measured.", s.redisServer)
+		fmt.Fprintf(os.Stderr, "no %s: Redis store skipped\n", s.redisServer)
+	} else if err := func() error {
+		rd, err := startRedis(ctx, s.redisServer)
+		if err != nil {
+			return err
+		}
+		defer rd.stop()
+		sr, err := start(ctx, "redis", "msg=serving grpc=", s.sluice, "serve", "--config", s.config,
+			"--store", "redis", "--redis-url", "redis://"+rd.addr, "--grpc-addr", "127.0.0.1:0",
+			"--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0", "--log-level", "info")
+		if err != nil {
+			return err
+		}
+		defer sr.stop()
+		sr.redis = rd
+		for _, w := range []string{"distinct", "multi"} {
+			for _, c := range s.redisConc {
+				o, err := opts(w, c, 0)
+				if err != nil {
+					return err
+				}
+				sm, nm, err := both(i, sr, o, "")
+				if err != nil {
+					return err
+				}
+				i++
+				rep.redis = append(rep.redis, cell{workload: w, concurrency: c, sluice: sm, noop: nm})
+			}
+		}
+		return nil
+	}(); err != nil {
+		return nil, err
+	}
 	for _, frac := range s.openFractions {
 		for _, w := range []string{"distinct", "multi"} {
 			if noopAt50[w] == 0 {
@@ -348,7 +429,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 			if err != nil {
 				return nil, err
 			}
-			sm, nm, err := both(i, o, "")
+			sm, nm, err := both(i, sl, o, "")
 			if err != nil {
 				return nil, err
 			}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseInfo(t *testing.T) {
+	const info = "# Server\r\nredis_version:7.0.15\r\nos:Linux 6.1 x86_64\r\n\r\n" +
+		"# Stats\r\ntotal_connections_received:3\r\ntotal_commands_processed:1234\r\n\r\n" +
+		"# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:0.000301\r\n" +
+		"used_cpu_sys_children:9.000000\r\nused_cpu_user_main_thread:7.000000\r\n"
+	got, err := parseInfo(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (redisStats{cpu: 1250301 * time.Microsecond, commands: 1234}); got != want {
+		t.Errorf("parseInfo = %+v, want %+v", got, want)
+	}
+
+	for name, bad := range map[string]string{
+		"no commands":   "used_cpu_sys:1\r\nused_cpu_user:1\r\n",
+		"no user CPU":   "used_cpu_sys:1\r\ntotal_commands_processed:1\r\n",
+		"bad CPU":       "used_cpu_sys:x\r\nused_cpu_user:1\r\ntotal_commands_processed:1\r\n",
+		"bad commands":  "used_cpu_sys:1\r\nused_cpu_user:1\r\ntotal_commands_processed:-1\r\n",
+		"twice":         "used_cpu_sys:1\r\nused_cpu_sys:1\r\ntotal_commands_processed:1\r\n",
+		"empty":         "",
+		"children only": "used_cpu_sys_children:1\r\nused_cpu_user_children:1\r\ntotal_commands_processed:1\r\n",
+	} {
+		if s, err := parseInfo(bad); err == nil {
+			t.Errorf("%s: parseInfo = %+v, want an error", name, s)
+		}
+	}
+}
+
+func TestReadBulk(t *testing.T) {
+	for _, tc := range []struct {
+		reply, want string
+		ok          bool
+	}{
+		{"$5\r\nhello\r\n", "hello", true},
+		{"$0\r\n\r\n", "", true},
+		{"$6\r\na\r\nb:c\r\n", "a\r\nb:c", true},
+		{"-ERR unknown command\r\n", "", false},
+		{"+OK\r\n", "", false},
+		{"$-1\r\n", "", false},
+		{"$10\r\nshort\r\n", "", false},
+		{"", "", false},
+	} {
+		got, err := readBulk(bufio.NewReader(strings.NewReader(tc.reply)))
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("readBulk(%q) = %q, %v; want %q, ok %v", tc.reply, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestRedisServer starts a real redis-server and reads its counters.
+func TestRedisServer(t *testing.T) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := startRedis(ctx, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0, err := r.stats()
+	if err != nil {
+		r.stop()
+		t.Fatal(err)
+	}
+	s1, err := r.stats()
+	r.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second INFO counts the first, not itself.
+	if n := s1.commands - s0.commands; n != 1 {
+		t.Errorf("commands between two INFOs = %d, want 1", n)
+	}
+	if s1.cpu < s0.cpu {
+		t.Errorf("CPU went back from %v to %v", s0.cpu, s1.cpu)
+	}
+	if _, err := os.Stat(r.dir); !os.IsNotExist(err) {
+		t.Errorf("stop left %s: %v", r.dir, err)
+	}
+	if _, err := r.stats(); err == nil {
+		t.Error("stats answered after stop")
+	}
+}
