@@ -3,16 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store/memory"
@@ -180,17 +174,10 @@ func TestQuery_Errors(t *testing.T) {
 }
 
 func TestQuery_TLS(t *testing.T) {
-	dir := t.TempDir()
-	certPEM, keyPEM := selfSigned(t)
-	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, certPEM, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cert, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := querySluice(t, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	// The certificate names only sluice.test, so --tls-server-name is needed.
+	certs := testcert.NewCA(t)
+	ca := certs.WriteFile(t, t.TempDir())
+	addr := querySluice(t, &tls.Config{Certificates: []tls.Certificate{certs.Server(t, "sluice.test").TLS(t)}, MinVersion: tls.VersionTLS12})
 	if code, out, errOut := runQueryCmd(t, "--addr", addr, "--domain", "api", "--descriptor", "user=erin",
 		"--tls-ca", ca, "--tls-server-name", "sluice.test"); code != 0 || !strings.HasPrefix(out, "OK") {
 		t.Fatalf("over TLS: exit %d, %q, %q", code, out, errOut)
@@ -202,31 +189,6 @@ func TestQuery_TLS(t *testing.T) {
 			t.Fatalf("query %v: exit %d, want 2", args, code)
 		}
 	}
-}
-
-// selfSigned returns a self-signed certificate for sluice.test and its key.
-func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice.test"},
-		DNSNames: []string{"sluice.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true,
-		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
 }
 
 // The real binaries on both ends: `sluice serve` and `sluice query`.

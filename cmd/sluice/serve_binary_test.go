@@ -2,16 +2,9 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -30,6 +23,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/internal/testcert"
 )
 
 var (
@@ -277,22 +272,13 @@ func TestBinary_SIGTERMDrain(t *testing.T) {
 // required, from certificates generated here.
 func TestBinary_MTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca := newServeCA(t)
-	certFile, keyFile, caFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
-	sc, sk := ca.issue(t, false)
-	writeFile(t, certFile, sc)
-	writeFile(t, keyFile, sk)
-	writeFile(t, caFile, ca.pem)
+	ca := testcert.NewCA(t)
+	certFile, keyFile := ca.Server(t).WriteFiles(t, dir, "tls")
+	caFile := ca.WriteFile(t, dir)
 	p := startBinary(t, "--config", "testdata/serve", "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", caFile)
 
-	cc, ck := ca.issue(t, true)
-	clientCert, err := tls.X509KeyPair(cc, ck)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
-	withCert := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{clientCert}}
+	roots := ca.Pool()
+	withCert := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{ca.Client(t).TLS(t)}}
 	ctx := testCtx(t)
 
 	rls, _ := dialRLS(t, p.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(withCert)))
@@ -317,66 +303,5 @@ func TestBinary_MTLS(t *testing.T) {
 	if res, err := plain.Get("https://" + p.httpAddr + "/healthcheck"); err == nil {
 		res.Body.Close()
 		t.Error("HTTPS without a client certificate was served")
-	}
-}
-
-type serveCA struct {
-	cert   *x509.Certificate
-	key    *ecdsa.PrivateKey
-	pem    []byte
-	serial int64
-}
-
-func newServeCA(t *testing.T) *serveCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "sluice test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &serveCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), serial: 1}
-}
-
-// issue returns a PEM certificate and key for 127.0.0.1.
-func (ca *serveCA) issue(t *testing.T, client bool) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	usage := x509.ExtKeyUsageServerAuth
-	if client {
-		usage = x509.ExtKeyUsageClientAuth
-	}
-	ca.serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.serial), Subject: pkix.Name{CommonName: "sluice test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-		KeyUsage: x509.KeyUsageDigitalSignature}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-func writeFile(t *testing.T, path string, data []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -2,21 +2,12 @@ package redis
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -58,67 +49,11 @@ func TestNew_Auth(t *testing.T) {
 	}
 }
 
-// pki writes a CA, a server certificate for 127.0.0.1 and a client
-// certificate into dir and returns the paths and the client's TLS config.
-func pki(t *testing.T, dir string) (serverCert, serverKey, caFile string, client *tls.Config) {
-	t.Helper()
-	key := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	caKey := key()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := func(serial int64, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
-		k := key()
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "127.0.0.1"},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			KeyUsage: x509.KeyUsageDigitalSignature}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, k
-	}
-	marshal := func(k *ecdsa.PrivateKey) []byte {
-		b, err := x509.MarshalECPrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	sDER, sKey := leaf(2, x509.ExtKeyUsageServerAuth)
-	cDER, cKey := leaf(3, x509.ExtKeyUsageClientAuth)
-	caFile = write("ca.pem", "CERTIFICATE", caDER)
-	serverCert = write("server.pem", "CERTIFICATE", sDER)
-	serverKey = write("server-key.pem", "EC PRIVATE KEY", marshal(sKey))
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{{
-		Certificate: [][]byte{cDER}, PrivateKey: cKey}}}
-	return serverCert, serverKey, caFile, client
-}
-
 func TestNew_TLS(t *testing.T) {
-	cert, key, ca, client := pki(t, t.TempDir())
-	srv := redistest.StartTLS(t, cert, key, ca)
+	ca, dir := testcert.NewCA(t), t.TempDir()
+	cert, key := ca.Server(t).WriteFiles(t, dir, "server")
+	srv := redistest.StartTLS(t, cert, key, ca.WriteFile(t, dir))
+	client := ca.ClientConfig(t)
 	s := open(t, Options{URL: "rediss://" + srv.Addr, TLS: client})
 	r := must(store.NewTokenBucket(1, time.Hour, 2))
 	if got := takeN(t, s, "k", r, time.Now().UnixNano(), 4); got != 2 {
