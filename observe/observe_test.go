@@ -310,6 +310,23 @@ func TestRules_NearLimitRatio(t *testing.T) {
 	}
 }
 
+// Denials answered from a local over-limit cache count apart, per rule.
+func TestRules_LocalCacheAnswers(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	rules, err := observe.NewRules(reg, observe.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := loadTable(t, limits).Rules()[0]
+	for _, local := range []bool{true, true, false} {
+		rules.Observe("web", nil, rule, &limiter.Status{Code: limiter.OverLimit, Limited: true, Hits: 2,
+			Decision: store.Decision{Limit: 10, Local: local}})
+	}
+	fams := scrape(t, reg)
+	check(t, fams, "sluice_rule_over_limit_total", map[string]string{"rule": "k"}, 6)
+	check(t, fams, "sluice_rule_over_limit_local_cache_total", map[string]string{"rule": "k"}, 4)
+}
+
 // failStore fails every Take with err.
 type failStore struct{ err error }
 

@@ -71,8 +71,8 @@ type Rules struct {
 // descriptor's hits are either within or over the limit, so hits =
 // within + over, one atomic add per descriptor fewer on the hot path.
 type counters struct {
-	within, over, near, shadow atomic.Uint64
-	labels                     [3]string // domain, rule, value
+	within, over, near, shadow, local atomic.Uint64
+	labels                            [3]string // domain, rule, value
 }
 
 // ruleSeries are a rule's counters: one set, or one per value for a
@@ -97,6 +97,8 @@ var (
 		"Allowed hits that brought the rule's usage to or above the near-limit ratio.", ruleLabels, nil)
 	shadowDesc = prometheus.NewDesc("sluice_rule_shadow_mode_total",
 		"Hits over the limit of a shadow-mode rule, allowed anyway.", ruleLabels, nil)
+	localDesc = prometheus.NewDesc("sluice_rule_over_limit_local_cache_total",
+		"Hits over the limit answered from the store's local over-limit cache, without a Redis call.", ruleLabels, nil)
 )
 
 // NewRules registers the per-rule and store-failure counters on reg.
@@ -130,7 +132,7 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 type rulesCollector struct{ r *Rules }
 
 func (c rulesCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc} {
+	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc, localDesc} {
 		ch <- d
 	}
 }
@@ -150,6 +152,7 @@ func (c rulesCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(overDesc, prometheus.CounterValue, over, l...)
 		ch <- prometheus.MustNewConstMetric(nearDesc, prometheus.CounterValue, float64(s.near.Load()), l...)
 		ch <- prometheus.MustNewConstMetric(shadowDesc, prometheus.CounterValue, float64(s.shadow.Load()), l...)
+		ch <- prometheus.MustNewConstMetric(localDesc, prometheus.CounterValue, float64(s.local.Load()), l...)
 	}
 }
 
@@ -272,6 +275,9 @@ func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule
 		c.over.Add(n)
 		if st.Code == limiter.OK {
 			c.shadow.Add(n)
+		}
+		if d.Local {
+			c.local.Add(n)
 		}
 	default:
 		c.within.Add(n)
