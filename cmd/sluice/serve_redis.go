@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
 )
@@ -45,6 +46,7 @@ type redisFlags struct {
 func init() {
 	var f redisFlags
 	var opened *redis.Store // set by open, for the health extension
+	var calls *prometheus.HistogramVec
 	registerBackend(backend{
 		name: "redis",
 		flags: func(fs *flag.FlagSet) {
@@ -77,6 +79,17 @@ func init() {
 				return nil, nil, nil, err
 			}
 			opt.Clock = clock
+			calls = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: "redis",
+				Name: "call_duration_seconds", Help: "Redis round trips of a request (one script call, or one per slot on Cluster), by result.",
+				Buckets: observe.LatencyBuckets}, []string{"result"})
+			ok, failed := calls.WithLabelValues("ok"), calls.WithLabelValues("error")
+			opt.OnCall = func(d time.Duration, err error) {
+				if err != nil {
+					failed.Observe(d.Seconds())
+				} else {
+					ok.Observe(d.Seconds())
+				}
+			}
 			st, err := redis.New(ctx, opt)
 			if err != nil {
 				return nil, nil, nil, err
@@ -95,6 +108,9 @@ func init() {
 		}
 		st := opened
 		if err := registerRedisMetrics(x.Registry, st); err != nil {
+			return err
+		}
+		if err := x.Registry.Register(calls); err != nil {
 			return err
 		}
 		if f.health {

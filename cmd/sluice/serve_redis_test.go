@@ -316,6 +316,9 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 		}
 	}
 	metricUp("1")
+	if m := httpGet(t, "http://"+httpAddr+"/metrics"); !strings.Contains(m, `sluice_redis_call_duration_seconds_count{result="ok"} 1`) {
+		t.Errorf("/metrics: the one Redis call is not timed:\n%s", m)
+	}
 	srv.Kill()
 	// The limit is 2 per minute: with Redis down, "allow" answers OK to
 	// every request.

@@ -37,6 +37,11 @@ type Options struct {
 	// instead of the now passed to Take, so that instances with skewed
 	// clocks agree. Fixed windows always use the caller's now.
 	ServerClock bool
+	// OnCall, when set, is told the duration and the outcome of every
+	// Take that went to Redis (a script call, or one per slot on
+	// Cluster), for a latency metric. It must be cheap and safe for
+	// concurrent use.
+	OnCall func(d time.Duration, err error)
 	// Clock, when set, is read when a Cluster batch refunds the slots that
 	// committed, so that a token bucket gets back only what its take still
 	// owes then (see store.Refund). Pass the clock the callers read their

@@ -65,11 +65,15 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		r   reply
 		err error
 	)
+	start := time.Now()
 	if s.cluster {
 		r, err = s.takeCluster(cctx, now, hits, keys)
 	} else {
 		b := batch{keys: keys, args: s.args(hits, nil, now)}
 		r, err = s.run(cctx, b)
+	}
+	if s.opt.OnCall != nil {
+		s.opt.OnCall(time.Since(start), err)
 	}
 	if err != nil {
 		// A caller that gave up says nothing about Redis.
