@@ -86,7 +86,7 @@ func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 		})
 		return nil, &Errors{List: l.errs}
 	}
-	t := &Table{domains: l.domains, max: l.max, hash: hex.EncodeToString(h.Sum(nil))}
+	t := &Table{domains: l.domains, max: l.max, hash: hex.EncodeToString(h.Sum(nil)), files: len(srcs)}
 	for name := range l.domains {
 		t.names = append(t.names, name)
 	}

@@ -132,6 +132,9 @@ func TestLoad_MergeDomains(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load with merging: %v", err)
 	}
+	if tbl.Files() != 2 {
+		t.Errorf("Files() = %d, want 2", tbl.Files())
+	}
 	if r, _ := tbl.Match("api", entries("team=x"), nil); r == nil || r.RequestsPerUnit != 3 {
 		t.Errorf("merged rule team = %v, want 3/hour", r)
 	}

@@ -94,7 +94,7 @@ func (r *Reloader) Reload() error {
 	} else {
 		if cur == nil || cur.Hash() != t.Hash() {
 			r.cur.Store(t)
-			r.log.Info("config loaded", "path", r.path, "domains", len(t.Domains()), "rules", len(t.Rules()), "hash", t.Hash())
+			r.log.Info("config loaded", "path", r.path, "domains", len(t.Domains()), "rules", len(t.Rules()), "files", t.Files(), "hash", t.Hash())
 		}
 		cur = r.cur.Load()
 		r.status.LastOK, r.status.LastError = true, nil

@@ -136,6 +136,7 @@ type Table struct {
 	rules   []*Rule
 	hash    string
 	max     int
+	files   int
 }
 
 // HasDomain reports whether the config defines domain.
@@ -146,6 +147,9 @@ func (t *Table) Domains() []string { return slices.Clone(t.names) }
 
 // Rules lists every rule, by domain and then in file order.
 func (t *Table) Rules() []*Rule { return slices.Clone(t.rules) }
+
+// Files is the number of limits files the table was loaded from.
+func (t *Table) Files() int { return t.files }
 
 // Hash is a SHA-256 (hex) of the loaded files' names and contents.
 func (t *Table) Hash() string { return t.hash }
