@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 // The figures these produce on the 2-core CI machine are in docs/STORE.md.
@@ -33,8 +34,8 @@ func BenchmarkWallClockNow(b *testing.B) {
 // rules that keep granting for the length of a benchmark.
 func benchRules(b *testing.B) map[string]*store.Rule {
 	return map[string]*store.Rule{
-		"fixed_window": window(b, store.MaxFixedWindowLimit, time.Hour),
-		"token_bucket": bucket(b, 1_000_000_000, time.Second, 1<<32),
+		"fixed_window": storetest.Window(b, store.MaxFixedWindowLimit, time.Hour),
+		"token_bucket": storetest.Bucket(b, 1_000_000_000, time.Second, 1<<32),
 	}
 }
 
@@ -74,7 +75,7 @@ func BenchmarkTake(b *testing.B) {
 // clock read: all callers on one key, each on its own key, and spread
 // over a million keys.
 func BenchmarkTakeParallel(b *testing.B) {
-	r := bucket(b, 1_000_000_000, time.Second, 1<<32)
+	r := storetest.Bucket(b, 1_000_000_000, time.Second, 1<<32)
 	c := store.NewWallClock()
 	ctx := context.Background()
 	run := func(b *testing.B, s *Store, withClock bool, key func(worker, i int) string) {
@@ -132,7 +133,7 @@ func BenchmarkTakeParallel(b *testing.B) {
 // BenchmarkMemoryPerKey reports the heap held per idle key at a million
 // keys, beyond the key string itself (32 bytes here, a size class).
 func BenchmarkMemoryPerKey(b *testing.B) {
-	r := bucket(b, 1, time.Second, 10)
+	r := storetest.Bucket(b, 1, time.Second, 10)
 	const n = 1 << 20
 	ctx := context.Background()
 	for b.Loop() {

@@ -25,24 +25,6 @@ func TestStoreSmall(t *testing.T) {
 		storetest.Options{Goroutines: 3, Takes: 20, Budget: 2})
 }
 
-func window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
-	t.Helper()
-	r, err := store.NewFixedWindow(limit, w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-func bucket(t testing.TB, rate uint64, per time.Duration, burst uint64) *store.Rule {
-	t.Helper()
-	r, err := store.NewTokenBucket(rate, per, burst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
 // take1 takes cost from key at now and reports the decision.
 func take1(t testing.TB, s *Store, now int64, key string, r *store.Rule, cost uint64) store.Decision {
 	t.Helper()
@@ -55,8 +37,8 @@ func take1(t testing.TB, s *Store, now int64, key string, r *store.Rule, cost ui
 
 func TestSweep(t *testing.T) {
 	s := New(Options{})
-	w := window(t, 10, time.Minute)
-	b := bucket(t, 1, time.Second, 10)
+	w := storetest.Window(t, 10, time.Minute)
+	b := storetest.Bucket(t, 1, time.Second, 10)
 	take1(t, s, t0, "w", w, 1)
 	take1(t, s, t0, "b", b, 4)
 	take1(t, s, t0, "check", w, 0)
@@ -94,7 +76,7 @@ func TestSweepRacingTake(t *testing.T) {
 		takes   = 64 // per worker per step: more than keys*limit/workers
 	)
 	s := New(Options{})
-	r := window(t, limit, time.Second)
+	r := storetest.Window(t, limit, time.Second)
 	var granted [steps][keys]atomic.Int64
 	for step := range steps {
 		// Two seconds per step: the last step's states are fresh (a
@@ -147,7 +129,7 @@ func TestSweepRacingTake(t *testing.T) {
 
 func TestMaxKeys(t *testing.T) {
 	s := New(Options{MaxKeys: 256}) // room is made 16 keys at a time
-	b := bucket(t, 1, time.Second, 10)
+	b := storetest.Bucket(t, 1, time.Second, 10)
 	for i := range 200 {
 		take1(t, s, t0, fmt.Sprint("old", i), b, 1)
 	}
@@ -183,7 +165,7 @@ func TestMaxKeys(t *testing.T) {
 // A key aliasing a reused buffer is copied when stored.
 func TestKeyIsCopied(t *testing.T) {
 	s := New(Options{})
-	w := window(t, 1, time.Minute)
+	w := storetest.Window(t, 1, time.Minute)
 	buf := []byte("key-a")
 	key := unsafe.String(&buf[0], len(buf))
 	take1(t, s, t0, key, w, 1)
@@ -201,15 +183,15 @@ func TestTakeAllocations(t *testing.T) {
 		t.Skip("the race detector allocates")
 	}
 	s := New(Options{})
-	w := window(t, 1<<30, time.Hour)
-	b := bucket(t, 1<<29, time.Second, 1<<30)
+	w := storetest.Window(t, 1<<30, time.Hour)
+	b := storetest.Bucket(t, 1<<29, time.Second, 1<<30)
 	hits := []store.Hit{
 		{Key: "a", Rule: w, Cost: 1, Veto: true},
 		{Key: "b", Rule: b, Cost: 1, Veto: true},
 		{Key: "c", Rule: w, Cost: 1},
 		{Key: "d", Rule: b, Cost: 1, Veto: true, Saturate: true},
 	}
-	denied := append(hits[:2:2], store.Hit{Key: "e", Rule: window(t, 0, time.Hour), Cost: 1, Veto: true})
+	denied := append(hits[:2:2], store.Hit{Key: "e", Rule: storetest.Window(t, 0, time.Hour), Cost: 1, Veto: true})
 	out := make([]store.Decision, len(hits))
 	ctx := context.Background()
 	s.Take(ctx, t0, hits, out)
@@ -237,7 +219,7 @@ func TestBatchesUnderRefill(t *testing.T) {
 		burst   = 10
 	)
 	s := New(Options{})
-	r := bucket(t, rate, time.Second, burst)
+	r := storetest.Bucket(t, rate, time.Second, burst)
 	clock := storetest.NewClock(t0)
 	var committed [keys]atomic.Int64
 	var wg sync.WaitGroup
@@ -301,13 +283,13 @@ func (c *interleavingClock) Now() int64 {
 // nothing: the caller that took in between keeps its debt. (Rolled back as
 // of the batch's own instant, the refund would erase that caller's take.)
 func TestRollbackAtClockTime(t *testing.T) {
-	tb := bucket(t, 1, time.Second, 10)
+	tb := storetest.Bucket(t, 1, time.Second, 10)
 	later := t0 + 5*int64(time.Second) // the take of 5 has refilled by then
 	other := store.Hit{Key: "x", Rule: tb, Cost: 1, Veto: true}
 	st := New(Options{})
 	st.clock = &interleavingClock{st: st, hit: other, at: later}
 	out := make([]store.Decision, 2)
-	hits := []store.Hit{{Key: "x", Rule: tb, Cost: 5, Veto: true}, {Key: "y", Rule: window(t, 0, time.Second), Cost: 1, Veto: true}}
+	hits := []store.Hit{{Key: "x", Rule: tb, Cost: 5, Veto: true}, {Key: "y", Rule: storetest.Window(t, 0, time.Second), Cost: 1, Veto: true}}
 	if err := st.Take(context.Background(), t0, hits, out); err != nil || out[1].Allowed {
 		t.Fatalf("batch: %v %+v", err, out)
 	}
@@ -321,7 +303,7 @@ func TestRollbackAtClockTime(t *testing.T) {
 
 func TestRangeKeys(t *testing.T) {
 	st := New(Options{})
-	r := window(t, 10, time.Minute)
+	r := storetest.Window(t, 10, time.Minute)
 	out := make([]store.Decision, 1)
 	for _, k := range []string{"a|x", "a|y", "b|x"} {
 		if err := st.Take(context.Background(), t0, []store.Hit{{Key: k, Rule: r, Cost: 3, Veto: true}}, out); err != nil {

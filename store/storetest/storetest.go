@@ -137,7 +137,8 @@ func (x *tester) hit(key string, r *store.Rule, cost uint64) store.Hit {
 	return store.Hit{Key: x.key(key), Rule: r, Cost: cost, Veto: true}
 }
 
-func window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
+// Window returns a fixed-window rule, failing t if the numbers are invalid.
+func Window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
 	t.Helper()
 	r, err := store.NewFixedWindow(limit, w)
 	if err != nil {
@@ -146,7 +147,8 @@ func window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
 	return r
 }
 
-func bucket(t testing.TB, rate uint64, per time.Duration, burst uint64) *store.Rule {
+// Bucket returns a token-bucket rule, failing t if the numbers are invalid.
+func Bucket(t testing.TB, rate uint64, per time.Duration, burst uint64) *store.Rule {
 	t.Helper()
 	r, err := store.NewTokenBucket(rate, per, burst)
 	if err != nil {
@@ -192,7 +194,7 @@ func (x *tester) expect(batch string, got []store.Decision, want ...store.Decisi
 }
 
 func testFixedWindowSteps(t *testing.T, x *tester) {
-	r := window(t, 10, time.Minute)
+	r := Window(t, 10, time.Minute)
 	var steps []step
 	for i := range 10 {
 		steps = append(steps, step{"fill", 5 * time.Second, 1, allow(10, uint64(9-i), 55*time.Second)})
@@ -208,12 +210,12 @@ func testFixedWindowSteps(t *testing.T, x *tester) {
 		step{"check there", 59 * time.Second, 0, allow(10, 0, 61*time.Second)},
 	)
 	x.steps("fw", r, steps)
-	x.steps("zero", window(t, 0, time.Hour), []step{
+	x.steps("zero", Window(t, 0, time.Hour), []step{
 		{"limit 0 denies", 0, 1, deny(0, 0, time.Hour, store.Never)},
 		{"limit 0 denies checks", 0, 0, deny(0, 0, time.Hour, store.Never)},
 	})
 	max := uint64(store.MaxFixedWindowLimit)
-	x.steps("max", window(t, max, time.Second), []step{
+	x.steps("max", Window(t, max, time.Second), []step{
 		{"cost 2^64-1", 0, 1<<64 - 1, deny(max, max, time.Second, store.Never)},
 		{"cost limit-1", 0, max - 1, allow(max, 1, time.Second)},
 		{"cost 2", 0, 2, deny(max, 1, time.Second, time.Second)},
@@ -222,7 +224,7 @@ func testFixedWindowSteps(t *testing.T, x *tester) {
 }
 
 func testTokenBucketSteps(t *testing.T, x *tester) {
-	r := bucket(t, 8, time.Second, 40)
+	r := Bucket(t, 8, time.Second, 40)
 	const tick = 125 * time.Millisecond
 	var steps []step
 	for i := range 45 {
@@ -245,7 +247,7 @@ func testTokenBucketSteps(t *testing.T, x *tester) {
 	x.steps("tb", r, steps)
 
 	const b32 = 1 << 32
-	x.steps("big", bucket(t, 1, time.Second, b32), []step{
+	x.steps("big", Bucket(t, 1, time.Second, b32), []step{
 		{"cost 2^64-1", 0, 1<<64 - 1, deny(b32, b32, 0, store.Never)},
 		{"cost 2^32", 0, b32, allow(b32, 0, b32*time.Second)},
 		{"cost 2 waits 2s", time.Second, 2, deny(b32, 1, (b32-1)*time.Second, time.Second)},
@@ -253,7 +255,7 @@ func testTokenBucketSteps(t *testing.T, x *tester) {
 }
 
 func testTokenBucketRetryAfterExact(t *testing.T, x *tester) {
-	x.steps("3ps", bucket(t, 3, time.Second, 3), []step{
+	x.steps("3ps", Bucket(t, 3, time.Second, 3), []step{
 		{"drain", 0, 3, allow(3, 0, time.Second)},
 		{"empty", 0, 1, deny(3, 0, time.Second, 333_333_334)},
 		{"1ns early", 333_333_333, 1, deny(3, 0, 666_666_667, 1)},
@@ -263,8 +265,8 @@ func testTokenBucketRetryAfterExact(t *testing.T, x *tester) {
 }
 
 func testCostZero(t *testing.T, x *tester) {
-	w := window(t, 3, time.Minute)
-	b := bucket(t, 1, time.Second, 3)
+	w := Window(t, 3, time.Minute)
+	b := Bucket(t, 1, time.Second, 3)
 	for i := range 5 {
 		got := x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
 		x.expect(fmt.Sprintf("check %d", i), got, allow(3, 3, time.Minute), allow(3, 3, 0))
@@ -275,17 +277,17 @@ func testCostZero(t *testing.T, x *tester) {
 }
 
 func testKeysIndependent(t *testing.T, x *tester) {
-	w := window(t, 2, time.Minute)
+	w := Window(t, 2, time.Minute)
 	x.take(T0, x.hit("a", w, 2))
 	x.expect("a exhausted", x.take(T0, x.hit("a", w, 1)), deny(2, 0, time.Minute, time.Minute))
 	x.expect("b fresh", x.take(T0, x.hit("b", w, 1)), allow(2, 1, time.Minute))
-	b := bucket(t, 1, time.Second, 2)
+	b := Bucket(t, 1, time.Second, 2)
 	x.expect("c fresh", x.take(T0, x.hit("c", b, 2)), allow(2, 0, 2*time.Second))
 }
 
 func testBatchAllOrNothing(t *testing.T, x *tester) {
-	a := window(t, 5, time.Minute)
-	b := bucket(t, 1, time.Second, 2)
+	a := Window(t, 5, time.Minute)
+	b := Bucket(t, 1, time.Second, 2)
 	x.expect("both fit", x.take(T0, x.hit("a", a, 1), x.hit("b", b, 1)),
 		allow(5, 4, time.Minute), allow(2, 1, time.Second))
 	x.expect("b denied", x.take(T0, x.hit("a", a, 2), x.hit("b", b, 2)),
@@ -301,8 +303,8 @@ func testBatchAllOrNothing(t *testing.T, x *tester) {
 }
 
 func testBatchDuplicateKeys(t *testing.T, x *tester) {
-	w := window(t, 5, time.Minute)
-	b := bucket(t, 1, time.Second, 5)
+	w := Window(t, 5, time.Minute)
+	b := Bucket(t, 1, time.Second, 5)
 	x.expect("two takes see each other", x.take(T0, x.hit("w", w, 2), x.hit("w", w, 2), x.hit("b", b, 2), x.hit("b", b, 2)),
 		allow(5, 3, time.Minute), allow(5, 1, time.Minute), allow(5, 3, 2*time.Second), allow(5, 1, 4*time.Second))
 	got := x.take(T0, x.hit("w", w, 1), x.hit("w", w, 1))
@@ -312,8 +314,8 @@ func testBatchDuplicateKeys(t *testing.T, x *tester) {
 }
 
 func testShadowHits(t *testing.T, x *tester) {
-	v := window(t, 1, time.Minute)
-	s := window(t, 1, time.Minute)
+	v := Window(t, 1, time.Minute)
+	s := Window(t, 1, time.Minute)
 	shadow := func(cost uint64) store.Hit {
 		h := x.hit("s", s, cost)
 		h.Veto = false
@@ -328,9 +330,9 @@ func testShadowHits(t *testing.T, x *tester) {
 }
 
 func testSaturateHits(t *testing.T, x *tester) {
-	v := window(t, 1, time.Minute)
-	w := window(t, 10, time.Minute)
-	b := bucket(t, 1, time.Second, 10)
+	v := Window(t, 1, time.Minute)
+	w := Window(t, 10, time.Minute)
+	b := Bucket(t, 1, time.Second, 10)
 	sat := func(key string, r *store.Rule, cost uint64, veto bool) store.Hit {
 		h := x.hit(key, r, cost)
 		h.Saturate, h.Veto = true, veto
@@ -349,7 +351,7 @@ func testSaturateHits(t *testing.T, x *tester) {
 }
 
 func testDecisionCount(t *testing.T, x *tester) {
-	w := window(t, 1, time.Minute)
+	w := Window(t, 1, time.Minute)
 	out := make([]store.Decision, 1)
 	if err := x.st.Take(context.Background(), T0, []store.Hit{x.hit("a", w, 1), x.hit("b", w, 1)}, out); err == nil {
 		t.Fatal("Take with fewer decisions than hits: no error")
@@ -358,9 +360,9 @@ func testDecisionCount(t *testing.T, x *tester) {
 
 func rule(t testing.TB, alg store.Algorithm, budget int) *store.Rule {
 	if alg == store.FixedWindow {
-		return window(t, uint64(budget), 24*time.Hour)
+		return Window(t, uint64(budget), 24*time.Hour)
 	}
-	return bucket(t, 1, 24*time.Hour, uint64(budget))
+	return Bucket(t, 1, 24*time.Hour, uint64(budget))
 }
 
 // All callers take from one key at one instant: exactly the budget is
