@@ -78,7 +78,9 @@ func (m FailureMode) String() string {
 }
 
 // Observer is told about decisions, for metrics. Implementations are safe
-// for concurrent use and must not retain entries or st after returning.
+// for concurrent use and must not retain entries (their strings included:
+// they may alias a reused buffer) or st after returning; domain they may
+// keep.
 type Observer interface {
 	// Observe is called once per descriptor that had a rule (unlimited
 	// included) or an override, after the store decided. rule is nil for

@@ -45,8 +45,12 @@ type GRPCOptions struct {
 	// certificates).
 	TLS *tls.Config
 	// ServerOptions are appended last: stats handlers, more interceptors.
+	// Unless Interceptors is set, what these see as the request of Envoy's
+	// ShouldRateLimit is not a proto message but an internal type.
 	ServerOptions []grpc.ServerOption
-	// Interceptors run after recovery and logging, before the handler.
+	// Interceptors run after recovery and logging, before the handler;
+	// they see Envoy's requests as *rlspb.RateLimitRequest. Setting any
+	// turns off the faster decoding that skips the proto message.
 	Interceptors []grpc.UnaryServerInterceptor
 }
 
@@ -94,9 +98,19 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	if o.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS)))
 	}
+	// Without interceptors that may look at them, Envoy's requests are
+	// decoded straight into the limiter's form (see decodeRLS).
+	direct := len(o.Interceptors) == 0
+	if direct {
+		opts = append(opts, grpc.ForceServerCodecV2(newCodec()))
+	}
 	opts = append(opts, o.ServerOptions...)
 	s := grpc.NewServer(opts...)
-	rlspb.RegisterRateLimitServiceServer(s, NewRLS(lim, o.Options))
+	if rls := NewRLS(lim, o.Options); direct {
+		s.RegisterService(&rlsService, rls)
+	} else {
+		rlspb.RegisterRateLimitServiceServer(s, rls)
+	}
 	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
 	healthpb.RegisterHealthServer(s, health.service())
 	reflection.Register(s)

@@ -58,9 +58,13 @@ type RLS struct {
 }
 
 // call holds the limiter's request and response for one RPC. Pooled.
+// Over gRPC the codec fills req from the message bytes copied into buf
+// (see decodeRLS); domain is the last domain decoded, reused when equal.
 type call struct {
-	req  limiter.Request
-	resp limiter.Response
+	req    limiter.Request
+	resp   limiter.Response
+	buf    []byte
+	domain string
 }
 
 // NewRLS returns Envoy's rate-limit service over lim.
@@ -75,6 +79,11 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, in *rlspb.RateLimitRequest) (
 	c := s.calls.Get().(*call)
 	defer s.calls.Put(c)
 	fillRequest(&c.req, in)
+	return s.check(ctx, c)
+}
+
+// check answers c's request.
+func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, error) {
 	if err := s.lim.Check(ctx, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
