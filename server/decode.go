@@ -94,211 +94,158 @@ var errWire = errors.New("cannot parse invalid wire-format data")
 // (observers may keep it), or prev when equal to it, which saves the copy.
 func decodeRLS(r *limiter.Request, b []byte, prev string) error {
 	r.Reset()
-	for len(b) > 0 {
-		num, typ, n := consumeTag(b)
-		if n < 0 {
-			return errWire
-		}
-		b = b[n:]
+	return eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			v, n := consumeString(b)
-			if n < 0 {
-				return errWire
+			if n >= 0 {
+				if string(v) == prev {
+					r.Domain = prev
+				} else {
+					r.Domain = string(v)
+				}
 			}
-			if string(v) == prev {
-				r.Domain = prev
-			} else {
-				r.Domain = string(v)
-			}
-			b = b[n:]
+			return n, nil
 		case num == 2 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errWire
-			}
-			if err := decodeDescriptor(r.AddDescriptor(), v); err != nil {
-				return err
-			}
-			b = b[n:]
+			return message(b, func(v []byte) error { return decodeDescriptor(r.AddDescriptor(), v) })
 		case num == 3 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return errWire
-			}
 			r.HitsAddend = uint64(uint32(v))
-			b = b[n:]
-		default:
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return errWire
-			}
-			b = b[n:]
+			return n, nil
 		}
-	}
-	return nil
+		return 0, nil
+	})
 }
 
 // decodeDescriptor decodes a RateLimitDescriptor into d. Repeated
 // occurrences of limit and hits_addend merge, as in proto.
 func decodeDescriptor(d *limiter.Descriptor, b []byte) error {
 	negative := false
-	for len(b) > 0 {
-		num, typ, n := consumeTag(b)
-		if n < 0 {
-			return errWire
-		}
-		b = b[n:]
+	err := eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errWire
-			}
-			e, err := decodeEntry(v)
-			if err != nil {
+			return message(b, func(v []byte) error {
+				e, err := decodeEntry(v)
+				d.Entries = append(d.Entries, e)
 				return err
-			}
-			d.Entries = append(d.Entries, e)
-			b = b[n:]
+			})
 		case num == 2 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errWire
-			}
-			if err := decodeOverride(&d.Override, v); err != nil {
-				return err
-			}
-			b = b[n:]
+			return message(b, func(v []byte) error { return decodeOverride(&d.Override, v) })
 		case num == 3 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errWire
-			}
-			w, set, err := decodeWrapper(v)
-			if err != nil {
+			return message(b, func(v []byte) error {
+				w, set, err := decodeWrapper(v)
+				if set {
+					d.Cost = w
+				}
+				d.HasCost = true
 				return err
-			}
-			if set {
-				d.Cost = w
-			}
-			d.HasCost = true
-			b = b[n:]
+			})
 		case num == 4 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return errWire
-			}
 			negative = v != 0
-			b = b[n:]
-		default:
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return errWire
-			}
-			b = b[n:]
+			return n, nil
 		}
-	}
+		return 0, nil
+	})
 	if negative {
 		// Refunds are not applied: the descriptor is only checked.
 		d.Cost, d.HasCost = 0, true
 	}
-	return nil
+	return err
 }
 
 // decodeEntry decodes a RateLimitDescriptor.Entry; its strings alias b.
 func decodeEntry(b []byte) (config.Entry, error) {
 	var e config.Entry
-	for len(b) > 0 {
-		num, typ, n := consumeTag(b)
-		if n < 0 {
-			return e, errWire
+	err := eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		if (num != 1 && num != 2) || typ != protowire.BytesType {
+			return 0, nil
 		}
-		b = b[n:]
-		if (num == 1 || num == 2) && typ == protowire.BytesType {
-			v, n := consumeString(b)
-			if n < 0 {
-				return e, errWire
-			}
-			if num == 1 {
-				e.Key = alias(v)
-			} else {
-				e.Value = alias(v)
-			}
-			b = b[n:]
-			continue
+		v, n := consumeString(b)
+		if num == 1 {
+			e.Key = alias(v)
+		} else {
+			e.Value = alias(v)
 		}
-		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			return e, errWire
-		}
-		b = b[n:]
-	}
-	return e, nil
+		return n, nil
+	})
+	return e, err
 }
 
 // decodeOverride decodes a RateLimitOverride into o, merging.
 func decodeOverride(o *limiter.Override, b []byte) error {
+	return eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			o.RequestsPerUnit = uint32(v)
+			return n, nil
+		case num == 2 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			o.Unit = config.Unit(int32(v))
+			return n, nil
+		case num == 3 && typ == protowire.BytesType:
+			return message(b, func(v []byte) error {
+				w, set, err := decodeWrapper(v)
+				if set {
+					o.UnitMultiplier = uint32(w)
+				}
+				return err
+			})
+		}
+		return 0, nil
+	})
+}
+
+// decodeWrapper decodes a UInt64Value or UInt32Value: its value, and
+// whether the message set it.
+func decodeWrapper(b []byte) (v uint64, set bool, err error) {
+	err = eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+		if num != 1 || typ != protowire.VarintType {
+			return 0, nil
+		}
+		var n int
+		v, n = protowire.ConsumeVarint(b)
+		set = true
+		return n, nil
+	})
+	return v, set, err
+}
+
+// eachField walks the fields of message b. For each it calls fn with the
+// field's number and type and the bytes after its tag; fn returns how many
+// of them the field's value took, 0 to have the field skipped, or a
+// negative count for bad wire data (fn's other effects then do not
+// matter: the message is refused).
+func eachField(b []byte, fn func(num protowire.Number, typ protowire.Type, b []byte) (int, error)) error {
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return errWire
 		}
 		b = b[n:]
-		switch {
-		case (num == 1 || num == 2) && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return errWire
-			}
-			if num == 1 {
-				o.RequestsPerUnit = uint32(v)
-			} else {
-				o.Unit = config.Unit(int32(v))
-			}
-			b = b[n:]
-		case num == 3 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return errWire
-			}
-			w, set, err := decodeWrapper(v)
-			if err != nil {
-				return err
-			}
-			if set {
-				o.UnitMultiplier = uint32(w)
-			}
-			b = b[n:]
-		default:
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return errWire
-			}
-			b = b[n:]
+		n, err := fn(num, typ, b)
+		if err != nil {
+			return err
 		}
+		if n == 0 {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return errWire
+		}
+		b = b[n:]
 	}
 	return nil
 }
 
-// decodeWrapper decodes a UInt64Value or UInt32Value: its value, and
-// whether the message set it.
-func decodeWrapper(b []byte) (uint64, bool, error) {
-	var v uint64
-	set := false
-	for len(b) > 0 {
-		num, typ, n := consumeTag(b)
-		if n < 0 {
-			return 0, false, errWire
-		}
-		b = b[n:]
-		if num == 1 && typ == protowire.VarintType {
-			if v, n = protowire.ConsumeVarint(b); n < 0 {
-				return 0, false, errWire
-			}
-			set = true
-		} else if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-			return 0, false, errWire
-		}
-		b = b[n:]
+// message consumes a length-delimited field and hands its bytes to fn.
+func message(b []byte, fn func(v []byte) error) (int, error) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return n, nil
 	}
-	return v, set, nil
+	return n, fn(v)
 }
 
 // consumeTag is protowire.ConsumeTag refusing field numbers above the
