@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -64,15 +63,26 @@ func sluiceBinary(t *testing.T) string {
 	return binaryPath
 }
 
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// servingAddrs returns the gRPC and HTTP addresses in the "serving" line
+// of a `sluice serve` log (text format), if the log has it yet. The tests
+// start sluice on port 0 and read its ports from there: a port probed free
+// and then closed can be taken, before the child binds it, by any test
+// running in parallel.
+func servingAddrs(log string) (grpcAddr, httpAddr string, ok bool) {
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, " msg=serving ") {
+			continue
+		}
+		for f := range strings.FieldsSeq(line) {
+			if v, found := strings.CutPrefix(f, "grpc="); found {
+				grpcAddr = v
+			} else if v, found := strings.CutPrefix(f, "http="); found {
+				httpAddr = v
+			}
+		}
+		return grpcAddr, httpAddr, grpcAddr != "" && httpAddr != ""
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return "", "", false
 }
 
 // sluiceProc is a running `sluice serve`.
@@ -85,14 +95,14 @@ type sluiceProc struct {
 	done     chan error
 }
 
-// startBinary runs `sluice serve` with args on free loopback ports and
-// waits until its gRPC port accepts connections.
+// startBinary runs `sluice serve` with args on loopback port 0 and waits
+// until it logs the ports it serves on.
 func startBinary(t *testing.T, args ...string) *sluiceProc {
 	t.Helper()
-	p := &sluiceProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), stderr: new(bytes.Buffer), done: make(chan error, 1)}
-	args = append([]string{"serve", "--grpc-addr", p.grpcAddr, "--http-addr", p.httpAddr}, args...)
+	p := &sluiceProc{stderr: new(bytes.Buffer), done: make(chan error, 1)}
+	args = append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)
 	p.cmd = exec.Command(sluiceBinary(t), args...)
-	p.cmd.Env = append(os.Environ(), "SLUICE_LOG_LEVEL=info")
+	p.cmd.Env = append(os.Environ(), "SLUICE_LOG_LEVEL=info", "SLUICE_LOG_FORMAT=text")
 	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: p.stderr}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -107,14 +117,19 @@ func startBinary(t *testing.T, args ...string) *sluiceProc {
 	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if c, err := net.Dial("tcp", p.grpcAddr); err == nil {
-			c.Close()
+		var ok bool
+		if p.grpcAddr, p.httpAddr, ok = servingAddrs(p.log()); ok {
 			return p
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sluice did not listen on %s:\n%s", p.grpcAddr, p.log())
+		select {
+		case err := <-p.done:
+			p.done <- err // for the cleanup
+			t.Fatalf("sluice exited before serving: %v\n%s", err, p.log())
+		case <-time.After(20 * time.Millisecond):
 		}
-		time.Sleep(20 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("sluice did not serve:\n%s", p.log())
+		}
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,12 +107,18 @@ func startSluices(t *testing.T, n int, config string, storeArgs ...string) []str
 	bin := buildSluice(t)
 	var addrs []string
 	for i := range n {
-		addr := "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))
-		args := append([]string{"serve", "--config", config,
-			"--grpc-addr", addr, "--http-addr", "127.0.0.1:0", "--log-level", "warn"}, storeArgs...)
+		args := append([]string{"serve", "--config", config, "--grpc-addr", "127.0.0.1:0",
+			"--http-addr", "127.0.0.1:0", "--log-level", "info", "--log-format", "text"}, storeArgs...)
 		cmd := redistest.Command(bin, args...)
+		var mu sync.Mutex
 		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
+		cmd.Stdout = &lockedWriter{mu: &mu, w: &out}
+		cmd.Stderr = cmd.Stdout
+		log := func() string {
+			mu.Lock()
+			defer mu.Unlock()
+			return out.String()
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -128,11 +133,22 @@ func startSluices(t *testing.T, n int, config string, storeArgs ...string) []str
 				<-done
 			}
 			if t.Failed() {
-				t.Logf("sluice %d output:\n%s", i, out.String())
+				t.Logf("sluice %d output:\n%s", i, log())
 			}
 		})
-		_, hc := dialRLS(t, addr)
 		deadline := time.Now().Add(30 * time.Second)
+		var addr string
+		for {
+			var ok bool
+			if addr, _, ok = servingAddrs(log()); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sluice %d did not serve:\n%s", i, log())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_, hc := dialRLS(t, addr)
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
@@ -141,7 +157,7 @@ func startSluices(t *testing.T, n int, config string, storeArgs ...string) []str
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("sluice %d not serving: %v\n%s", i, err, out.String())
+				t.Fatalf("sluice %d not serving: %v\n%s", i, err, log())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

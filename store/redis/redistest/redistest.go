@@ -7,6 +7,7 @@ package redistest
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -149,15 +150,31 @@ func (s *Server) Run(args ...string) (string, error) {
 	return strings.TrimSpace(string(out)), err
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, as
+// was the port 10000 above it (a cluster node's bus port). Ports come from
+// 10000-22767, below Linux's ephemeral range (32768 on), so the bus port
+// too stays outside it: no outgoing connection or bind to port 0 of a test
+// running in parallel can take them between this check and the server's
+// bind, which a port the kernel hands out for port 0 does not ensure.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("redistest: %v", err)
+	for range 1000 {
+		p := 10000 + rand.IntN(12768)
+		if free(p) && free(p+10000) {
+			return p
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("redistest: no free port pair in 10000-32767")
+	return 0
+}
+
+func free(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }
 
 // Cluster is a Redis Cluster of masters without replicas.
