@@ -25,6 +25,7 @@ func BenchmarkTake(b *testing.B) {
 	}{
 		{"1hit/fixed_window", []*store.Rule{fw}},
 		{"1hit/token_bucket", []*store.Rule{tb}},
+		{"4hits/fixed_window", []*store.Rule{fw, fw, fw, fw}},
 		{"4hits/mixed", []*store.Rule{fw, tb, fw, tb}},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -1,6 +1,8 @@
 package redis
 
 import (
+	"strings"
+
 	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/sluicehq/sluice/store"
@@ -27,7 +29,7 @@ func newOverCache() *overCache { return &overCache{m: xsync.NewMap[string, overE
 // answer decides the batch locally if it can: every hit's key is cached
 // for its rule and still over at now, no hit saturates, and the batch is
 // denied. It reports whether out was written.
-func (c *overCache) answer(s *Store, now int64, hits []store.Hit, keys []string, out []store.Decision) bool {
+func (c *overCache) answer(s *Store, sc *scratch, now int64, hits []store.Hit, keys []string, out []store.Decision) bool {
 	var buf [8]uint64
 	orig := buf[:0]
 	for i, h := range hits {
@@ -40,7 +42,7 @@ func (c *overCache) answer(s *Store, now int64, hits []store.Hit, keys []string,
 		}
 		orig = append(orig, e.state)
 	}
-	if committed, _ := s.decide(now, nil, hits, keys, orig, out); committed {
+	if committed, _ := s.decide(sc, now, nil, hits, keys, orig, out); committed {
 		return false
 	}
 	for i := range out {
@@ -67,7 +69,8 @@ func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []st
 		if wait == store.Never {
 			wait = d.ResetAfter
 		}
-		c.m.Store(keys[i], overEntry{rule: h.Rule, state: final[i], until: now + int64(wait)})
+		// (a clone: keys[i] shares its memory with the whole call's)
+		c.m.Store(strings.Clone(keys[i]), overEntry{rule: h.Rule, state: final[i], until: now + int64(wait)})
 	}
 }
 

@@ -42,7 +42,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 	c := s.client
 	cmds := make(rueidis.Commands, len(bs))
 	for j, b := range bs {
-		cmds[j] = c.B().Evalsha().Sha1(takeSHA).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build()
+		cmds[j] = c.B().Evalsha().Sha1(takeScript.sha).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build()
 	}
 	res := c.DoMulti(ctx, cmds...)
 	n := len(hits)
@@ -54,7 +54,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 	var errs []error
 	for j, b := range bs {
 		if e, ok := rueidis.IsRedisErr(res[j].Error()); ok && e.IsNoScript() {
-			res[j] = c.Do(ctx, c.B().Eval().Script(takeLua).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build())
+			res[j] = c.Do(ctx, c.B().Eval().Script(takeScript.src).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build())
 		}
 		r, err := parseReply(res[j], len(b.keys))
 		if err != nil {
@@ -86,7 +86,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 			sub[k] = hits[i]
 		}
 		out := make([]store.Decision, len(sub))
-		s.decide(now, r.now, sub, b.keys, r.orig, out)
+		s.decide(new(scratch), now, r.now, sub, b.keys, r.orig, out)
 		owed := s.owed(now, r, sub, b.keys, out)
 		rkeys, rargs = rkeys[:0], append(rargs[:0], "r")
 		for k, h := range sub {
@@ -106,7 +106,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 			continue
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Timeout)
-		if err := s.eval(rctx, rkeys, rargs).Error(); err != nil {
+		if err := s.eval(rctx, takeScript, rkeys, rargs).Error(); err != nil {
 			s.refundFailures.Add(1)
 		}
 		cancel()

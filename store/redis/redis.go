@@ -18,13 +18,24 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-//go:embed take.lua
-var takeLua string
+// script is a Lua script and its SHA-1, for EVALSHA.
+type script struct{ src, sha string }
 
-var takeSHA = func() string {
-	sum := sha1.Sum([]byte(takeLua))
-	return hex.EncodeToString(sum[:])
-}()
+func newScript(src string) script {
+	sum := sha1.Sum([]byte(src))
+	return script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+var (
+	//go:embed take.lua
+	takeLua string
+	//go:embed window.lua
+	windowLua string
+
+	// takeScript runs any batch; windowScript the usual one faster (see
+	// windowBatch).
+	takeScript, windowScript = newScript(takeLua), newScript(windowLua)
+)
 
 // fieldsPerHit is the number of script arguments describing one hit.
 const fieldsPerHit = 8
@@ -206,6 +217,14 @@ func windowEnd(r *store.Rule, now int64) uint64 {
 	return (clampNow(now)/uint64(time.Second)/w + 1) * w
 }
 
+// windowTTL is the expiry, in milliseconds from now, of a key counting the
+// window that ends at end (Unix seconds): a second after the window. A late
+// expiry changes nothing (a lapsed window counts 0), an early one would, and
+// Redis expires by its own clock, not the caller's.
+func windowTTL(end uint64, now int64) uint64 {
+	return (end*uint64(time.Second)-clampNow(now))/uint64(time.Millisecond) + 1000
+}
+
 func clampNow(now int64) uint64 { return uint64(max(now, 0)) }
 
 // quanta returns floor and ceil of now in the rule's time quanta:
@@ -228,13 +247,9 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		// A cost above the limit is denied whatever the count; limit+1
 		// stands for all of them and keeps the script's sums exact.
 		cost := min(h.Cost, r.Limit()+1)
-		// The key expires a second after its window ends: a late expiry
-		// changes nothing (a lapsed window counts 0), an early one would,
-		// and Redis expires by its own clock, not the caller's.
 		end := windowEnd(r, now)
-		ttl := (end*uint64(time.Second)-clampNow(now))/uint64(time.Millisecond) + 1000
 		return append(args, "f", flags, strconv.FormatUint(cost, 10), strconv.FormatUint(r.Limit(), 10),
-			strconv.FormatUint(end, 10), strconv.FormatUint(ttl, 10), "", "")
+			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), "", "")
 	}
 	k, rk, tol := r.Quanta()
 	ck := strconv.FormatUint(min(h.Cost, r.Burst())*k, 10) // at most tol < 2^62

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -29,6 +31,68 @@ type reply struct {
 	final     []uint64 // and after it
 }
 
+// call is the scratch of one Take: its keys and, for window.lua, its
+// arguments are substrings of one string built per call, so a command
+// that outlives its call (a deadline) holds no buffer a later call
+// reuses; the slices below are only read while the call runs. Pooled.
+type call struct {
+	buf        []byte
+	offs       []int
+	keys, args []string
+	orig, fin  []uint64
+	sc         scratch
+}
+
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+// build sets c.keys to the hits' keys with prefix and, if window, c.args
+// to window.lua's arguments at now.
+func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
+	c.buf, c.offs = c.buf[:0], append(c.offs[:0], 0)
+	for i := range hits {
+		c.buf = append(append(c.buf, prefix...), hits[i].Key...)
+		c.offs = append(c.offs, len(c.buf))
+	}
+	nkeys := len(hits)
+	if window {
+		for i := range hits {
+			r := hits[i].Rule
+			end := windowEnd(r, now)
+			for _, v := range [4]uint64{min(hits[i].Cost, r.Limit()+1), r.Limit(), end, windowTTL(end, now)} {
+				c.buf = strconv.AppendUint(c.buf, v, 10)
+				c.offs = append(c.offs, len(c.buf))
+			}
+		}
+	}
+	arena := string(c.buf)
+	c.keys, c.args = c.keys[:0], c.args[:0]
+	for i := 1; i < len(c.offs); i++ {
+		part := arena[c.offs[i-1]:c.offs[i]]
+		if i <= nkeys {
+			c.keys = append(c.keys, part)
+		} else {
+			c.args = append(c.args, part)
+		}
+	}
+}
+
+// windowBatch reports whether window.lua can run hits: fixed windows on
+// distinct keys, every hit vetoing, none saturating.
+func windowBatch(hits []store.Hit) bool {
+	for i := range hits {
+		h := &hits[i]
+		if h.Rule.Algorithm() != store.FixedWindow || !h.Veto || h.Saturate {
+			return false
+		}
+		for j := range i {
+			if hits[j].Key == h.Key {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Take applies hits as one all-or-nothing batch (see store.Store). On a
 // single Redis (or Sentinel) that is one script call; on Cluster one call
 // per hash slot, with refunds when a slot denies. Decisions come from the
@@ -41,36 +105,36 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if len(hits) == 0 {
 		return nil
 	}
-	// Own copies of the keys: a hit's Key may alias the caller's reused
-	// buffer, and a call that reaches its deadline may still be written to
-	// Redis after Take returns.
-	keys := make([]string, len(hits))
-	for i := range hits {
-		if s.opt.KeyPrefix == "" {
-			keys[i] = strings.Clone(hits[i].Key)
-		} else {
-			keys[i] = s.opt.KeyPrefix + hits[i].Key
-		}
-	}
-	if s.cache != nil && s.cache.answer(s, now, hits, keys, out) {
+	c := calls.Get().(*call)
+	defer calls.Put(c)
+	window := !s.cluster && windowBatch(hits)
+	c.build(s.opt.KeyPrefix, hits, window, now)
+	keys := c.keys
+	if s.cache != nil && s.cache.answer(s, &c.sc, now, hits, keys, out) {
 		s.localAnswers.Add(1)
 		return nil
 	}
 	if !s.breaker.allow() {
 		return ErrOpen
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.opt.Timeout)
+	start := time.Now()
+	cctx, cancel := context.WithDeadline(ctx, start.Add(s.opt.Timeout))
 	defer cancel()
 	var (
 		r   reply
 		err error
 	)
-	start := time.Now()
-	if s.cluster {
+	switch {
+	case s.cluster:
 		r, err = s.takeCluster(cctx, now, hits, keys)
-	} else {
-		b := batch{keys: keys, args: s.args(hits, nil, now)}
-		r, err = s.run(cctx, b)
+	case window:
+		var later bool
+		r, later, err = s.runWindow(cctx, c, hits, now)
+		if later {
+			r, err = s.run(cctx, batch{keys: keys, args: s.args(hits, nil, now)})
+		}
+	default:
+		r, err = s.run(cctx, batch{keys: keys, args: s.args(hits, nil, now)})
 	}
 	if s.opt.OnCall != nil {
 		s.opt.OnCall(time.Since(start), err)
@@ -83,7 +147,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		return err
 	}
 	s.breaker.success()
-	committed, final := s.decide(now, r.now, hits, keys, r.orig, out)
+	committed, final := s.decide(&c.sc, now, r.now, hits, keys, r.orig, out)
 	// On Cluster the script's final states of a denied batch predate the
 	// refunds.
 	if (committed != r.committed || r.committed || !s.cluster) && !sameStates(final, r.final) {
@@ -93,6 +157,42 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		s.cache.update(now, r.now, hits, keys, final)
 	}
 	return nil
+}
+
+// runWindow runs window.lua on c's batch. later reports that a key holds a
+// later window than now's: nothing was written, take.lua must run the
+// batch.
+func (s *Store) runWindow(ctx context.Context, c *call, hits []store.Hit, now int64) (r reply, later bool, err error) {
+	n := len(hits)
+	a, err := s.eval(ctx, windowScript, c.keys, c.args).ToArray()
+	if err != nil {
+		return r, false, fmt.Errorf("redis: %w", err)
+	}
+	if len(a) == 1 {
+		if v, err := a[0].AsInt64(); err == nil && v == -1 {
+			return r, true, nil
+		}
+	}
+	if len(a) != 1+2*n {
+		return r, false, fmt.Errorf("redis: window script answered %d values for %d keys", len(a), n)
+	}
+	committed, err := a[0].AsInt64()
+	if err != nil {
+		return r, false, fmt.Errorf("redis: window script reply: %w", err)
+	}
+	c.orig, c.fin = slices.Grow(c.orig[:0], n)[:n], slices.Grow(c.fin[:0], n)[:n]
+	for i := range n {
+		o, err1 := parseState(&a[1+i])
+		count, err2 := a[1+n+i].AsInt64()
+		if err := errors.Join(err1, err2); err != nil {
+			return r, false, fmt.Errorf("redis: window script reply: %w", err)
+		}
+		c.orig[i], c.fin[i] = o, o
+		if count >= 0 {
+			c.fin[i] = windowEnd(hits[i].Rule, now)<<32 | uint64(count)
+		}
+	}
+	return reply{committed: committed == 1, orig: c.orig, final: c.fin}, false, nil
 }
 
 func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {
@@ -117,18 +217,18 @@ func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {
 	return args
 }
 
-// run executes the script for one batch.
+// run executes take.lua for one batch.
 func (s *Store) run(ctx context.Context, b batch) (reply, error) {
-	return parseReply(s.eval(ctx, b.keys, b.args), len(b.keys))
+	return parseReply(s.eval(ctx, takeScript, b.keys, b.args), len(b.keys))
 }
 
-// eval executes the script by SHA, with a fallback to its source when
-// Redis does not have it cached.
-func (s *Store) eval(ctx context.Context, keys, args []string) rueidis.RedisResult {
+// eval executes a script by SHA, with a fallback to its source when Redis
+// does not have it cached.
+func (s *Store) eval(ctx context.Context, sc script, keys, args []string) rueidis.RedisResult {
 	c := s.client
-	res := c.Do(ctx, c.B().Evalsha().Sha1(takeSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	res := c.Do(ctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
-		res = c.Do(ctx, c.B().Eval().Script(takeLua).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+		res = c.Do(ctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	}
 	return res
 }
@@ -176,7 +276,7 @@ func parseReply(res rueidis.RedisResult, n int) (reply, error) {
 // for a token bucket.
 func parseState(m *rueidis.RedisMessage) (uint64, error) {
 	v, err := m.ToString()
-	if err != nil {
+	if err != nil || v == "" {
 		return 0, err
 	}
 	e, c, window := strings.Cut(v, ":")
@@ -194,11 +294,10 @@ func parseState(m *rueidis.RedisMessage) (uint64, error) {
 // returns whether the batch committed and each hit's key's final state.
 // Fixed-window states are packed as the store package packs them; token
 // buckets use tbNow (per hit) if not nil.
-func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string, orig []uint64, out []store.Decision) (bool, []uint64) {
+func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, keys []string, orig []uint64, out []store.Decision) (bool, []uint64) {
 	n := len(hits)
-	first := make([]int, n) // the first hit on the same key holds its state
-	cur := make([]uint64, n)
-	at := make([]int64, n)
+	sc.size(n)
+	first, cur, at, tk := sc.first, sc.cur, sc.at, sc.tk // first: the first hit on the same key holds its state
 	for i := range hits {
 		first[i] = i
 		for j := range i {
@@ -215,11 +314,6 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 			cur[i] = orig[i]
 		}
 	}
-	type taken struct {
-		ok            bool
-		before, after uint64
-	}
-	tk := make([]taken, n)
 	apply := func(i int) (before, after uint64) {
 		h, f := &hits[i], first[i]
 		before = cur[f]
@@ -280,11 +374,36 @@ func (s *Store) decide(now int64, tbNow []int64, hits []store.Hit, keys []string
 			}
 		}
 	}
-	final := make([]uint64, n)
+	final := sc.final
 	for i := range hits {
 		final[i] = cur[first[i]]
 	}
 	return !denied, final
+}
+
+// scratch holds decide's working state, so that a replay allocates
+// nothing once its scratch has grown.
+type scratch struct {
+	first []int
+	cur   []uint64
+	at    []int64
+	tk    []taken
+	final []uint64
+}
+
+type taken struct {
+	ok            bool
+	before, after uint64
+}
+
+// size makes every slice n long, tk cleared.
+func (sc *scratch) size(n int) {
+	sc.first = slices.Grow(sc.first[:0], n)[:n]
+	sc.cur = slices.Grow(sc.cur[:0], n)[:n]
+	sc.at = slices.Grow(sc.at[:0], n)[:n]
+	sc.final = slices.Grow(sc.final[:0], n)[:n]
+	sc.tk = slices.Grow(sc.tk[:0], n)[:n]
+	clear(sc.tk)
 }
 
 // sameStates reports whether the replayed final states equal the script's.

@@ -21,9 +21,10 @@
 -- period, the period in nanoseconds, the capacity in quanta and "".
 -- Returns {committed, TIME seconds, TIME microseconds, state of each key
 -- before the batch..., state of each key after it...}.
--- One fixed-window hit, the most common request: the steps of the batch
--- below (take, or saturate, on the window holding now or the later one the
--- state holds), without its machinery.
+-- One fixed-window hit (a lone vetoing one goes to window.lua instead,
+-- except on Cluster): the steps of the batch below (take, or saturate, on
+-- the window holding now or the later one the state holds), without its
+-- machinery.
 if #KEYS == 1 and ARGV[2] == 'f' and ARGV[1] ~= 'r' then
   local key, f = KEYS[1], tonumber(ARGV[3])
   local cost, limit, we, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
@@ -48,52 +49,6 @@ if #KEYS == 1 and ARGV[2] == 'f' and ARGV[1] ~= 'r' then
   local committed = 1
   if f % 2 == 1 and not ok then committed = 0 end
   return {committed, '', '', oe .. ':' .. oc, e .. ':' .. c}
-end
-
--- Several fixed-window hits on distinct keys, all vetoing and none
--- saturating (a multi-descriptor request): every hit takes, or none does.
-if #KEYS > 1 and ARGV[1] ~= 'r' then
-  local n, simple = #KEYS, true
-  for i = 1, n do
-    local o = 2 + 8 * (i - 1)
-    if ARGV[o] ~= 'f' or ARGV[o + 1] ~= '1' then simple = false break end
-    for j = 1, i - 1 do
-      if KEYS[j] == KEYS[i] then simple = false break end
-    end
-    if not simple then break end
-  end
-  if simple then
-    local vals = redis.call('MGET', unpack(KEYS))
-    local out, ok = {0, '', ''}, true
-    local ends, counts = {}, {}
-    for i = 1, n do
-      local o = 2 + 8 * (i - 1)
-      local cost, limit, we = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
-      local oe, oc = 0, 0
-      if vals[i] then
-        local a, b = string.match(vals[i], '^(%d+):(%d+)$')
-        oe, oc = tonumber(a), tonumber(b)
-      end
-      out[3 + i] = oe .. ':' .. oc
-      local cur, count = math.max(we, oe), 0
-      if oe == cur then count = oc end
-      if ok and not (limit > 0 and count <= limit and cost <= limit - count) then ok = false end
-      ends[i], counts[i] = cur, count + cost
-    end
-    for i = 1, n do
-      local o = 2 + 8 * (i - 1)
-      if ok and ARGV[o + 2] ~= '0' then
-        local e, we, ttl = ends[i], tonumber(ARGV[o + 4]), ARGV[o + 5]
-        if e > we then ttl = tonumber(ttl) + (e - we) * 1000 end
-        redis.call('SET', KEYS[i], e .. ':' .. counts[i], 'PX', ttl)
-        out[3 + n + i] = e .. ':' .. counts[i]
-      else
-        out[3 + n + i] = out[3 + i]
-      end
-    end
-    if ok then out[1] = 1 end
-    return out
-  end
 end
 
 -- One token-bucket hit with the caller's clock: the same steps on two
