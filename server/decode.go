@@ -18,8 +18,9 @@ import (
 
 // Envoy's requests skip the proto message tree: the gRPC service below
 // hands the codec a pooled call, which the codec fills straight from the
-// wire (one copy of the message, entry strings aliasing that copy), so a
-// request costs no allocation until the response is built.
+// wire (one copy of the message, entry strings aliasing that copy), and
+// the answer goes back as wire bytes (see appendResponse), so a call
+// costs Sluice no allocation.
 
 // rlsService is rlspb's RateLimitService description with a handler that
 // decodes into a pooled call. Same names and metadata, so reflection and
@@ -44,16 +45,13 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 		return nil, err
 	}
 	if interceptor == nil {
-		return s.check(ctx, c)
+		return s.reply(ctx, c)
 	}
-	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: shouldRateLimitMethod}
-	return interceptor(ctx, c, info, func(ctx context.Context, req any) (any, error) {
-		return s.check(ctx, req.(*call))
-	})
+	return interceptor(ctx, c, s.info, s.handle)
 }
 
-// codec decodes a *call itself and leaves every other message to the
-// proto codec.
+// codec decodes a *call and encodes a *reply itself, and leaves every
+// other message to the proto codec.
 type codec struct {
 	proto encoding.CodecV2
 }
@@ -62,7 +60,12 @@ func newCodec() codec {
 	return codec{proto: encoding.GetCodecV2("proto")}
 }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*reply); ok {
+		return r.buffers(), nil
+	}
+	return c.proto.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	cl, ok := v.(*call)

@@ -3,19 +3,17 @@ package server
 import (
 	"context"
 	"errors"
-	"strconv"
+	"strings"
 	"sync"
 
-	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/store"
 )
 
 // Headers names the response headers added when Options.ResponseHeaders is
@@ -55,6 +53,12 @@ type RLS struct {
 	opts    Options
 	headers Headers
 	calls   sync.Pool
+	replies *sync.Pool
+	// info and handle are what interceptors get for every call of
+	// rlsService (built once: gRPC's generated handlers allocate them per
+	// call).
+	info   *grpc.UnaryServerInfo
+	handle grpc.UnaryHandler
 }
 
 // call holds the limiter's request and response for one RPC. Pooled.
@@ -68,9 +72,17 @@ type call struct {
 }
 
 // NewRLS returns Envoy's rate-limit service over lim.
+// Header names that are not valid UTF-8 have their bad bytes replaced,
+// as a proto string must be valid UTF-8.
 func NewRLS(lim *limiter.Limiter, opts Options) *RLS {
-	s := &RLS{lim: lim, opts: opts, headers: opts.HeaderNames.withDefaults()}
+	h := opts.HeaderNames.withDefaults()
+	for _, n := range []*string{&h.Limit, &h.Remaining, &h.Reset} {
+		*n = strings.ToValidUTF8(*n, "\uFFFD")
+	}
+	s := &RLS{lim: lim, opts: opts, headers: h, replies: newReplyPool()}
 	s.calls.New = func() any { return new(call) }
+	s.info = &grpc.UnaryServerInfo{Server: s, FullMethod: shouldRateLimitMethod}
+	s.handle = func(ctx context.Context, req any) (any, error) { return s.reply(ctx, req.(*call)) }
 	return s
 }
 
@@ -82,12 +94,23 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, in *rlspb.RateLimitRequest) (
 	return s.check(ctx, c)
 }
 
-// check answers c's request.
+// check answers c's request with a message.
 func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, error) {
 	if err := s.lim.Check(ctx, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
 	return s.response(&c.resp), nil
+}
+
+// reply answers c's request with a *reply, the response's wire form,
+// which no longer refers to c.
+func (s *RLS) reply(ctx context.Context, c *call) (any, error) {
+	if err := s.lim.Check(ctx, &c.req, &c.resp); err != nil {
+		return nil, grpcError(err)
+	}
+	r := s.replies.Get().(*reply)
+	r.data = s.appendResponse(r.data[:0], &c.resp)
+	return r, nil
 }
 
 // fillRequest translates an Envoy request into r, reusing r's buffers.
@@ -115,59 +138,15 @@ func fillRequest(r *limiter.Request, in *rlspb.RateLimitRequest) {
 	}
 }
 
-// statusBlock holds one descriptor's messages, so that a response's
-// statuses are allocated together.
-type statusBlock struct {
-	status   rlspb.RateLimitResponse_DescriptorStatus
-	limit    rlspb.RateLimitResponse_RateLimit
-	duration durationpb.Duration
-}
-
-// response builds Envoy's response: three allocations whatever the
-// number of descriptors.
+// response is Envoy's response as a message: appendResponse's bytes,
+// unmarshalled, for the paths that need the message.
 func (s *RLS) response(r *limiter.Response) *rlspb.RateLimitResponse {
-	out := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_Code(r.Overall)}
-	blocks := make([]statusBlock, len(r.Statuses))
-	out.Statuses = make([]*rlspb.RateLimitResponse_DescriptorStatus, len(r.Statuses))
-	for i := range r.Statuses {
-		st, b := &r.Statuses[i], &blocks[i]
-		ps := &b.status
-		out.Statuses[i] = ps
-		ps.Code = rlspb.RateLimitResponse_Code(st.Code)
-		switch {
-		case st.Unlimited:
-			ps.LimitRemaining = st.Remaining()
-		case st.Limited:
-			l := &b.limit
-			l.Name, l.RequestsPerUnit, l.Unit = st.Name, st.RequestsPerUnit, rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)
-			if st.UnitMultiplier > 1 {
-				l.UnitMultiplier = wrapperspb.UInt32(st.UnitMultiplier)
-			}
-			b.duration.Seconds = int64(st.ResetAfter().Seconds())
-			ps.CurrentLimit, ps.LimitRemaining, ps.DurationUntilReset = l, st.Remaining(), &b.duration
-		}
-	}
-	if s.opts.ResponseHeaders {
-		out.ResponseHeadersToAdd = s.responseHeaders(r)
+	out := new(rlspb.RateLimitResponse)
+	if err := proto.Unmarshal(s.appendResponse(nil, r), out); err != nil {
+		// appendResponse writes valid UTF-8 and well-formed fields only.
+		panic("server: unmarshal an encoded response: " + err.Error())
 	}
 	return out
-}
-
-func (s *RLS) responseHeaders(r *limiter.Response) []*corepb.HeaderValue {
-	i := r.MostRestrictive()
-	if i < 0 {
-		return nil
-	}
-	st := &r.Statuses[i]
-	hs := []*corepb.HeaderValue{
-		{Key: s.headers.Limit, Value: strconv.FormatUint(uint64(st.RequestsPerUnit), 10)},
-		{Key: s.headers.Remaining, Value: strconv.FormatUint(uint64(st.Remaining()), 10)},
-		{Key: s.headers.Reset, Value: strconv.FormatInt(int64(st.ResetAfter().Seconds()), 10)},
-	}
-	if d := r.RetryAfter(); d > 0 && d != store.Never {
-		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(int64(d.Seconds()), 10)})
-	}
-	return hs
 }
 
 // grpcError maps the limiter's errors to gRPC status codes.
