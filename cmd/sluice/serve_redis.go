@@ -20,6 +20,11 @@ import (
 	"github.com/sluicehq/sluice/store/redis"
 )
 
+// defaultPipelineWindow is --redis-pipeline-window's default: measured on
+// the load benchmark (docs/BENCHMARKS.md), it halves the write system calls
+// per request at a latency cost below the benchmark's noise.
+const defaultPipelineWindow = 100 * time.Microsecond
+
 // redisFlags are the redis backend's settings.
 type redisFlags struct {
 	url              string
@@ -35,6 +40,7 @@ type redisFlags struct {
 	tlsKey           string
 	tlsServerName    string
 	timeout          time.Duration
+	pipelineWindow   time.Duration
 	health           bool
 	localCache       bool
 	keyPrefix        string
@@ -63,6 +69,7 @@ func init() {
 			fs.StringVar(&f.tlsCert, "redis-tls-cert", "", "redis store: PEM `file` of the client certificate")
 			fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
 			fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
+			fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", defaultPipelineWindow, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (fewer system calls, up to this much latency; 0: write at once)")
 			fs.DurationVar(&f.timeout, "redis-timeout", 10*time.Millisecond, "redis store: deadline of every Redis call (keep it under Envoy's 20ms filter timeout)")
 			fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
 				return fs.Set("store-failure-mode", v)
@@ -180,7 +187,7 @@ func (f *redisFlags) deployment() string {
 
 func (f *redisFlags) options() (redis.Options, error) {
 	o := redis.Options{URL: f.url, SentinelMaster: f.sentinelMaster, Username: f.username,
-		Password: f.password, SentinelPassword: f.sentinelPassword, Timeout: f.timeout, KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
+		Password: f.password, SentinelPassword: f.sentinelPassword, Timeout: f.timeout, PipelineWindow: f.pipelineWindow, KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
 	if f.sentinel != "" {
 		o.SentinelAddrs = splitList(f.sentinel)
 	}
@@ -192,6 +199,9 @@ func (f *redisFlags) options() (redis.Options, error) {
 	}
 	if f.timeout <= 0 {
 		return o, errors.New("--redis-timeout must be positive")
+	}
+	if f.pipelineWindow < 0 || f.pipelineWindow >= f.timeout {
+		return o, fmt.Errorf("--redis-pipeline-window %v: want 0 or more and less than --redis-timeout (%v)", f.pipelineWindow, f.timeout)
 	}
 	switch f.clock {
 	case "script-arg":
@@ -251,6 +261,7 @@ func splitList(s string) []string {
 // seeds for Cluster), REDIS_AUTH ("password" or "user:password"),
 // REDIS_SENTINEL_AUTH, REDIS_TLS with REDIS_TLS_CACERT,
 // REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT,
+// REDIS_PIPELINE_WINDOW,
 // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and CACHE_KEY_PREFIX. A separate
 // per-second Redis (REDIS_PERSECOND) is refused.
 func redisRefEnv(getenv func(string) string, set func(flag, value string)) error {
@@ -268,6 +279,9 @@ func redisRefEnv(getenv func(string) string, set func(flag, value string)) error
 	}
 	if v := getenv("REDIS_TIMEOUT"); v != "" {
 		set("redis-timeout", v)
+	}
+	if v := getenv("REDIS_PIPELINE_WINDOW"); v != "" {
+		set("redis-pipeline-window", v)
 	}
 	if strings.EqualFold(getenv("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"), "true") {
 		set("redis-health", "true")

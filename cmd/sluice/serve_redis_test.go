@@ -27,8 +27,8 @@ func TestServeRedis_RefEnv(t *testing.T) {
 		env  serveEnv
 		want map[string]string
 	}{
-		{serveEnv{"BACKEND_TYPE": "redis", "REDIS_URL": "10.0.0.1:6379", "REDIS_AUTH": "pw", "CACHE_KEY_PREFIX": "rl_", "REDIS_TIMEOUT": "5ms"},
-			map[string]string{"store": "redis", "redis-url": "redis://10.0.0.1:6379", "redis-password": "pw", "redis-key-prefix": "rl_", "redis-timeout": "5ms"}},
+		{serveEnv{"BACKEND_TYPE": "redis", "REDIS_URL": "10.0.0.1:6379", "REDIS_AUTH": "pw", "CACHE_KEY_PREFIX": "rl_", "REDIS_TIMEOUT": "5ms", "REDIS_PIPELINE_WINDOW": "150us"},
+			map[string]string{"store": "redis", "redis-url": "redis://10.0.0.1:6379", "redis-password": "pw", "redis-key-prefix": "rl_", "redis-timeout": "5ms", "redis-pipeline-window": "150µs"}},
 		{serveEnv{"REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_AUTH": "u:p"},
 			map[string]string{"redis-url": "rediss://r:6380", "redis-tls": "true", "redis-tls-ca": "/ca.pem", "redis-username": "u", "redis-password": "p"}},
 		{serveEnv{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "/run/redis.sock"}, map[string]string{"redis-url": "unix:///run/redis.sock"}},
@@ -73,16 +73,23 @@ func TestServeRedis_RefEnv(t *testing.T) {
 }
 
 func TestServeRedis_BadSettings(t *testing.T) {
-	for _, args := range [][]string{
-		{"--store", "redis"},
-		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-clock", "sundial"},
-		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-timeout", "0s"},
-		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1", "--redis-tls-cert", "c.pem"},
-		{"--store", "redis", "--redis-url", "redis://127.0.0.1:1"}, // nothing listens
+	const url = "redis://127.0.0.1:1" // nothing listens: settings are checked first
+	for _, c := range []struct {
+		args []string
+		want string // in the error
+	}{
+		{[]string{"--store", "redis"}, "give --redis-url"},
+		{[]string{"--redis-url", url, "--redis-clock", "sundial"}, "--redis-clock"},
+		{[]string{"--redis-url", url, "--redis-timeout", "0s"}, "--redis-timeout"},
+		{[]string{"--redis-url", url, "--redis-pipeline-window", "-1us"}, "--redis-pipeline-window"},
+		{[]string{"--redis-url", url, "--redis-pipeline-window", "10ms"}, "--redis-pipeline-window"},
+		{[]string{"--redis-url", url, "--redis-tls-cert", "c.pem"}, "--redis-tls-cert"},
+		{[]string{"--redis-url", url}, "127.0.0.1:1"},
 	} {
-		args = append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)
-		if err := serve(testCtx(t), args, serveEnv{}.get, &bytes.Buffer{}, nil); err == nil {
-			t.Errorf("serve %v: no error", args)
+		args := append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--store", "redis"}, c.args...)
+		err := serve(testCtx(t), args, serveEnv{}.get, &bytes.Buffer{}, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("serve %v: error %v, want one about %q", c.args, err, c.want)
 		}
 	}
 }

@@ -31,6 +31,12 @@ type Options struct {
 	// Timeout bounds every Redis call (default 10 ms, well under Envoy's
 	// 20 ms filter timeout).
 	Timeout time.Duration
+	// PipelineWindow, when positive, makes each connection wait up to this
+	// long after writing to Redis before it writes again, while other
+	// calls are in flight, so that more commands share one write: fewer
+	// system calls for this process and for Redis, for up to this much
+	// latency per call (rueidis's MaxFlushDelay; zero writes at once).
+	PipelineWindow time.Duration
 	// KeyPrefix is put before every key (e.g. "sluice:").
 	KeyPrefix string
 	// ServerClock makes token buckets read the time from Redis TIME

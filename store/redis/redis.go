@@ -141,6 +141,7 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 	// waiting, where the synchronous path would drop the connection and
 	// make the next calls wait for a reconnect.
 	co.AlwaysPipelining = true
+	co.MaxFlushDelay = max(opt.PipelineWindow, 0)
 	co.Dialer.Timeout = time.Second
 	co.ConnWriteTimeout = time.Second
 	return co, nil
