@@ -4,14 +4,17 @@ import (
 	"context"
 	"net"
 	"testing"
+	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
 )
 
@@ -76,6 +79,58 @@ func BenchmarkCall(b *testing.B) {
 			}
 		}
 	})
+}
+
+// multiResponse is the answer to the load benchmark's multi workload:
+// four allowed descriptors, each with its rule.
+func multiResponse() *limiter.Response {
+	r := &limiter.Response{Overall: limiter.OK}
+	for range 4 {
+		r.Statuses = append(r.Statuses, limiter.Status{Code: limiter.OK, Limited: true, RequestsPerUnit: 1000000000,
+			Unit: config.Unit(rlspb.RateLimitResponse_RateLimit_SECOND), Hits: 1,
+			Decision: store.Decision{Allowed: true, Limit: 1000000000, Remaining: 999999990, ResetAfter: 300 * time.Millisecond}})
+	}
+	return r
+}
+
+// TestAppendResponse_Allocs pins the encoder's allocations: none, with
+// response headers too, once the buffer is large enough.
+func TestAppendResponse_Allocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts differ under -race")
+	}
+	r := multiResponse()
+	for _, headers := range []bool{false, true} {
+		s := server.NewRLS(nil, server.Options{ResponseHeaders: headers})
+		b := make([]byte, 0, 1024)
+		allocs := testing.AllocsPerRun(1000, func() { b = s.AppendResponse(b[:0], r) })
+		if allocs != 0 || len(b) == 0 {
+			t.Errorf("headers %v: AppendResponse allocates %.1f times (%d bytes), want 0", headers, allocs, len(b))
+		}
+	}
+}
+
+// BenchmarkAppendResponse encodes the multi workload's answer.
+func BenchmarkAppendResponse(b *testing.B) {
+	s, r := server.NewRLS(nil, server.Options{}), multiResponse()
+	buf := make([]byte, 0, 1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = s.AppendResponse(buf[:0], r)
+	}
+	b.SetBytes(int64(len(buf)))
+}
+
+// BenchmarkResponseProto is what answering multi cost before
+// AppendResponse: the message tree, then proto.Marshal.
+func BenchmarkResponseProto(b *testing.B) {
+	s, r := server.NewRLS(nil, server.Options{}), multiResponse()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := proto.Marshal(server.BuildResponse(s, r)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 // BenchmarkShouldRateLimit calls the adapter directly: translation,

@@ -20,43 +20,60 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// buildResponse is the reference for appendResponse: Envoy's response
-// built as a message, as the server did before it wrote the wire form
-// itself.
+// buildResponse is the reference for appendResponse: the message
+// builder the server used before it wrote the wire form itself, as it
+// was.
 func buildResponse(s *RLS, r *limiter.Response) *rlspb.RateLimitResponse {
 	out := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_Code(r.Overall)}
+	blocks := make([]statusBlock, len(r.Statuses))
+	out.Statuses = make([]*rlspb.RateLimitResponse_DescriptorStatus, len(r.Statuses))
 	for i := range r.Statuses {
-		st := &r.Statuses[i]
-		ps := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_Code(st.Code)}
+		st, b := &r.Statuses[i], &blocks[i]
+		ps := &b.status
+		out.Statuses[i] = ps
+		ps.Code = rlspb.RateLimitResponse_Code(st.Code)
 		switch {
 		case st.Unlimited:
 			ps.LimitRemaining = st.Remaining()
 		case st.Limited:
-			l := &rlspb.RateLimitResponse_RateLimit{Name: st.Name, RequestsPerUnit: st.RequestsPerUnit,
-				Unit: rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)}
+			l := &b.limit
+			l.Name, l.RequestsPerUnit, l.Unit = st.Name, st.RequestsPerUnit, rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)
 			if st.UnitMultiplier > 1 {
 				l.UnitMultiplier = wrapperspb.UInt32(st.UnitMultiplier)
 			}
-			ps.CurrentLimit, ps.LimitRemaining = l, st.Remaining()
-			ps.DurationUntilReset = &durationpb.Duration{Seconds: int64(st.ResetAfter().Seconds())}
+			b.duration.Seconds = int64(st.ResetAfter().Seconds())
+			ps.CurrentLimit, ps.LimitRemaining, ps.DurationUntilReset = l, st.Remaining(), &b.duration
 		}
-		out.Statuses = append(out.Statuses, ps)
 	}
 	if s.opts.ResponseHeaders {
-		if i := r.MostRestrictive(); i >= 0 {
-			st := &r.Statuses[i]
-			out.ResponseHeadersToAdd = []*corepb.HeaderValue{
-				{Key: s.headers.Limit, Value: strconv.FormatUint(uint64(st.RequestsPerUnit), 10)},
-				{Key: s.headers.Remaining, Value: strconv.FormatUint(uint64(st.Remaining()), 10)},
-				{Key: s.headers.Reset, Value: strconv.FormatInt(int64(st.ResetAfter().Seconds()), 10)},
-			}
-			if d := r.RetryAfter(); d > 0 && d != store.Never {
-				out.ResponseHeadersToAdd = append(out.ResponseHeadersToAdd,
-					&corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(int64(d.Seconds()), 10)})
-			}
-		}
+		out.ResponseHeadersToAdd = buildHeaders(s, r)
 	}
 	return out
+}
+
+// statusBlock holds one descriptor's messages, so that a response's
+// statuses are allocated together.
+type statusBlock struct {
+	status   rlspb.RateLimitResponse_DescriptorStatus
+	limit    rlspb.RateLimitResponse_RateLimit
+	duration durationpb.Duration
+}
+
+func buildHeaders(s *RLS, r *limiter.Response) []*corepb.HeaderValue {
+	i := r.MostRestrictive()
+	if i < 0 {
+		return nil
+	}
+	st := &r.Statuses[i]
+	hs := []*corepb.HeaderValue{
+		{Key: s.headers.Limit, Value: strconv.FormatUint(uint64(st.RequestsPerUnit), 10)},
+		{Key: s.headers.Remaining, Value: strconv.FormatUint(uint64(st.Remaining()), 10)},
+		{Key: s.headers.Reset, Value: strconv.FormatInt(int64(st.ResetAfter().Seconds()), 10)},
+	}
+	if d := r.RetryAfter(); d > 0 && d != store.Never {
+		hs = append(hs, &corepb.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(int64(d.Seconds()), 10)})
+	}
+	return hs
 }
 
 // checkEncoding fails t unless appendResponse gives, after some bytes

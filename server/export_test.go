@@ -51,3 +51,9 @@ func NewCall(s *RLS, wire []byte, interceptor grpc.UnaryServerInterceptor, out f
 		return nil
 	}
 }
+
+// AppendResponse is the encoder of Envoy's response.
+func (s *RLS) AppendResponse(b []byte, r *limiter.Response) []byte { return s.appendResponse(b, r) }
+
+// BuildResponse is the message builder appendResponse is checked against.
+var BuildResponse = buildResponse

@@ -45,12 +45,13 @@ type GRPCOptions struct {
 	// certificates).
 	TLS *tls.Config
 	// ServerOptions are appended last: stats handlers, more interceptors.
-	// Unless Interceptors is set, what these see as the request of Envoy's
-	// ShouldRateLimit is not a proto message but an internal type.
+	// Unless Interceptors is set, what these see as the request and the
+	// response of Envoy's ShouldRateLimit are not proto messages but
+	// internal types, reused once the call is over.
 	ServerOptions []grpc.ServerOption
 	// Interceptors run after recovery and logging, before the handler;
-	// they see Envoy's requests as *rlspb.RateLimitRequest. Setting any
-	// turns off the faster decoding that skips the proto message.
+	// they see Envoy's requests and responses as proto messages. Setting
+	// any turns off the faster path that skips the proto messages.
 	Interceptors []grpc.UnaryServerInterceptor
 }
 
@@ -99,7 +100,8 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(o.TLS)))
 	}
 	// Without interceptors that may look at them, Envoy's requests are
-	// decoded straight into the limiter's form (see decodeRLS).
+	// decoded straight into the limiter's form and its responses written
+	// straight from it (see decodeRLS and appendResponse).
 	direct := len(o.Interceptors) == 0
 	if direct {
 		opts = append(opts, grpc.ForceServerCodecV2(newCodec()))
