@@ -1,10 +1,11 @@
 // Package redis is a store.Store on Redis (single, Sentinel or Cluster),
 // so that every Sluice replica shares every limit.
 //
-// A Take is one EVALSHA of take.lua per request (per hash slot on
-// Cluster): the script runs the batch atomically, in the memory store's
-// order, on the key states it reads, and writes the new states with an
-// expiry at which they are fresh again. Lua numbers are doubles, so the
+// A Take is one EVALSHA per request (per hash slot on Cluster): of
+// window.lua for the usual batch (vetoing fixed-window hits on distinct
+// keys), else of take.lua. Either runs the batch atomically, in the memory
+// store's order, on the key states it reads, and writes the new states
+// with an expiry at which they are fresh again. Lua numbers are doubles, so the
 // script keeps token-bucket states as decimal strings and adds and
 // compares them in base-10^7 limbs; everything that depends only on the
 // clock and the rule (now in quanta, window ends, expiries) is computed in
