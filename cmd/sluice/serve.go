@@ -122,12 +122,34 @@ type serveContext struct {
 	GRPCOptions []grpc.ServerOption
 	// Run are started with the serving context; serve waits for them.
 	Run []func(ctx context.Context) error
+	// Ready are conditions besides a loaded config that health requires
+	// (Redis reachable, with --redis-health). An extension that adds one
+	// calls UpdateHealth when it changes.
+	Ready []func() bool
 	// Limiter is set after setup, for extensions' goroutines.
 	Limiter *limiter.Limiter
 	// Store is the backend's store and Clock the limiter's clock.
 	Store store.Store
 	Clock store.Clock
 }
+
+// serving reports whether to serve with config table t: there is one and
+// every Ready condition holds.
+func (x *serveContext) serving(t *config.Table) bool {
+	if t == nil {
+		return false
+	}
+	for _, ok := range x.Ready {
+		if !ok() {
+			return false
+		}
+	}
+	return true
+}
+
+// UpdateHealth sets health from the current config and the Ready
+// conditions.
+func (x *serveContext) UpdateHealth() { x.Health.SetServing(x.serving(x.Config.Current())) }
 
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := serve(ctx, args, os.Getenv, stderr, nil); err != nil {
@@ -310,8 +332,8 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 
 	// Serving only with a table: before the first one (--allow-empty-
 	// config) health says NOT_SERVING and requests get UNAVAILABLE.
-	reloader.OnReload(func(t *config.Table, _ error) { health.SetServing(t != nil) })
-	health.SetServing(reloader.Current() != nil)
+	reloader.OnReload(func(t *config.Table, _ error) { health.SetServing(x.serving(t)) })
+	x.UpdateHealth()
 	if reloader.Current() == nil {
 		logger.Warn("no config loaded yet; NOT_SERVING until one is", "path", f.config)
 	}

@@ -122,6 +122,7 @@ func init() {
 			return err
 		}
 		if f.health {
+			x.Ready = append(x.Ready, st.Healthy)
 			x.Run = append(x.Run, func(ctx context.Context) error {
 				return followHealth(ctx, st, x, 50*time.Millisecond)
 			})
@@ -151,8 +152,9 @@ func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store) error {
 	)
 }
 
-// followHealth sets x's health to NOT_SERVING while st is unhealthy and
-// back to what the config says when it recovers, checking every interval.
+// followHealth updates x's health when st's health changes, checking
+// every interval (st.Healthy is one of x.Ready, so a config reload while
+// Redis is down keeps NOT_SERVING too).
 func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -165,12 +167,13 @@ func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interva
 		}
 		ok := st.Healthy()
 		switch {
-		case !ok && x.Health.Serving():
+		case !ok && was:
 			x.Logger.Warn("redis unreachable: NOT_SERVING")
-			x.Health.SetServing(false)
 		case ok && !was:
 			x.Logger.Info("redis reachable again")
-			x.Health.SetServing(x.Config.Current() != nil)
+		}
+		if ok != was {
+			x.UpdateHealth()
 		}
 		was = ok
 	}

@@ -309,11 +309,17 @@ func TestServeRedis_ClusterNoOverGrant(t *testing.T) {
 }
 
 // TestServeRedis_FailureModeAndHealth: with Redis down, requests get the
-// failure mode's answer and (with --redis-health) health is NOT_SERVING;
-// when Redis is back, both recover without a restart.
+// failure mode's answer and (with --redis-health) health is NOT_SERVING,
+// also across a config reload; when Redis is back, both recover without a
+// restart.
 func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 	srv := redistest.Start(t)
-	grpcAddr, httpAddr, stop := startServe(t, nil, "--config", "testdata/serve", "--store", "redis",
+	limits, err := os.ReadFile("testdata/serve/limits.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := writeConfig(t, string(limits))
+	grpcAddr, httpAddr, stop := startServe(t, nil, "--config", dir, "--store", "redis",
 		"--redis-url", "redis://"+srv.Addr, "--redis-timeout", "200ms", "--redis-failure-mode", "allow", "--redis-health")
 	defer stop()
 	rls, hc := dialRLS(t, grpcAddr)
@@ -352,6 +358,40 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 	}
 	waitUntil(t, 5*time.Second, "NOT_SERVING with Redis down", func() bool { return !serving() })
 	metricUp("0")
+
+	// A config reload while Redis is down must not flip health to
+	// SERVING, not even until Redis's health is next polled: Watch
+	// reports every change.
+	watch, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	statuses := make(chan healthpb.HealthCheckResponse_ServingStatus, 16)
+	go func() {
+		for {
+			r, err := watch.Recv()
+			if err != nil {
+				return
+			}
+			statuses <- r.Status
+		}
+	}()
+	if st := <-statuses; st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Watch starts at %v with Redis down", st)
+	}
+	reloads := func() bool {
+		return strings.Contains(httpGet(t, "http://"+httpAddr+"/metrics"), `sluice_config_reloads_total{result="success"} 1`)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), append(limits, "\n# edited\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 5*time.Second, "config reloaded", reloads)
+	select {
+	case st := <-statuses:
+		t.Fatalf("health changed to %v on a config reload with Redis down", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+
 	srv.Restart()
 	waitUntil(t, 5*time.Second, "SERVING with Redis back", serving)
 	// Counting again, from zero (the killed Redis kept nothing): the
