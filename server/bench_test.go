@@ -2,13 +2,11 @@ package server_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/config"
@@ -172,18 +170,7 @@ func BenchmarkShouldRateLimit_GRPC(b *testing.B) {
 }
 
 func benchGRPC(b *testing.B, s *grpc.Server) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go s.Serve(lis)
-	defer s.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cc.Close()
-	client := rlspb.NewRateLimitServiceClient(cc)
+	client := rlspb.NewRateLimitServiceClient(serveLoopback(b, s))
 	b.ReportAllocs()
 	b.SetParallelism(16)
 	b.ResetTimer()

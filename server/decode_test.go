@@ -2,14 +2,12 @@ package server_test
 
 import (
 	"fmt"
-	"net"
 	"testing"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -116,17 +114,7 @@ func TestDecodeRLS_Allocs(t *testing.T) {
 func TestGRPC_MalformedRequest(t *testing.T) {
 	lim := limiter.New(tables{loadTable(t)}, memory.New(memory.Options{}), limiter.Options{})
 	gs := server.NewGRPC(lim, server.NewHealth(), server.GRPCOptions{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
-	defer gs.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := serveLoopback(t, gs)
 	const method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 	bad := []byte("\x0a\x03e2e\x12\x05\x0a\x03\x0a\x01\xff") // invalid UTF-8 in a key
 	var out []byte

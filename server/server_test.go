@@ -107,22 +107,30 @@ func newEnv(t *testing.T, lopts limiter.Options, sopts server.Options) *env {
 	lopts.Clock = e.clock
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), lopts)
 	gs := server.NewGRPC(lim, e.health, server.GRPCOptions{Options: sopts})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := serveLoopback(t, gs)
 	e.rls, e.api, e.hc = rlspb.NewRateLimitServiceClient(cc), sluicev1.NewRateLimiterClient(cc), healthpb.NewHealthClient(cc)
 	e.http = httptest.NewServer(server.NewHTTP(lim, e.health, sopts))
 	t.Cleanup(e.http.Close)
 	e.health.SetServing(true)
 	return e
+}
+
+// serveLoopback serves gs on a loopback port and returns a client
+// connection to it; both stop when the test ends.
+func serveLoopback(tb testing.TB, gs *grpc.Server) *grpc.ClientConn {
+	tb.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go gs.Serve(lis)
+	tb.Cleanup(gs.Stop)
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 func ctx(t *testing.T) context.Context {
@@ -342,18 +350,8 @@ func TestShouldRateLimit_NoConfig(t *testing.T) {
 	health := server.NewHealth()
 	lim := limiter.New(tables{}, memory.New(memory.Options{}), limiter.Options{})
 	gs := server.NewGRPC(lim, health, server.GRPCOptions{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
-	defer gs.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	_, err = rlspb.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx(t), req(0, d("a", "b")))
+	cc := serveLoopback(t, gs)
+	_, err := rlspb.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx(t), req(0, d("a", "b")))
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("no config: %v, want Unavailable", err)
 	}
@@ -439,17 +437,7 @@ func TestGRPC_LoggingAndRecovery(t *testing.T) {
 		return next(ctx, req)
 	}
 	gs := server.NewGRPC(lim, server.NewHealth(), server.GRPCOptions{Logger: logger, Interceptors: []grpc.UnaryServerInterceptor{boom}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(lis)
-	defer gs.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := serveLoopback(t, gs)
 	client := rlspb.NewRateLimitServiceClient(cc)
 	if _, err := client.ShouldRateLimit(ctx(t), req(0, d("path", "/log"))); err != nil {
 		t.Fatal(err)

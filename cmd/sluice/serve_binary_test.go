@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
@@ -90,8 +89,7 @@ type sluiceProc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
 	httpAddr string
-	stderr   *bytes.Buffer
-	mu       sync.Mutex
+	stderr   lockedBuffer
 	done     chan error
 }
 
@@ -99,11 +97,11 @@ type sluiceProc struct {
 // until it logs the ports it serves on.
 func startBinary(t *testing.T, args ...string) *sluiceProc {
 	t.Helper()
-	p := &sluiceProc{stderr: new(bytes.Buffer), done: make(chan error, 1)}
+	p := &sluiceProc{done: make(chan error, 1)}
 	args = append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)
 	p.cmd = exec.Command(sluiceBinary(t), args...)
 	p.cmd.Env = append(os.Environ(), "SLUICE_LOG_LEVEL=info", "SLUICE_LOG_FORMAT=text")
-	p.cmd.Stderr = &lockedWriter{mu: &p.mu, w: p.stderr}
+	p.cmd.Stderr = &p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -133,22 +131,7 @@ func startBinary(t *testing.T, args ...string) *sluiceProc {
 	}
 }
 
-func (p *sluiceProc) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(b)
-}
+func (p *sluiceProc) log() string { return p.stderr.String() }
 
 // grpcurlPath finds grpcurl in the repository's .bin/ (make test installs
 // it there) or on PATH.

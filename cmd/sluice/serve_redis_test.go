@@ -117,15 +117,9 @@ func startSluices(t *testing.T, n int, config string, storeArgs ...string) []str
 		args := append([]string{"serve", "--config", config, "--grpc-addr", "127.0.0.1:0",
 			"--http-addr", "127.0.0.1:0", "--log-level", "info", "--log-format", "text"}, storeArgs...)
 		cmd := redistest.Command(bin, args...)
-		var mu sync.Mutex
-		var out bytes.Buffer
-		cmd.Stdout = &lockedWriter{mu: &mu, w: &out}
-		cmd.Stderr = cmd.Stdout
-		log := func() string {
-			mu.Lock()
-			defer mu.Unlock()
-			return out.String()
-		}
+		var out lockedBuffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		log := out.String
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
