@@ -52,6 +52,7 @@ type Store struct {
 	opt     Options
 	breaker *breaker
 	cache   *overCache // nil when disabled
+	comb    combiner
 
 	refundFailures atomic.Uint64
 	localAnswers   atomic.Uint64
@@ -80,6 +81,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
 		breaker: newBreaker(opt.BreakerFailures, opt.BreakerCooldown, opt.BreakerWindow, time.Now)}
+	s.comb.s = s
 	if !opt.NoLocalCache {
 		s.cache = newOverCache()
 	}

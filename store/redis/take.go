@@ -41,9 +41,10 @@ type call struct {
 	keys, args []string
 	orig, fin  []uint64
 	sc         scratch
+	job        job
 }
 
-var calls = sync.Pool{New: func() any { return new(call) }}
+var calls = sync.Pool{New: func() any { return &call{job: job{done: make(chan struct{}, 1)}} }}
 
 // build sets c.keys to the hits' keys with prefix and, if window, c.args
 // to window.lua's arguments at now.
@@ -55,6 +56,8 @@ func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
 	}
 	nkeys := len(hits)
 	if window {
+		c.buf = append(c.buf, count(len(hits))...)
+		c.offs = append(c.offs, len(c.buf))
 		for i := range hits {
 			r := hits[i].Rule
 			end := windowEnd(r, now)
@@ -106,38 +109,37 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		return nil
 	}
 	c := calls.Get().(*call)
-	defer calls.Put(c)
 	window := !s.cluster && windowBatch(hits)
 	c.build(s.opt.KeyPrefix, hits, window, now)
 	keys := c.keys
 	if s.cache != nil && s.cache.answer(s, &c.sc, now, hits, keys, out) {
 		s.localAnswers.Add(1)
+		calls.Put(c)
 		return nil
 	}
 	if !s.breaker.allow() {
+		calls.Put(c)
 		return ErrOpen
 	}
 	start := time.Now()
-	cctx, cancel := context.WithDeadline(ctx, start.Add(s.opt.Timeout))
-	defer cancel()
+	deadline := start.Add(s.opt.Timeout)
 	var (
-		r   reply
-		err error
+		r         reply
+		err       error
+		later     = !window
+		abandoned bool // c's job is still queued or in flight
 	)
-	switch {
-	case s.cluster:
-		r, err = s.takeCluster(cctx, now, hits, keys)
-	case window:
-		var later bool
-		r, later, err = s.runWindow(cctx, c, hits, now)
-		if later {
-			r, err = s.run(cctx, batch{keys: keys, args: s.args(hits, nil, now)})
-		}
-	default:
-		r, err = s.run(cctx, batch{keys: keys, args: s.args(hits, nil, now)})
+	if window {
+		r, later, abandoned, err = s.runWindow(ctx, deadline, c, hits, now)
+	}
+	if later {
+		r, err = s.takeScript(ctx, deadline, now, hits, keys)
 	}
 	if s.opt.OnCall != nil {
 		s.opt.OnCall(time.Since(start), err)
+	}
+	if !abandoned {
+		defer calls.Put(c)
 	}
 	if err != nil {
 		// A caller that gave up says nothing about Redis.
@@ -159,40 +161,48 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	return nil
 }
 
-// runWindow runs window.lua on c's batch. later reports that a key holds a
-// later window than now's: nothing was written, take.lua must run the
-// batch.
-func (s *Store) runWindow(ctx context.Context, c *call, hits []store.Hit, now int64) (r reply, later bool, err error) {
+// takeScript runs hits through take.lua: one call, or on Cluster one per
+// slot.
+func (s *Store) takeScript(ctx context.Context, deadline time.Time, now int64, hits []store.Hit, keys []string) (reply, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if s.cluster {
+		return s.takeCluster(ctx, now, hits, keys)
+	}
+	return s.run(ctx, batch{keys: keys, args: s.args(hits, nil, now)})
+}
+
+// runWindow runs window.lua on c's batch, through the combiner. later
+// reports that a key holds a later window than now's: nothing was written,
+// take.lua must run the batch. abandoned reports that ctx ended while c's
+// job was still queued or in flight: c must not be reused.
+func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits []store.Hit, now int64) (r reply, later, abandoned bool, err error) {
 	n := len(hits)
-	a, err := s.eval(ctx, windowScript, c.keys, c.args).ToArray()
+	c.job.keys, c.job.args, c.job.deadline = c.keys, c.args, deadline
+	a, abandoned, err := s.comb.do(ctx, &c.job)
 	if err != nil {
-		return r, false, fmt.Errorf("redis: %w", err)
+		return r, false, abandoned, err
 	}
-	if len(a) == 1 {
-		if v, err := a[0].AsInt64(); err == nil && v == -1 {
-			return r, true, nil
-		}
-	}
-	if len(a) != 1+2*n {
-		return r, false, fmt.Errorf("redis: window script answered %d values for %d keys", len(a), n)
-	}
-	committed, err := a[0].AsInt64()
+	status, err := a[0].AsInt64()
 	if err != nil {
-		return r, false, fmt.Errorf("redis: window script reply: %w", err)
+		return r, false, false, fmt.Errorf("redis: window script reply: %w", err)
+	}
+	if status == -1 {
+		return r, true, false, nil
 	}
 	c.orig, c.fin = slices.Grow(c.orig[:0], n)[:n], slices.Grow(c.fin[:0], n)[:n]
 	for i := range n {
 		o, err1 := parseState(&a[1+i])
 		count, err2 := a[1+n+i].AsInt64()
 		if err := errors.Join(err1, err2); err != nil {
-			return r, false, fmt.Errorf("redis: window script reply: %w", err)
+			return r, false, false, fmt.Errorf("redis: window script reply: %w", err)
 		}
 		c.orig[i], c.fin[i] = o, o
 		if count >= 0 {
 			c.fin[i] = windowEnd(hits[i].Rule, now)<<32 | uint64(count)
 		}
 	}
-	return reply{committed: committed == 1, orig: c.orig, final: c.fin}, false, nil
+	return reply{committed: status == 1, orig: c.orig, final: c.fin}, false, false, nil
 }
 
 func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {

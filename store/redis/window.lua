@@ -1,50 +1,72 @@
--- window.lua takes one hit on each of several distinct fixed-window keys,
--- every hit vetoing and none saturating, the batch of a usual Envoy
--- request: all of them, or none if one does not fit. It is take.lua's
--- batch for that case without the machinery and with as few conversions
--- between numbers and strings as possible (each costs Redis more than a
--- key lookup). States are take.lua's: "end:count", end in Unix seconds.
+-- window.lua runs one or more requests, one after the other, each taking
+-- one hit on each of several distinct fixed-window keys, every hit vetoing
+-- and none saturating (a usual Envoy request): all of a request's hits, or
+-- none if one does not fit. Concurrent requests share one call (see
+-- combiner); a key may appear in several of them. It is take.lua's batch
+-- for that case without the machinery and with as few conversions between
+-- numbers and strings as possible (each costs Redis more than a key
+-- lookup). States are take.lua's: "end:count", end in Unix seconds.
 --
--- ARGV[4(i-1)+1 ...] are the 4 fields of the hit on KEYS[i]: cost (at most
--- limit+1), limit, e, the end of the window holding now, and ttl, the
+-- ARGV holds, for each request in turn, n, its number of keys, then the 4
+-- fields of the hit on each of its n keys (the next n of KEYS): cost (at
+-- most limit+1), limit, e, the end of the window holding now, and ttl, the
 -- milliseconds from now until a second after e.
--- Returns {1 if committed else 0, the state of each key before ("" for
--- none)..., the count written to each key, or -1 for a key left as it
--- was...}; or {-1}, writing nothing, if a key holds something else than a
--- window ending at or before e (the caller's clock stepped back): take.lua
--- handles those.
-local n = #KEYS
+-- Returns, for each request in turn, {1 if committed, 0 if denied, -1 if
+-- left to take.lua; the state of each key before ("" for none)...; the
+-- count written to each key, or -1 for a key left as it was...}. A request
+-- is left to take.lua, writing nothing, if a key holds something else than
+-- a window ending at or before e (the caller's clock stepped back).
 local vals = redis.call('MGET', unpack(KEYS))
-local out, counts, ok = {0}, {}, true
-for i = 1, n do
-  local o = 4 * (i - 1)
-  local cost, limit, e = tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), ARGV[o + 3]
-  local v, count = vals[i], 0
-  if v then
-    local p = string.find(v, ':', 1, true)
-    if not p then return {-1} end
-    local ve = string.sub(v, 1, p - 1)
-    if ve == e then
-      count = tonumber(string.sub(v, p + 1))
-    elseif not (tonumber(ve) < tonumber(e)) then
-      return {-1}
+local written = {} -- key -> the state an earlier request of this call wrote
+local out, counts, kept = {}, {}, {}
+local k, a, na = 0, 1, #ARGV
+while a <= na do
+  local n = tonumber(ARGV[a])
+  a = a + 1
+  local base = #out
+  local status = 1
+  for i = 1, n do
+    local o = a + 4 * (i - 1)
+    local cost, limit, e = tonumber(ARGV[o]), tonumber(ARGV[o + 1]), ARGV[o + 2]
+    local v = written[KEYS[k + i]]
+    if v == nil then v = vals[k + i] end
+    local count = 0
+    if v then
+      local p = string.find(v, ':', 1, true)
+      if not p then status = -1 break end
+      local ve = string.sub(v, 1, p - 1)
+      if ve == e then
+        count = tonumber(string.sub(v, p + 1))
+      elseif not (tonumber(ve) < tonumber(e)) then
+        status = -1
+        break
+      end
+      out[base + 1 + i] = v
+    else
+      out[base + 1 + i] = ''
     end
-    out[1 + i] = v
-  else
-    out[1 + i] = ''
+    counts[i], kept[i] = count + cost, count > 0
+    if not (limit > 0 and count <= limit and cost <= limit - count) then status = 0 end
   end
-  counts[i] = count + cost
-  if not (limit > 0 and count <= limit and cost <= limit - count) then ok = false end
-end
-for i = 1, n do
-  local o = 4 * (i - 1)
-  if ok and ARGV[o + 1] ~= '0' then
-    -- (counts below 10^14 concatenate as plain integers)
-    redis.call('SET', KEYS[i], ARGV[o + 3] .. ':' .. counts[i], 'PX', ARGV[o + 4])
-    out[1 + n + i] = counts[i]
-  else
-    out[1 + n + i] = -1
+  out[base + 1] = status
+  for i = 1, n do
+    local o = a + 4 * (i - 1)
+    if status == 1 and ARGV[o] ~= '0' then
+      -- (counts below 10^14 concatenate as plain integers)
+      local s = ARGV[o + 2] .. ':' .. counts[i]
+      if kept[i] then
+        -- A count of this window was written with its expiry (cheaper).
+        redis.call('SET', KEYS[k + i], s, 'KEEPTTL')
+      else
+        redis.call('SET', KEYS[k + i], s, 'PX', ARGV[o + 3])
+      end
+      written[KEYS[k + i]] = s
+      out[base + 1 + n + i] = counts[i]
+    else
+      if status == -1 then out[base + 1 + i] = '' end
+      out[base + 1 + n + i] = -1
+    end
   end
+  k, a = k + n, a + 4 * n
 end
-if ok then out[1] = 1 end
 return out
