@@ -155,4 +155,16 @@ func TestTake_Expiry(t *testing.T) {
 	for _, k := range []string{"tb1", "tb2"} {
 		check(k, 2*time.Hour+time.Second)
 	}
+	// A later write in the same window keeps the expiry the window's first
+	// write set (Redis's clock has not moved, the caller's has); the next
+	// window's first write sets its own.
+	for _, c := range []struct {
+		at   time.Duration
+		pttl time.Duration
+	}{{20 * time.Second, 46 * time.Second}, {65 * time.Second, 41 * time.Second}} {
+		if err := s.Take(context.Background(), now+int64(c.at), []store.Hit{{Key: "fw1", Rule: fw, Cost: 1, Veto: true}}, out[:1]); err != nil {
+			t.Fatal(err)
+		}
+		check("fw1", c.pttl)
+	}
 }

@@ -133,7 +133,8 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 func TestTake_SlowRedis(t *testing.T) {
 	srv := redistest.Start(t, "--enable-debug-command", "local")
 	const timeout = 30 * time.Millisecond
-	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, NoLocalCache: true})
+	// (A breaker that stays closed keeps every take going to Redis.)
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, NoLocalCache: true, BreakerFailures: 1 << 30})
 	r := must(store.NewFixedWindow(10, time.Minute))
 	hits := []store.Hit{{Key: "slow", Rule: r, Cost: 1, Veto: true}}
 	out := make([]store.Decision, 1)
@@ -165,6 +166,19 @@ func TestTake_SlowRedis(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Concurrent takes queue behind the calls in flight; each still fails
+	// by its own deadline, not its call's.
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			t0 := time.Now()
+			err := s.Take(context.Background(), time.Now().UnixNano(), hits, make([]store.Decision, 1))
+			if took := time.Since(t0); err == nil || took > 10*timeout {
+				t.Errorf("concurrent take during DEBUG SLEEP: %v after %v, want an error at about the %v deadline", err, took, timeout)
+			}
+		})
+	}
+	wg.Wait()
 	<-slept
 	waitFor(t, 2*time.Second, "takes succeed after the sleep", func() bool {
 		return s.Take(context.Background(), time.Now().UnixNano(), hits, out) == nil

@@ -1,0 +1,207 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// hold makes s's combiner queue every Take, as if maxSenders calls were in
+// flight, until the returned release runs flush.
+func hold(s *Store) (release func()) {
+	s.comb.mu.Lock()
+	s.comb.busy = maxSenders
+	s.comb.mu.Unlock()
+	return func() {
+		s.comb.flush()
+		s.comb.mu.Lock()
+		s.comb.busy = 0
+		s.comb.mu.Unlock()
+	}
+}
+
+// queued waits until n Takes are queued in s's combiner.
+func queued(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for start := time.Now(); ; runtime.Gosched() {
+		s.comb.mu.Lock()
+		q := len(s.comb.queue)
+		s.comb.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("%d Takes queued, want %d", q, n)
+		}
+	}
+}
+
+// TestTake_Combined sends rounds of window requests on shared keys as one
+// window.lua call each (forced by holding the combiner), at clocks that
+// differ (some in the next window): every decision must be the memory
+// store's for the same requests taken one after the other in queue order,
+// and each request's final states the replay's (Take checks those). The
+// clocks only go forward in queue order: a request behind a key's window
+// leaves the call for take.lua (TestTake_CombinedLater).
+func TestTake_Combined(t *testing.T) {
+	srv := redistest.Start(t)
+	for seed := range uint64(6) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		// (The local cache would answer some requests before they queue.)
+		s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+		mem := memory.New(memory.Options{})
+		var rules []*store.Rule
+		for len(rules) < 6 {
+			if r := randomRules(rng, 1)[0]; r.Algorithm() == store.FixedWindow {
+				rules = append(rules, r)
+			}
+		}
+		names := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+		now := int64(1_800_000_000_000_000_000) + rng.Int64N(int64(time.Hour))
+		for round := range 60 {
+			m := 2 + rng.IntN(10)
+			nows := make([]int64, m)
+			reqs := make([][]store.Hit, m)
+			for j := range reqs {
+				if rng.IntN(4) == 0 {
+					now += rng.Int64N(int64(time.Second))
+				}
+				nows[j] = now
+				for _, k := range rng.Perm(len(names))[:1+rng.IntN(4)] {
+					reqs[j] = append(reqs[j], store.Hit{Key: names[k], Rule: rules[k], Cost: randomCost(rng, rules[k]), Veto: true})
+				}
+			}
+			release := hold(s)
+			got := make([][]store.Decision, m)
+			errs := make([]error, m)
+			var wg sync.WaitGroup
+			for j := range reqs {
+				got[j] = make([]store.Decision, len(reqs[j]))
+				wg.Go(func() { errs[j] = s.Take(context.Background(), nows[j], reqs[j], got[j]) })
+				queued(t, s, j+1)
+			}
+			release()
+			wg.Wait()
+			for j := range reqs {
+				if errs[j] != nil {
+					t.Fatalf("seed %d round %d request %d: %v", seed, round, j, errs[j])
+				}
+				want := make([]store.Decision, len(reqs[j]))
+				if err := mem.Take(context.Background(), nows[j], reqs[j], want); err != nil {
+					t.Fatal(err)
+				}
+				for i := range want {
+					got[j][i].Local = false // a local answer is still the same decision
+					if got[j][i] != want[i] {
+						t.Fatalf("seed %d round %d request %d of %d hit %d (%s %v cost %d): got %+v, memory store %+v",
+							seed, round, j, m, i, reqs[j][i].Key, reqs[j][i].Rule, reqs[j][i].Cost, got[j][i], want[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestTake_CombinedAbandoned: a Take whose context ends while it is queued
+// returns at once; its request is still sent with the others, and the
+// store goes on answering.
+func TestTake_CombinedAbandoned(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+	r := must(store.NewFixedWindow(10, time.Minute))
+	now := time.Now().UnixNano()
+	hits := []store.Hit{{Key: "a", Rule: r, Cost: 1, Veto: true}}
+	release := hold(s)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Take(ctx, now, hits, make([]store.Decision, 1)) }()
+	queued(t, s, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned Take: %v, want context.Canceled", err)
+	}
+	release()
+	// The abandoned request counted, as a call that reached Redis after
+	// its caller gave up does.
+	out := make([]store.Decision, 1)
+	if err := s.Take(context.Background(), now, hits, out); err != nil || !out[0].Allowed || out[0].Remaining != 8 {
+		t.Fatalf("next Take: %+v %v, want allowed with 8 remaining", out[0], err)
+	}
+}
+
+// TestTake_CombinedLater: in one call, a request whose key holds a later
+// window (written by an earlier request of the same call, from a clock
+// ahead) writes nothing there and is taken by take.lua after the call; the
+// others commit in the call. The decisions are the memory store's for the
+// order that makes: A, C, then B.
+func TestTake_CombinedLater(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+	mem := memory.New(memory.Options{})
+	fw := must(store.NewFixedWindow(3, time.Second))
+	now := int64(1_800_000_000)*int64(time.Second) + int64(200*time.Millisecond)
+	reqs := []struct {
+		name string
+		now  int64
+		hits []store.Hit
+	}{
+		{"A", now + int64(time.Second), []store.Hit{{Key: "x", Rule: fw, Cost: 2, Veto: true}}},
+		{"B", now, []store.Hit{{Key: "y", Rule: fw, Cost: 1, Veto: true}, {Key: "x", Rule: fw, Cost: 1, Veto: true}}},
+		{"C", now, []store.Hit{{Key: "y", Rule: fw, Cost: 2, Veto: true}}},
+	}
+	release := hold(s)
+	got := make([][]store.Decision, len(reqs))
+	errs := make([]error, len(reqs))
+	var wg sync.WaitGroup
+	for j, r := range reqs {
+		got[j] = make([]store.Decision, len(r.hits))
+		wg.Go(func() { errs[j] = s.Take(context.Background(), r.now, r.hits, got[j]) })
+		queued(t, s, j+1)
+	}
+	before := scriptCalls(t, srv)
+	release()
+	wg.Wait()
+	if calls := scriptCalls(t, srv) - before; calls != 2 {
+		t.Errorf("%d script calls, want 2: window.lua for all three, take.lua for B", calls)
+	}
+	for _, j := range []int{0, 2, 1} {
+		if errs[j] != nil {
+			t.Fatalf("%s: %v", reqs[j].name, errs[j])
+		}
+		want := make([]store.Decision, len(reqs[j].hits))
+		if err := mem.Take(context.Background(), reqs[j].now, reqs[j].hits, want); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if got[j][i] != want[i] {
+				t.Errorf("%s hit %d: got %+v, memory store %+v", reqs[j].name, i, got[j][i], want[i])
+			}
+		}
+	}
+}
+
+// scriptCalls returns how many scripts Redis has run.
+func scriptCalls(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	n := 0
+	for _, line := range strings.Split(srv.CLI("info", "commandstats"), "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			v, _, _ := strings.Cut(rest, ",")
+			var err error
+			if n, err = strconv.Atoi(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return n
+}
