@@ -185,7 +185,7 @@ var ignoredRefEnv = []struct{ name, why string }{
 	{"RUNTIME_IGNOREDOTFILES", "files starting with a dot are always ignored"},
 	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "Sluice is never healthy without a config"},
 	{"REDIS_POOL_SIZE", "every Redis call is pipelined on a few shared connections"},
-	{"REDIS_PIPELINE_LIMIT", "the Redis pipeline is flushed by --redis-pipeline-window"},
+	{"REDIS_PIPELINE_LIMIT", "concurrent requests share Redis script calls on their own"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "the memory store holds all counters; see --memory-max-keys"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "not needed by Sluice's stores"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "Sluice never counts denied hits (see --denied-hits)"},

@@ -20,12 +20,6 @@ import (
 	"github.com/sluicehq/sluice/store/redis"
 )
 
-// defaultPipelineWindow is --redis-pipeline-window's default, the window
-// envoyproxy/ratelimit users commonly set (REDIS_PIPELINE_WINDOW): on the
-// load benchmark it halves the write system calls of a request, at a
-// latency cost below the benchmark's noise (docs/REDIS.md).
-const defaultPipelineWindow = 150 * time.Microsecond
-
 // redisFlags are the redis backend's settings.
 type redisFlags struct {
 	url              string
@@ -70,7 +64,7 @@ func init() {
 			fs.StringVar(&f.tlsCert, "redis-tls-cert", "", "redis store: PEM `file` of the client certificate")
 			fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
 			fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
-			fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", defaultPipelineWindow, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (fewer system calls, up to this much latency; 0: write at once)")
+			fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", 0, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
 			fs.DurationVar(&f.timeout, "redis-timeout", 10*time.Millisecond, "redis store: deadline of every Redis call (keep it under Envoy's 20ms filter timeout)")
 			fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
 				return fs.Set("store-failure-mode", v)

@@ -45,7 +45,7 @@ func (r *report) write(out io.Writer) error {
 	if r.noRedis != "" {
 		p("%s\n", r.noRedis)
 	} else {
-		p("Sluice serves the same limits from `--store redis` (defaults: one `EVALSHA` per request, 10 ms deadline, 150 µs pipeline window, error failure mode) ")
+		p("Sluice serves the same limits from `--store redis` (defaults: one `EVALSHA` per request or for several concurrent ones, 10 ms deadline, no pipeline window, error failure mode) ")
 		p("on a `redis-server --save '' --appendonly no` of its own on loopback, sharing the same cores. ")
 		p("The target is a ratio ≥ 0.6 with a p99 below 1.5× the no-op server's. ")
 		p("Redis's CPU (`INFO` used_cpu_sys + used_cpu_user) and commands (total_commands_processed) are per request over the measured time only ")
