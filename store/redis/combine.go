@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -36,13 +37,20 @@ type job struct {
 	res        []rueidis.RedisMessage // its part of the reply: 1+2*len(keys) values
 	err        error
 	done       chan struct{} // signalled once res or err is set, if queued
+	timer      *time.Timer   // fires at deadline while queued or in flight
+	state      atomic.Int32  // jobQueued, then jobTaken or jobAbandoned
 }
 
-// do runs j by j.deadline and returns its part of the reply. If ctx ends
-// while j is queued or in flight, do returns at once, abandoned: the caller
-// must not reuse j. A queued job needs no timer of its own: the call that
-// carries it ends by the earliest deadline of its jobs, and the calls before
-// it by theirs, which are earlier.
+const (
+	jobQueued int32 = iota
+	jobTaken
+	jobAbandoned
+)
+
+// do runs j and returns its part of the reply. If ctx ends or j.deadline
+// passes while j is queued or in flight, do returns at once, abandoned:
+// the caller must not reuse j. A job abandoned before a call took it is
+// not sent.
 func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage, abandoned bool, err error) {
 	cb.mu.Lock()
 	if cb.busy < maxSenders {
@@ -56,14 +64,26 @@ func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage,
 		cb.release()
 		return j.res, false, j.err
 	}
+	j.state.Store(jobQueued)
 	cb.queue = append(cb.queue, j)
 	cb.mu.Unlock()
+	if j.timer == nil {
+		j.timer = time.NewTimer(time.Until(j.deadline))
+	} else {
+		j.timer.Reset(time.Until(j.deadline))
+	}
 	select {
 	case <-j.done:
+		j.timer.Stop()
 		return j.res, false, j.err
+	case <-j.timer.C:
+		err = context.DeadlineExceeded
 	case <-ctx.Done():
-		return nil, true, fmt.Errorf("redis: %w", ctx.Err())
+		j.timer.Stop()
+		err = ctx.Err()
 	}
+	j.state.CompareAndSwap(jobQueued, jobAbandoned)
+	return nil, true, fmt.Errorf("redis: %w", err)
 }
 
 // release ends a sender's call: if requests queued meanwhile, a flusher
@@ -91,9 +111,14 @@ func (cb *combiner) flush() {
 		}
 		batch = cb.take(batch[:0])
 		cb.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		// Each job leaves at its own deadline; the call ends at the last
+		// one, so that a job that queued long does not fail the others.
 		deadline := batch[0].deadline
 		for _, j := range batch[1:] {
-			if j.deadline.Before(deadline) {
+			if j.deadline.After(deadline) {
 				deadline = j.deadline
 			}
 		}
@@ -108,17 +133,19 @@ func (cb *combiner) flush() {
 }
 
 // take moves queued requests into batch, up to maxBatchKeys keys (at least
-// one request). cb.mu is held.
+// one request if any), and drops those abandoned. cb.mu is held.
 func (cb *combiner) take(batch []*job) []*job {
 	keys, n := 0, 0
 	for _, j := range cb.queue {
-		if n > 0 && keys+len(j.keys) > maxBatchKeys {
+		if len(batch) > 0 && keys+len(j.keys) > maxBatchKeys {
 			break
 		}
-		keys += len(j.keys)
 		n++
+		if j.state.CompareAndSwap(jobQueued, jobTaken) {
+			batch = append(batch, j)
+			keys += len(j.keys)
+		}
 	}
-	batch = append(batch, cb.queue[:n]...)
 	rest := copy(cb.queue, cb.queue[n:])
 	clear(cb.queue[rest:])
 	cb.queue = cb.queue[:rest]

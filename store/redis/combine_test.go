@@ -113,8 +113,8 @@ func TestTake_Combined(t *testing.T) {
 }
 
 // TestTake_CombinedAbandoned: a Take whose context ends while it is queued
-// returns at once; its request is still sent with the others, and the
-// store goes on answering.
+// returns at once, its request is never sent, and the store goes on
+// answering.
 func TestTake_CombinedAbandoned(t *testing.T) {
 	srv := redistest.Start(t)
 	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
@@ -131,11 +131,52 @@ func TestTake_CombinedAbandoned(t *testing.T) {
 		t.Fatalf("abandoned Take: %v, want context.Canceled", err)
 	}
 	release()
-	// The abandoned request counted, as a call that reached Redis after
-	// its caller gave up does.
 	out := make([]store.Decision, 1)
-	if err := s.Take(context.Background(), now, hits, out); err != nil || !out[0].Allowed || out[0].Remaining != 8 {
-		t.Fatalf("next Take: %+v %v, want allowed with 8 remaining", out[0], err)
+	if err := s.Take(context.Background(), now, hits, out); err != nil || !out[0].Allowed || out[0].Remaining != 9 {
+		t.Fatalf("next Take: %+v %v, want allowed with 9 remaining (the abandoned one not counted)", out[0], err)
+	}
+}
+
+// TestTake_CombinedDeadlines: each queued Take fails at its own deadline,
+// and a call carrying one that queued long runs to the others' deadline:
+// with Redis asleep past the old Take's deadline but not the new one's,
+// the old fails and the new succeeds.
+func TestTake_CombinedDeadlines(t *testing.T) {
+	srv := redistest.Start(t, "--enable-debug-command", "local")
+	const timeout = time.Second
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, NoLocalCache: true, BreakerFailures: 1 << 30})
+	r := must(store.NewFixedWindow(10, time.Hour))
+	now := time.Now().UnixNano()
+	take := func(key string, res chan<- error) {
+		res <- s.Take(context.Background(), now, []store.Hit{{Key: key, Rule: r, Cost: 1, Veto: true}}, make([]store.Decision, 1))
+	}
+	release := hold(s)
+	oldRes, newRes := make(chan error, 1), make(chan error, 1)
+	go take("old", oldRes)
+	queued(t, s, 1)
+	time.Sleep(timeout * 6 / 10) // the old Take ages (real deadlines)
+	go take("new", newRes)
+	queued(t, s, 2)
+	slept := make(chan struct{})
+	go func() {
+		defer close(slept)
+		if out, err := srv.Run("debug", "sleep", "0.8"); err != nil || out != "OK" {
+			t.Errorf("DEBUG SLEEP: %q, %v", out, err)
+		}
+	}()
+	defer func() { <-slept }()
+	// Redis is asleep once a PING goes unanswered.
+	waitFor(t, 5*time.Second, "Redis asleep", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		return s.client.Do(ctx, s.client.B().Ping().Build()).Error() != nil
+	})
+	go release()
+	if err := <-oldRes; !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("old Take: %v, want its deadline exceeded", err)
+	}
+	if err := <-newRes; err != nil {
+		t.Errorf("new Take: %v, want success once Redis wakes before its deadline", err)
 	}
 }
 
