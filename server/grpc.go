@@ -44,6 +44,13 @@ type GRPCOptions struct {
 	// TLS, when not nil, serves TLS (mTLS when it asks for client
 	// certificates).
 	TLS *tls.Config
+	// StreamWorkers is the size of the goroutine pool that serves
+	// requests; 0 means GOMAXPROCS, enough for a store that answers
+	// without waiting. A request that finds every worker busy runs on a
+	// goroutine of its own, whose stack then grows from scratch, so a
+	// store that waits on the network (Redis) wants about as many workers
+	// as requests it has in flight.
+	StreamWorkers int
 	// ServerOptions are appended last: stats handlers, more interceptors.
 	// Unless Interceptors is set, what these see as the request and the
 	// response of Envoy's ShouldRateLimit are not proto messages but
@@ -66,6 +73,9 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	if o.MaxRecvMsgSize <= 0 {
 		o.MaxRecvMsgSize = 1 << 20
 	}
+	if o.StreamWorkers <= 0 {
+		o.StreamWorkers = runtime.GOMAXPROCS(0)
+	}
 	unary := []grpc.UnaryServerInterceptor{
 		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 			logger.ErrorContext(ctx, "panic in gRPC handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
@@ -86,7 +96,7 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 		grpc.MaxRecvMsgSize(o.MaxRecvMsgSize),
 		// A fixed pool of workers serves the streams: no goroutine (and
 		// no stack growth) per request.
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.NumStreamWorkers(uint32(o.StreamWorkers)),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge:      o.MaxConnectionAge,
 			MaxConnectionAgeGrace: o.MaxConnectionAgeGrace,

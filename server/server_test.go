@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -469,4 +470,17 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestNewGRPC_StreamWorkers: the server keeps the pool of stream workers
+// it is given (one goroutine each, started with the server).
+func TestNewGRPC_StreamWorkers(t *testing.T) {
+	lim := limiter.New(tables{}, memory.New(memory.Options{}), limiter.Options{})
+	before := runtime.NumGoroutine()
+	gs := server.NewGRPC(lim, server.NewHealth(), server.GRPCOptions{StreamWorkers: 500})
+	defer gs.Stop()
+	// (A margin for goroutines of earlier tests still exiting.)
+	if n := runtime.NumGoroutine() - before; n < 450 {
+		t.Errorf("%d goroutines more after NewGRPC, want the 500 workers", n)
+	}
 }

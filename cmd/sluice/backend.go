@@ -28,7 +28,17 @@ type backend struct {
 	// store at shutdown; run, if not nil, is started by serve with the
 	// serving context (health probes, sweepers) and returns when ctx ends.
 	open func(ctx context.Context, logger *slog.Logger, clock store.Clock) (st store.Store, closer io.Closer, run func(ctx context.Context) error, err error)
+	// waits reports that a Take waits on the network: serve then keeps
+	// blockingWorkers gRPC stream workers per CPU instead of one (see
+	// server.GRPCOptions.StreamWorkers).
+	waits bool
 }
+
+// blockingWorkers is the gRPC stream workers per CPU for a store that
+// waits on the network: about the requests in flight per CPU of a busy
+// server. On the load benchmark (Redis store, two cores) 64 workers took
+// Sluice's CPU per request down by 4–20 % against 2.
+const blockingWorkers = 32
 
 var backends = map[string]backend{}
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -301,6 +302,9 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions}
+	if b.waits {
+		gopts.StreamWorkers = blockingWorkers * runtime.GOMAXPROCS(0)
+	}
 	var root http.Handler = x.HTTP
 	if x.HTTPRoot != nil {
 		root = x.HTTPRoot

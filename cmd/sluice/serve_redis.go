@@ -49,7 +49,8 @@ func init() {
 	var opened *redis.Store // set by open, for the health extension
 	var calls *prometheus.HistogramVec
 	registerBackend(backend{
-		name: "redis",
+		name:  "redis",
+		waits: true,
 		flags: func(fs *flag.FlagSet) {
 			opened = nil
 			fs.StringVar(&f.url, "redis-url", "", "redis store: `URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
