@@ -157,14 +157,7 @@ func TestTake_CombinedDeadlines(t *testing.T) {
 	time.Sleep(timeout * 6 / 10) // the old Take ages (real deadlines)
 	go take("new", newRes)
 	queued(t, s, 2)
-	slept := make(chan struct{})
-	go func() {
-		defer close(slept)
-		if out, err := srv.Run("debug", "sleep", "0.8"); err != nil || out != "OK" {
-			t.Errorf("DEBUG SLEEP: %q, %v", out, err)
-		}
-	}()
-	defer func() { <-slept }()
+	defer debugSleep(t, srv, "0.8")()
 	// Redis is asleep once a PING goes unanswered.
 	waitFor(t, 5*time.Second, "Redis asleep", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)

@@ -141,14 +141,8 @@ func TestTake_SlowRedis(t *testing.T) {
 	waitFor(t, 5*time.Second, "a first take", func() bool {
 		return s.Take(context.Background(), time.Now().UnixNano(), hits, out) == nil
 	})
-	slept := make(chan struct{})
-	go func() {
-		defer close(slept)
-		if out, err := srv.Run("debug", "sleep", "1"); err != nil || out != "OK" {
-			t.Errorf("DEBUG SLEEP: %q, %v", out, err)
-		}
-	}()
-	defer func() { <-slept }()
+	awake := debugSleep(t, srv, "1")
+	defer awake()
 	// Once Redis sleeps (redis-cli takes a moment to start), takes fail
 	// at their deadline, long before Redis wakes up (the bound leaves room
 	// for a busy machine running the race detector).
@@ -179,7 +173,7 @@ func TestTake_SlowRedis(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	<-slept
+	awake()
 	waitFor(t, 2*time.Second, "takes succeed after the sleep", func() bool {
 		return s.Take(context.Background(), time.Now().UnixNano(), hits, out) == nil
 	})
@@ -217,4 +211,17 @@ func TestBreaker(t *testing.T) {
 			t.Fatalf("step %d: closed() = %v, want %v", i, got, st.clo)
 		}
 	}
+}
+
+// debugSleep makes srv sleep for secs seconds (DEBUG SLEEP, from a
+// goroutine); awake waits until it answers again.
+func debugSleep(t *testing.T, srv *redistest.Server, secs string) (awake func()) {
+	slept := make(chan struct{})
+	go func() {
+		defer close(slept)
+		if out, err := srv.Run("debug", "sleep", secs); err != nil || out != "OK" {
+			t.Errorf("DEBUG SLEEP: %q, %v", out, err)
+		}
+	}()
+	return func() { <-slept }
 }
