@@ -174,8 +174,9 @@ func (s *Store) takeScript(ctx context.Context, deadline time.Time, now int64, h
 
 // runWindow runs window.lua on c's batch, through the combiner. later
 // reports that a key holds a later window than now's: nothing was written,
-// take.lua must run the batch. abandoned reports that ctx ended while c's
-// job was still queued or in flight: c must not be reused.
+// take.lua must run the batch. abandoned reports that ctx ended or the
+// deadline passed while c's job was still queued or in flight: c must not
+// be reused.
 func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits []store.Hit, now int64) (r reply, later, abandoned bool, err error) {
 	n := len(hits)
 	c.job.keys, c.job.args, c.job.deadline = c.keys, c.args, deadline
