@@ -57,11 +57,11 @@ func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage,
 		// Nothing is queued (the queue is taken while busy is at max).
 		cb.busy++
 		cb.mu.Unlock()
+		defer cb.release() // (also if a panic is recovered above)
 		ctx, cancel := context.WithDeadline(ctx, j.deadline)
+		defer cancel()
 		one := [1]*job{j}
 		cb.send(ctx, one[:])
-		cancel()
-		cb.release()
 		return j.res, false, j.err
 	}
 	j.state.Store(jobQueued)

@@ -239,3 +239,40 @@ func scriptCalls(t *testing.T, srv *redistest.Server) int {
 	}
 	return n
 }
+
+// TestTake_CombinedBadValue: a key holding a value no script wrote fails
+// only the requests on it, not the others of its call (whose writes Redis
+// would keep while they answer an error).
+func TestTake_CombinedBadValue(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+	fw := must(store.NewFixedWindow(10, time.Hour))
+	now := time.Now().UnixNano()
+	for key, v := range map[string]string{"count": "100:x", "end": "x:1"} {
+		if out := srv.CLI("set", s.opt.KeyPrefix+key, v); out != "OK" {
+			t.Fatalf("SET %s: %q", key, out)
+		}
+	}
+	keys := []string{"a", "count", "end", "d"}
+	release := hold(s)
+	errs := make([]error, len(keys))
+	var wg sync.WaitGroup
+	for j, k := range keys {
+		wg.Go(func() {
+			errs[j] = s.Take(context.Background(), now, []store.Hit{{Key: k, Rule: fw, Cost: 1, Veto: true}}, make([]store.Decision, 1))
+		})
+		queued(t, s, j+1)
+	}
+	release()
+	wg.Wait()
+	for j, k := range keys {
+		if bad := k == "count" || k == "end"; (errs[j] != nil) != bad {
+			t.Errorf("%s: %v, want an error only for a bad value", k, errs[j])
+		}
+	}
+	for _, k := range []string{"a", "d"} {
+		if v := srv.CLI("get", s.opt.KeyPrefix+k); !strings.HasSuffix(v, ":1") {
+			t.Errorf("%s holds %q, want one hit counted", k, v)
+		}
+	}
+}

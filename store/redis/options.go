@@ -46,8 +46,8 @@ type Options struct {
 	ServerClock bool
 	// OnCall, when set, is told the duration and the outcome of every
 	// Take that went to Redis (a script call, or one per slot on
-	// Cluster), for a latency metric. It must be cheap and safe for
-	// concurrent use.
+	// Cluster; the time queued for a combined call included), for a
+	// latency metric. It must be cheap and safe for concurrent use.
 	OnCall func(d time.Duration, err error)
 	// Clock, when set, is read when a Cluster batch refunds the slots that
 	// committed, so that a token bucket gets back only what its take still

@@ -184,6 +184,7 @@ func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits
 	if err != nil {
 		return r, false, abandoned, err
 	}
+	c.job.res = nil // a slice of the whole call's reply: not kept in the pool
 	status, err := a[0].AsInt64()
 	if err != nil {
 		return r, false, false, fmt.Errorf("redis: window script reply: %w", err)

@@ -15,7 +15,9 @@
 -- left to take.lua; the state of each key before ("" for none)...; the
 -- count written to each key, or -1 for a key left as it was...}. A request
 -- is left to take.lua, writing nothing, if a key holds something else than
--- a window ending at or before e (the caller's clock stepped back).
+-- a window ending at or before e (the caller's clock stepped back, or a
+-- value not of this script): so no value fails the call, which Redis would
+-- not undo, for the other requests of the call.
 local vals = redis.call('MGET', unpack(KEYS))
 local written = {} -- key -> the state an earlier request of this call wrote
 local out, counts, kept = {}, {}, {}
@@ -37,9 +39,10 @@ while a <= na do
       local ve = string.sub(v, 1, p - 1)
       if ve == e then
         count = tonumber(string.sub(v, p + 1))
-      elseif not (tonumber(ve) < tonumber(e)) then
-        status = -1
-        break
+        if not count then status = -1 break end
+      else
+        local ven = tonumber(ve)
+        if not (ven and ven < tonumber(e)) then status = -1 break end
       end
       out[base + 1 + i] = v
     else
