@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,19 +177,4 @@ func (cb *combiner) send(ctx context.Context, batch []*job) {
 		m := 1 + 2*len(j.keys)
 		j.res, j.err, a = a[:m:m], nil, a[m:]
 	}
-}
-
-// counts are the decimal strings of small key counts.
-var counts = func() (c [65]string) {
-	for i := range c {
-		c[i] = strconv.Itoa(i)
-	}
-	return c
-}()
-
-func count(n int) string {
-	if n < len(counts) {
-		return counts[n]
-	}
-	return strconv.Itoa(n)
 }

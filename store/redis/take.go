@@ -56,7 +56,7 @@ func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
 	}
 	nkeys := len(hits)
 	if window {
-		c.buf = append(c.buf, count(len(hits))...)
+		c.buf = strconv.AppendInt(c.buf, int64(len(hits)), 10)
 		c.offs = append(c.offs, len(c.buf))
 		for i := range hits {
 			r := hits[i].Rule
