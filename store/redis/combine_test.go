@@ -276,3 +276,46 @@ func TestTake_CombinedBadValue(t *testing.T) {
 		}
 	}
 }
+
+// TestTake_CombinedFullBatch: while a call is in flight, Takes queue for
+// the next one, until a full batch (maxBatchKeys) is waiting: that batch
+// goes at once in a second call. With the first call never returning,
+// one Take short of a full batch stays queued; the one that fills it sends
+// them all, in one call.
+func TestTake_CombinedFullBatch(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true, Timeout: time.Minute})
+	r := must(store.NewFixedWindow(10, time.Hour))
+	now := time.Now().UnixNano()
+	s.comb.mu.Lock()
+	s.comb.busy = 1 // a call in flight that never returns
+	s.comb.mu.Unlock()
+	before := scriptCalls(t, srv)
+	errs := make([]error, maxBatchKeys)
+	var wg sync.WaitGroup
+	for j := range errs {
+		if j == len(errs)-1 {
+			queued(t, s, j) // (a second call would have taken some)
+			if n := scriptCalls(t, srv) - before; n != 0 {
+				t.Fatalf("%d script calls before a full batch, want 0", n)
+			}
+		}
+		wg.Go(func() {
+			errs[j] = s.Take(context.Background(), now, []store.Hit{{Key: "k" + strconv.Itoa(j), Rule: r, Cost: 1, Veto: true}}, make([]store.Decision, 1))
+		})
+	}
+	wg.Wait() // (would hang without the second call)
+	for j, err := range errs {
+		if err != nil {
+			t.Fatalf("Take %d: %v", j, err)
+		}
+	}
+	if n := scriptCalls(t, srv) - before; n != 1 {
+		t.Errorf("%d script calls for a full batch, want 1", n)
+	}
+	s.comb.mu.Lock()
+	defer s.comb.mu.Unlock()
+	if s.comb.busy != 1 || len(s.comb.queue) != 0 || s.comb.queued != 0 {
+		t.Errorf("after the batch: %d busy, %d queued (%d keys), want the one call and nothing queued", s.comb.busy, len(s.comb.queue), s.comb.queued)
+	}
+}
