@@ -284,6 +284,7 @@ type cell struct {
 	rate         float64
 	fraction     float64 // open loop: rate / the no-op's closed-loop throughput at 50
 	sluice, noop measured
+	paired       []float64 // each repetition's Sluice req/s / the no-op's beside it
 }
 
 type crossCheck struct {
@@ -322,7 +323,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 	// order alternating from run to run, and keeps each server's median
 	// run (by throughput, or by p99 in an open loop). With a profile
 	// file, sl's CPU profile during its first run goes there.
-	both := func(i int, target *server, o loadgen.Options, profileTo string) (sm, nm measured, err error) {
+	both := func(i int, target *server, o loadgen.Options, profileTo string) (sm, nm measured, paired []float64, err error) {
 		var sruns, nruns []measured
 		for rep := range s.repeat {
 			order := []*server{target, noop}
@@ -342,7 +343,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 					}
 				}
 				if err != nil {
-					return sm, nm, err
+					return sm, nm, nil, err
 				}
 				if srv != noop {
 					sruns = append(sruns, m)
@@ -350,12 +351,13 @@ func run(ctx context.Context, s settings) (*report, error) {
 					nruns = append(nruns, m)
 				}
 			}
+			paired = append(paired, ratio(sruns[rep].RPS, nruns[rep].RPS))
 		}
 		key := func(m measured) float64 { return m.RPS }
 		if o.Rate > 0 {
 			key = func(m measured) float64 { return m.Latency.P99 }
 		}
-		return median(sruns, key), median(nruns, key), nil
+		return median(sruns, key), median(nruns, key), paired, nil
 	}
 
 	i := 0
@@ -370,12 +372,12 @@ func run(ctx context.Context, s settings) (*report, error) {
 			if w == "multi" && c == 50 {
 				profileTo = s.cpuProfile
 			}
-			sm, nm, err := both(i, sl, o, profileTo)
+			sm, nm, paired, err := both(i, sl, o, profileTo)
 			if err != nil {
 				return nil, err
 			}
 			i++
-			rep.closed = append(rep.closed, cell{workload: w, concurrency: c, sluice: sm, noop: nm})
+			rep.closed = append(rep.closed, cell{workload: w, concurrency: c, sluice: sm, noop: nm, paired: paired})
 			if c == 50 {
 				noopAt50[w] = nm.RPS
 				if w == "distinct" {
@@ -407,12 +409,12 @@ func run(ctx context.Context, s settings) (*report, error) {
 				if err != nil {
 					return err
 				}
-				sm, nm, err := both(i, sr, o, "")
+				sm, nm, paired, err := both(i, sr, o, "")
 				if err != nil {
 					return err
 				}
 				i++
-				rep.redis = append(rep.redis, cell{workload: w, concurrency: c, sluice: sm, noop: nm})
+				rep.redis = append(rep.redis, cell{workload: w, concurrency: c, sluice: sm, noop: nm, paired: paired})
 			}
 		}
 		return nil
@@ -429,7 +431,7 @@ func run(ctx context.Context, s settings) (*report, error) {
 			if err != nil {
 				return nil, err
 			}
-			sm, nm, err := both(i, sl, o, "")
+			sm, nm, _, err := both(i, sl, o, "")
 			if err != nil {
 				return nil, err
 			}

@@ -95,3 +95,19 @@ func TestRedisServer(t *testing.T) {
 		t.Error("stats answered after stop")
 	}
 }
+
+func TestPairedRatios(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want string
+	}{
+		{nil, "–"},
+		{[]float64{0.6}, "0.60"},
+		{[]float64{0.7, 0.5, 0.6, 0.9}, "0.60 (0.50–0.90)"}, // the lower median of an even count
+		{[]float64{0.58, 0.47, 0.67, 0.55, 0.58}, "0.58 (0.47–0.67)"},
+	} {
+		if got := pairedRatios(c.in); got != c.want {
+			t.Errorf("pairedRatios(%v) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"slices"
 )
 
 func (r *report) write(out io.Writer) error {
@@ -23,17 +24,17 @@ func (r *report) write(out io.Writer) error {
 	p("## Method\n\n")
 	p("`sluice bench` (the `loadgen` package) sends pre-marshalled requests over %d HTTP/2 connections and reads only the overall code of each reply; ", r.connections)
 	p("it used %.1f µs of CPU per request at concurrency 50 (ghz uses about 250). ", r.genCPU)
-	p("Each run warms up for %v, then measures for %v; each cell is run %d time(s) per server, alternating, and the median run is shown. Workloads: `distinct` = one descriptor `{k: V}` with V over %d values; ", r.warmup, r.duration, r.repeat, r.keys)
+	p("Each run warms up for %v, then measures for %v; each cell is run %d time(s) per server, alternating, and the median run is shown; *paired* is the median (and range) of each repetition's ratio, a Sluice run over the no-op run beside it, which the machine's drifts in speed (minutes long, ±20 %% here) move less than the ratio of the medians. Workloads: `distinct` = one descriptor `{k: V}` with V over %d values; ", r.warmup, r.duration, r.repeat, r.keys)
 	p("`hot` = one descriptor `{hot: hot}` kept over its limit of 10/s; `multi` = four descriptors `{k1..k4: V}`. ")
 	p("Latencies are µs, from an HDR-style histogram (under 1%% error). Server CPU is the server process's user+system time per request.\n\n")
 
 	p("## Closed loop: throughput\n\n")
 	p("Each worker keeps one request outstanding. Ratio = Sluice / no-op; the target is ≥ 0.9 for `distinct` and `multi` at concurrency 50 and 200.\n\n")
-	p("| workload | concurrency | Sluice req/s | no-op req/s | ratio | Sluice p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | server CPU µs/req Sluice / no-op |\n")
-	p("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| workload | concurrency | Sluice req/s | no-op req/s | ratio | paired | Sluice p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | server CPU µs/req Sluice / no-op |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.closed {
-		p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | %.1f / %.1f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
-			ratio(c.sluice.RPS, c.noop.RPS), lat(c.sluice), lat(c.noop), c.sluice.ServerCPU, c.noop.ServerCPU)
+		p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | %s | %.1f / %.1f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
+			ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), c.sluice.ServerCPU, c.noop.ServerCPU)
 	}
 	for _, c := range r.closed {
 		if n := c.sluice.Codes["OK"]; n != c.sluice.Requests {
@@ -51,11 +52,11 @@ func (r *report) write(out io.Writer) error {
 		p("Redis's CPU (`INFO` used_cpu_sys + used_cpu_user) and commands (total_commands_processed) are per request over the measured time only ")
 		p("(the calls in flight at its two ends can add up to twice the concurrency to the commands). ")
 		p("Failed calls count in the throughput and are listed under the table.\n\n")
-		p("| workload | concurrency | Sluice+Redis req/s | no-op req/s | ratio | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("| workload | concurrency | Sluice+Redis req/s | no-op req/s | ratio | paired | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.redis {
-			p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
-				ratio(c.sluice.RPS, c.noop.RPS), lat(c.sluice), lat(c.noop), ratio(c.sluice.Latency.P99, c.noop.Latency.P99),
+			p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
+				ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), ratio(c.sluice.Latency.P99, c.noop.Latency.P99),
 				c.sluice.ServerCPU, c.noop.ServerCPU, c.sluice.RedisCPU, c.sluice.RedisCommands)
 		}
 		for _, c := range r.redis {
@@ -100,6 +101,19 @@ func (r *report) write(out io.Writer) error {
 func lat(m measured) string {
 	l := m.Latency
 	return fmt.Sprintf("%.0f / %.0f / %.0f", l.P50, l.P99, l.P999)
+}
+
+// pairedRatios formats the median of per-repetition ratios and, for more
+// than one, their range.
+func pairedRatios(rs []float64) string {
+	if len(rs) == 0 {
+		return "–"
+	}
+	s := slices.Sorted(slices.Values(rs))
+	if len(s) == 1 {
+		return fmt.Sprintf("%.2f", s[0])
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", s[(len(s)-1)/2], s[0], s[len(s)-1])
 }
 
 func ratio(a, b float64) float64 {
