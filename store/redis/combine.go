@@ -21,7 +21,7 @@ type combiner struct {
 	s      *Store
 	mu     sync.Mutex
 	queue  []*job
-	queued int // keys in queue
+	queued int // keys of the jobs in queue (abandoned ones too, until take drops them)
 	busy   int // calls in flight or being sent
 }
 
