@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"runtime"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -40,17 +39,6 @@ func RegisterProcess(reg prometheus.Registerer, b Build) error {
 		}
 	}
 	return nil
-}
-
-// NewGRPCMetrics registers gRPC server metrics on reg: calls by service,
-// method and code (grpc_server_handled_total and friends) and a handling
-// time histogram with LatencyBuckets. Add its interceptors to the server:
-//
-//	grpc.ChainUnaryInterceptor(m.UnaryServerInterceptor())
-//	grpc.ChainStreamInterceptor(m.StreamServerInterceptor())
-func NewGRPCMetrics(reg prometheus.Registerer) (*grpcprom.ServerMetrics, error) {
-	m := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(LatencyBuckets)))
-	return m, reg.Register(m)
 }
 
 // InstrumentHTTP counts h's requests by method and status code and times
