@@ -39,7 +39,9 @@ type methodSeries struct {
 }
 
 // lazyCounter is a series made on its first count.
-type lazyCounter struct{ c atomic.Pointer[prometheus.Counter] }
+type lazyCounter struct {
+	c atomic.Pointer[prometheus.Counter]
+}
 
 // inc adds one to the series of vec with s's labels and, unless "", code,
 // made if need be.
