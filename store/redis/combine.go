@@ -38,7 +38,7 @@ const (
 type job struct {
 	keys, args []string               // args start with len(keys) (see window.lua)
 	deadline   time.Time              // of the Take
-	res        []rueidis.RedisMessage // its part of the reply: 1+2*len(keys) values
+	res        []rueidis.RedisMessage // its part of the reply: 1+len(keys) values
 	err        error
 	done       chan struct{} // signalled once res or err is set, if queued
 	timer      *time.Timer   // fires at deadline while queued or in flight
@@ -177,7 +177,7 @@ func (cb *combiner) send(ctx context.Context, batch []*job) {
 	}
 	n := len(keys)
 	a, err := cb.s.eval(ctx, windowScript, keys, args).ToArray()
-	if err == nil && len(a) != len(batch)+2*n {
+	if err == nil && len(a) != len(batch)+n {
 		err = fmt.Errorf("window script answered %d values for %d requests of %d keys", len(a), len(batch), n)
 	}
 	if err != nil {
@@ -188,7 +188,7 @@ func (cb *combiner) send(ctx context.Context, batch []*job) {
 		return
 	}
 	for _, j := range batch {
-		m := 1 + 2*len(j.keys)
+		m := 1 + len(j.keys)
 		j.res, j.err, a = a[:m:m], nil, a[m:]
 	}
 }

@@ -194,17 +194,25 @@ func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits
 	}
 	c.orig, c.fin = slices.Grow(c.orig[:0], n)[:n], slices.Grow(c.fin[:0], n)[:n]
 	for i := range n {
-		o, err1 := parseState(&a[1+i])
-		count, err2 := a[1+n+i].AsInt64()
-		if err := errors.Join(err1, err2); err != nil {
-			return r, false, false, fmt.Errorf("redis: window script reply: %w", err)
+		before, err := a[1+i].AsInt64()
+		if err == nil && before < 0 {
+			err = fmt.Errorf("count %d", before)
+		}
+		if err != nil {
+			return r, false, abandoned, fmt.Errorf("redis: window script reply: %w", err)
+		}
+		// The states the script read and wrote, as far as they matter: an
+		// older window is no window.
+		end, o := windowEnd(hits[i].Rule, now), uint64(0)
+		if before > 0 {
+			o = end<<32 | uint64(before)
 		}
 		c.orig[i], c.fin[i] = o, o
-		if count >= 0 {
-			c.fin[i] = windowEnd(hits[i].Rule, now)<<32 | uint64(count)
+		if status == 1 && hits[i].Cost > 0 {
+			c.fin[i] = end<<32 | (uint64(before) + min(hits[i].Cost, hits[i].Rule.Limit()+1))
 		}
 	}
-	return reply{committed: status == 1, orig: c.orig, final: c.fin}, false, false, nil
+	return reply{committed: status == 1, orig: c.orig, final: c.fin}, false, abandoned, nil
 }
 
 func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {

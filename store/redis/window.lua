@@ -11,16 +11,18 @@
 -- fields of the hit on each of its n keys (the next n of KEYS): cost (at
 -- most limit+1), limit, e, the end of the window holding now, and ttl, the
 -- milliseconds from now until a second after e.
--- Returns, for each request in turn, {1 if committed, 0 if denied, -1 if
--- left to take.lua; the state of each key before ("" for none)...; the
--- count written to each key, or -1 for a key left as it was...}. A request
--- is left to take.lua, writing nothing, if a key holds something else than
--- a window ending at or before e (the caller's clock stepped back, or a
--- value not of this script): so no value fails the call, which Redis would
--- not undo, for the other requests of the call.
+-- Returns, for each request in turn, 1 if committed, 0 if denied, -1 if
+-- left to take.lua, then each key's count in the window ending at e before
+-- the request (0 for no key or an older window): integers only, which cost
+-- Redis and the caller less than the states. A committed request wrote
+-- count + cost to each key of a cost above 0. A request is left to
+-- take.lua, writing nothing, if a key holds something else than a window
+-- ending at or before e (the caller's clock stepped back, or a value not
+-- of this script): so no value fails the call, which Redis would not undo,
+-- for the other requests of the call.
 local vals = redis.call('MGET', unpack(KEYS))
 local written = {} -- key -> the state an earlier request of this call wrote
-local out, counts, kept = {}, {}, {}
+local out, counts = {}, {}
 local k, a, na = 0, 1, #ARGV
 while a <= na do
   local n = tonumber(ARGV[a])
@@ -42,33 +44,30 @@ while a <= na do
         if not count then status = -1 break end
       else
         local ven = tonumber(ve)
-        if not (ven and ven < tonumber(e)) then status = -1 break end
+        if not (ven and ven < tonumber(e) and string.find(v, '^%d+$', p + 1)) then status = -1 break end
       end
-      out[base + 1 + i] = v
-    else
-      out[base + 1 + i] = ''
     end
-    counts[i], kept[i] = count + cost, count > 0
+    out[base + 1 + i], counts[i] = count, count + cost
     if not (limit > 0 and count <= limit and cost <= limit - count) then status = 0 end
   end
   out[base + 1] = status
-  for i = 1, n do
-    local o = a + 4 * (i - 1)
-    if status == 1 and ARGV[o] ~= '0' then
-      -- (counts below 10^14 concatenate as plain integers)
-      local s = ARGV[o + 2] .. ':' .. counts[i]
-      if kept[i] then
-        -- A count of this window was written with its expiry (cheaper).
-        redis.call('SET', KEYS[k + i], s, 'KEEPTTL')
-      else
-        redis.call('SET', KEYS[k + i], s, 'PX', ARGV[o + 3])
+  if status == 1 then
+    for i = 1, n do
+      local o = a + 4 * (i - 1)
+      if ARGV[o] ~= '0' then
+        -- (counts below 10^14 concatenate as plain integers)
+        local s = ARGV[o + 2] .. ':' .. counts[i]
+        if out[base + 1 + i] > 0 then
+          -- A count of this window was written with its expiry (cheaper).
+          redis.call('SET', KEYS[k + i], s, 'KEEPTTL')
+        else
+          redis.call('SET', KEYS[k + i], s, 'PX', ARGV[o + 3])
+        end
+        written[KEYS[k + i]] = s
       end
-      written[KEYS[k + i]] = s
-      out[base + 1 + n + i] = counts[i]
-    else
-      if status == -1 then out[base + 1 + i] = '' end
-      out[base + 1 + n + i] = -1
     end
+  elseif status == -1 then
+    for i = 1, n do out[base + 1 + i] = 0 end
   end
   k, a = k + n, a + 4 * n
 end
