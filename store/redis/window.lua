@@ -55,12 +55,16 @@ while a <= na do
     for i = 1, n do
       local o = a + 4 * (i - 1)
       if ARGV[o] ~= '0' then
-        -- (counts below 10^14 concatenate as plain integers)
-        local s = ARGV[o + 2] .. ':' .. counts[i]
+        local s
         if out[base + 1 + i] > 0 then
+          -- (counts below 10^14 concatenate as plain integers)
+          s = ARGV[o + 2] .. ':' .. counts[i]
           -- A count of this window was written with its expiry (cheaper).
           redis.call('SET', KEYS[k + i], s, 'KEEPTTL')
         else
+          -- The window's first count is the cost, as the caller wrote it:
+          -- no number to format (which costs Redis as much as a SET).
+          s = ARGV[o + 2] .. ':' .. ARGV[o]
           redis.call('SET', KEYS[k + i], s, 'PX', ARGV[o + 3])
         end
         written[KEYS[k + i]] = s
