@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/internal/cputime"
 )
 
 const method = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
@@ -152,7 +154,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			workers[i].service = new(Histogram)
 		}
 	}
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	start := time.Now()
 	from, end := start.Add(max(o.Warmup, 0)), start.Add(max(o.Warmup, 0)+dur)
 	stopAt := end
@@ -178,7 +180,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		})
 	}
 	wg.Wait()
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("loadgen: run interrupted: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/cputime"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -42,7 +43,7 @@ func BenchmarkTake(b *testing.B) {
 			s := open(b, Options{URL: "redis://" + srv.Addr})
 			var seq atomic.Int64
 			before := commandCalls(b, srv)
-			cpu := cpuTime()
+			cpu := cputime.Process()
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -60,7 +61,7 @@ func BenchmarkTake(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			b.ReportMetric(float64((cpuTime()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(float64((cputime.Process()-cpu).Microseconds())/float64(b.N), "cpu-µs/op")
 			after := commandCalls(b, srv)
 			b.ReportMetric(float64(after.calls-before.calls)/float64(b.N), "cmds/op")
 			b.ReportMetric(float64(after.usec-before.usec)/float64(b.N), "script-µs/op")

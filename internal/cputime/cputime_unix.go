@@ -1,14 +1,14 @@
 //go:build unix
 
-package redis
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// cpuTime is the user and system CPU time this process has used.
-func cpuTime() time.Duration {
+// Process is the user and system CPU time this process has used.
+func Process() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
