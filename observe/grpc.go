@@ -43,20 +43,24 @@ type lazyCounter struct {
 	c atomic.Pointer[prometheus.Counter]
 }
 
-// inc adds one to the series of vec with s's labels and, unless "", code,
+// inc adds one to the series of vec with s's labels and, if coded, code,
 // made if need be.
-func (l *lazyCounter) inc(vec *prometheus.CounterVec, s *methodSeries, code string) {
+func (l *lazyCounter) inc(vec *prometheus.CounterVec, s *methodSeries, coded bool, code codes.Code) {
 	c := l.c.Load()
 	if c == nil {
-		labels := s.labels[:]
-		if code != "" {
-			labels = append(labels[:3:3], code)
-		}
-		made := vec.WithLabelValues(labels...)
+		made := vec.WithLabelValues(s.values(coded, code)...)
 		c = &made
 		l.c.Store(c)
 	}
 	(*c).Inc()
+}
+
+// values are the label values of s's series, with code if coded.
+func (s *methodSeries) values(coded bool, code codes.Code) []string {
+	if !coded {
+		return s.labels[:]
+	}
+	return append(s.labels[:3:3], code.String())
 }
 
 // NewGRPCMetrics registers gRPC server metrics on reg, with
@@ -107,10 +111,10 @@ func (m *GRPCMetrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		s := m.series(info.FullMethod, "unary")
 		start := time.Now()
 		s.started.Inc()
-		s.received.inc(m.received, s, "")
+		s.received.inc(m.received, s, false, 0)
 		resp, err := handler(ctx, req)
 		if err == nil {
-			s.sent.inc(m.sent, s, "")
+			s.sent.inc(m.sent, s, false, 0)
 		}
 		m.done(s, err, start)
 		return resp, err
@@ -162,9 +166,9 @@ func (m *GRPCMetrics) done(s *methodSeries, err error, start time.Time) {
 	}
 	code := st.Code()
 	if code < codes.Code(len(s.handled)) {
-		s.handled[code].inc(m.handled, s, code.String())
+		s.handled[code].inc(m.handled, s, true, code)
 	} else {
-		m.handled.WithLabelValues(s.labels[0], s.labels[1], s.labels[2], code.String()).Inc()
+		m.handled.WithLabelValues(s.values(true, code)...).Inc()
 	}
 	s.handling.Observe(time.Since(start).Seconds())
 }
@@ -179,7 +183,7 @@ type countedStream struct {
 func (c *countedStream) SendMsg(msg any) error {
 	err := c.ServerStream.SendMsg(msg)
 	if err == nil {
-		c.s.sent.inc(c.m.sent, c.s, "")
+		c.s.sent.inc(c.m.sent, c.s, false, 0)
 	}
 	return err
 }
@@ -187,7 +191,7 @@ func (c *countedStream) SendMsg(msg any) error {
 func (c *countedStream) RecvMsg(msg any) error {
 	err := c.ServerStream.RecvMsg(msg)
 	if err == nil {
-		c.s.received.inc(c.m.received, c.s, "")
+		c.s.received.inc(c.m.received, c.s, false, 0)
 	}
 	return err
 }

@@ -209,7 +209,9 @@ func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits
 		}
 		c.orig[i], c.fin[i] = o, o
 		if status == 1 && hits[i].Cost > 0 {
-			c.fin[i] = end<<32 | (uint64(before) + min(hits[i].Cost, hits[i].Rule.Limit()+1))
+			// (A committed cost is within the limit: the script's cap
+			// at limit+1 did not apply.)
+			c.fin[i] = end<<32 | (uint64(before) + hits[i].Cost)
 		}
 	}
 	return reply{committed: status == 1, orig: c.orig, final: c.fin}, false, abandoned, nil
