@@ -65,7 +65,7 @@ func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage,
 		ctx, cancel := context.WithDeadline(ctx, j.deadline)
 		defer cancel()
 		one := [1]*job{j}
-		cb.send(ctx, one[:])
+		cb.send(ctx, one[:], nil)
 		return j.res, false, j.err
 	}
 	j.state.Store(jobQueued)
@@ -114,6 +114,7 @@ func (cb *combiner) release() {
 // flush sends queued requests until none is left.
 func (cb *combiner) flush() {
 	var batch []*job
+	var sc sendScratch
 	for {
 		cb.mu.Lock()
 		if len(cb.queue) == 0 {
@@ -135,7 +136,7 @@ func (cb *combiner) flush() {
 			}
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		cb.send(ctx, batch)
+		cb.send(ctx, batch, &sc)
 		cancel()
 		for _, j := range batch {
 			j.done <- struct{}{}
@@ -165,11 +166,17 @@ func (cb *combiner) take(batch []*job) []*job {
 	return batch
 }
 
-// send runs batch as one window.lua call and hands each job its part.
-func (cb *combiner) send(ctx context.Context, batch []*job) {
+// sendScratch holds a flusher's keys and arguments of a combined call
+// between calls: the command copies them, so they are free again once the
+// call returns.
+type sendScratch struct{ keys, args []string }
+
+// send runs batch as one window.lua call and hands each job its part. A
+// batch of more than one job needs sc.
+func (cb *combiner) send(ctx context.Context, batch []*job, sc *sendScratch) {
 	keys, args := batch[0].keys, batch[0].args
 	if len(batch) > 1 {
-		keys, args = nil, nil
+		keys, args = sc.keys[:0], sc.args[:0]
 		for _, j := range batch {
 			keys = append(keys, j.keys...)
 			args = append(args, j.args...)
@@ -177,6 +184,12 @@ func (cb *combiner) send(ctx context.Context, batch []*job) {
 	}
 	n := len(keys)
 	a, err := cb.s.eval(ctx, windowScript, keys, args).ToArray()
+	if len(batch) > 1 {
+		// (cleared, so that no job's strings stay reachable from sc)
+		clear(keys)
+		clear(args)
+		sc.keys, sc.args = keys[:0], args[:0]
+	}
 	if err == nil && len(a) != len(batch)+n {
 		err = fmt.Errorf("window script answered %d values for %d requests of %d keys", len(a), len(batch), n)
 	}
