@@ -248,12 +248,14 @@ func TestTake_CombinedBadValue(t *testing.T) {
 	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
 	fw := must(store.NewFixedWindow(10, time.Hour))
 	now := time.Now().UnixNano()
-	for key, v := range map[string]string{"count": "100:x", "end": "x:1"} {
+	// "big" counts this window past any fixed window's count (2^32).
+	big := strconv.FormatUint(windowEnd(fw, now), 10) + ":4294967296"
+	for key, v := range map[string]string{"count": "100:x", "end": "x:1", "big": big} {
 		if out := srv.CLI("set", s.opt.KeyPrefix+key, v); out != "OK" {
 			t.Fatalf("SET %s: %q", key, out)
 		}
 	}
-	keys := []string{"a", "count", "end", "d"}
+	keys := []string{"a", "count", "end", "big", "d"}
 	release := hold(s)
 	errs := make([]error, len(keys))
 	var wg sync.WaitGroup
@@ -266,8 +268,11 @@ func TestTake_CombinedBadValue(t *testing.T) {
 	release()
 	wg.Wait()
 	for j, k := range keys {
-		if bad := k == "count" || k == "end"; (errs[j] != nil) != bad {
+		if bad := k == "count" || k == "end" || k == "big"; (errs[j] != nil) != bad {
 			t.Errorf("%s: %v, want an error only for a bad value", k, errs[j])
+		}
+		if k == "big" && (errs[j] == nil || !strings.Contains(errs[j].Error(), "count of 4294967296")) {
+			t.Errorf("big: %v, want an error naming the count", errs[j])
 		}
 	}
 	for _, k := range []string{"a", "d"} {

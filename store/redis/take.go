@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -195,8 +196,9 @@ func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits
 	c.orig, c.fin = slices.Grow(c.orig[:0], n)[:n], slices.Grow(c.fin[:0], n)[:n]
 	for i := range n {
 		before, err := a[1+i].AsInt64()
-		if err == nil && before < 0 {
-			err = fmt.Errorf("count %d", before)
+		if err == nil && (before < 0 || before > math.MaxUint32) {
+			// (a value no script wrote: fixed-window counts stay below 2^32)
+			err = fmt.Errorf("%s holds a count of %d", hits[i].Key, before)
 		}
 		if err != nil {
 			return r, false, abandoned, fmt.Errorf("redis: window script reply: %w", err)
