@@ -190,7 +190,7 @@ func (t *Traffic) View() TrafficView {
 		r := get(ruleID{c.Domain, c.Rule})
 		tot := add(observe.Counts{Within: r.Total.Within, Over: r.Total.Over, Near: r.Total.Near, Shadow: r.Total.Shadow}, c.Counts)
 		r.Total = countsJSON(tot)
-		if c.Value != "" {
+		if c.Value != "" && c.Counts != (observe.Counts{}) {
 			r.Values = append(r.Values, ValueTraffic{Value: c.Value, Total: countsJSON(c.Counts)})
 		}
 	}
