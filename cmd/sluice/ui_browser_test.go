@@ -115,7 +115,7 @@ func TestUI_Browser(t *testing.T) {
 		t.Helper()
 		sctx, scancel := context.WithTimeout(bctx, 30*time.Second)
 		defer scancel()
-		v, err := chromedp.Run(sctx, chromedp.Evaluate[string](`String(` + expr + `)`))
+		v, err := chromedp.Run(sctx, chromedp.Evaluate[string](`String(`+expr+`)`))
 		if err != nil {
 			t.Fatalf("%s: %v", expr, err)
 		}
