@@ -234,6 +234,12 @@ func TestUI_Browser(t *testing.T) {
 		if shots != "" {
 			screenshot(t, bctx, shots, "ui-demo.png", "#demo")
 		}
+		// Send 10 on the empty bucket: ten more answers, denied.
+		do(t, "send 10", chromedp.Click(chromedp.CSS(`#demo-send10`)),
+			poll(`document.querySelectorAll('#tb-log li').length === 16 && document.querySelectorAll('#fw-log li').length === 16`))
+		if last := eval(t, `document.querySelector('#tb-log li').textContent`); !strings.Contains(last, "429") {
+			t.Errorf("the last of Send 10 on an empty bucket: %q, want 429", last)
+		}
 		noErrors(t)
 	})
 
