@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -63,7 +64,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 		Reload:  x.Config,
 		Source:  func() ui.Source { return ui.Source{Kind: "file", Location: path} },
 		Traffic: traffic,
-		Store:   storeStatus(x),
+		Store:   storeStatus(x, f.fs),
 		Serving: x.Health.Serving,
 		Build:   observe.Build{Version: version, Commit: buildCommit()},
 		Started: time.Now(),
@@ -82,20 +83,44 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 }
 
 // storeStatus describes the serving store for the page.
-func storeStatus(x *serveContext) func() ui.StoreStatus {
+func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 	switch st := x.Store.(type) {
 	case *memory.Store:
 		return ui.MemoryStatus(st)
 	case *redis.Store:
+		where := redisDeployment(fs)
 		return func() ui.StoreStatus {
 			s := st.Stats()
-			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: []ui.Stat{
-				{Name: "breaker", Value: map[bool]string{true: "closed", false: "open"}[s.Healthy]},
-				{Name: "local cache keys", Value: fmt.Sprint(s.LocalKeys)},
-				{Name: "local answers", Value: fmt.Sprint(s.LocalAnswers)},
-				{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)},
-			}}
+			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: append(where[:len(where):len(where)],
+				ui.Stat{Name: "breaker", Value: map[bool]string{true: "closed", false: "open"}[s.Healthy]},
+				ui.Stat{Name: "local cache keys", Value: fmt.Sprint(s.LocalKeys)},
+				ui.Stat{Name: "local answers", Value: fmt.Sprint(s.LocalAnswers)},
+				ui.Stat{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)},
+			)}
 		}
 	}
 	return nil
+}
+
+// redisDeployment describes the Redis flags in force without credentials:
+// the deployment and its addresses.
+func redisDeployment(fs *flag.FlagSet) []ui.Stat {
+	get := func(name string) string {
+		if fl := fs.Lookup(name); fl != nil {
+			return fl.Value.String()
+		}
+		return ""
+	}
+	switch {
+	case get("redis-cluster") != "":
+		return []ui.Stat{{Name: "deployment", Value: "cluster"}, {Name: "seeds", Value: get("redis-cluster")}}
+	case get("redis-sentinel") != "":
+		return []ui.Stat{{Name: "deployment", Value: "sentinel"}, {Name: "master", Value: get("redis-sentinel-master")},
+			{Name: "sentinels", Value: get("redis-sentinel")}}
+	}
+	addr := "?"
+	if u, err := url.Parse(get("redis-url")); err == nil {
+		addr = u.Scheme + "://" + u.Host + u.Path // no user or password
+	}
+	return []ui.Stat{{Name: "deployment", Value: "single"}, {Name: "address", Value: addr}}
 }

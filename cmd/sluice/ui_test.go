@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/observe/ui"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // uiGet answers GET url without following redirects.
@@ -83,5 +84,30 @@ func TestServe_UIBadPrefix(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "--ui-prefix") {
 			t.Errorf("--ui-prefix %q: %v, want an error naming the flag", p, err)
 		}
+	}
+}
+
+// TestServe_UIRedis: the overview describes the Redis store without its
+// password.
+func TestServe_UIRedis(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "hunter2")
+	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "redis",
+		"--redis-url", "redis://:hunter2@"+srv.Addr+"/0", "--redis-timeout", "1s")
+	defer stop()
+	res, body := uiGet(t, "http://"+addr+"/ui/api/overview")
+	var o ui.Overview
+	if err := json.Unmarshal([]byte(body), &o); err != nil || res.StatusCode != 200 {
+		t.Fatalf("overview: %s %v", res.Status, err)
+	}
+	stats := map[string]string{}
+	for _, s := range o.Store.Stats {
+		stats[s.Name] = s.Value
+	}
+	if o.Store.Kind != "redis" || !o.Store.Healthy || stats["deployment"] != "single" ||
+		stats["address"] != "redis://"+srv.Addr+"/0" || stats["breaker"] != "closed" {
+		t.Errorf("store %+v", o.Store)
+	}
+	if strings.Contains(body, "hunter2") {
+		t.Error("the overview shows the Redis password")
 	}
 }

@@ -139,3 +139,54 @@ func TestTraffic_Run(t *testing.T) {
 		t.Errorf("view %+v", v)
 	}
 }
+
+// TestTraffic_Concurrent: samples, views and counting at once, under
+// -race; rates never go negative and totals never decrease.
+func TestTraffic_Concurrent(t *testing.T) {
+	c := newCounts()
+	tr := ui.NewTraffic(c, time.Second, 10)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c.add("web", fmt.Sprintf("r%d", (g+i)%8), "", 1, uint64(i%2), 0, 0)
+			}
+		})
+	}
+	wg.Go(func() {
+		for s := 0; ; s++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tr.Sample(at(float64(s)))
+		}
+	})
+	last := map[string]uint64{}
+	for range 200 {
+		for _, r := range tr.View().Rules {
+			for _, x := range append(r.Within, r.Over...) {
+				if x < 0 {
+					t.Fatalf("%s: negative rate %v", r.Rule, x)
+				}
+			}
+			if tot := r.Total.Within + r.Total.Over; tot < last[r.Rule] {
+				t.Fatalf("%s: total went from %d to %d", r.Rule, last[r.Rule], tot)
+			} else {
+				last[r.Rule] = tot
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if len(last) != 8 {
+		t.Errorf("%d rules seen, want 8", len(last))
+	}
+}
