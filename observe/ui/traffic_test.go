@@ -145,6 +145,9 @@ func TestTraffic_Run(t *testing.T) {
 func TestTraffic_Concurrent(t *testing.T) {
 	c := newCounts()
 	tr := ui.NewTraffic(c, time.Second, 10)
+	for i := range 8 {
+		c.add("web", fmt.Sprintf("r%d", i), "", 1, 0, 0, 0)
+	}
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for g := range 4 {
