@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path"
 	"runtime"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -28,7 +29,9 @@ const (
 	MaxRules = 2000
 	// MaxProblems is the most problems of a failed load the overview
 	// lists; maxErrorBytes bounds the error's message.
-	MaxProblems   = 20
+	MaxProblems = 20
+	// MaxFileNames is the most config file names the overview lists.
+	MaxFileNames  = 100
 	maxErrorBytes = 4096
 )
 
@@ -205,10 +208,12 @@ type Overview struct {
 
 // ConfigStatus is the config's source and load history.
 type ConfigStatus struct {
-	Source      *Source    `json:"source"`
-	Loaded      bool       `json:"loaded"` // a config is in force
-	Hash        string     `json:"hash"`
-	Files       int        `json:"files"`
+	Source *Source `json:"source"`
+	Loaded bool    `json:"loaded"` // a config is in force
+	Hash   string  `json:"hash"`
+	Files  int     `json:"files"`
+	// FileNames are the files that define rules, at most MaxFileNames.
+	FileNames   []string   `json:"file_names"`
 	Domains     int        `json:"domains"`
 	Rules       int        `json:"rules"`
 	LastOK      bool       `json:"last_ok"`
@@ -258,6 +263,7 @@ func (u *UI) Overview() Overview {
 	if t := u.opts.Tables.Current(); t != nil {
 		c.Loaded, c.Hash, c.Files = true, t.Hash(), t.Files()
 		c.Domains, c.Rules = len(t.Domains()), len(t.Rules())
+		c.FileNames = fileNames(t)
 	}
 	if u.opts.Reload == nil {
 		c.LastOK = c.Loaded
@@ -272,6 +278,21 @@ func (u *UI) Overview() Overview {
 		c.LastError = loadError(s.LastError)
 	}
 	return o
+}
+
+// fileNames lists the files that define t's rules, sorted, at most
+// MaxFileNames.
+func fileNames(t *config.Table) []string {
+	seen := map[string]bool{}
+	names := []string{}
+	for _, r := range t.Rules() {
+		if !seen[r.File] && len(names) < MaxFileNames {
+			seen[r.File] = true
+			names = append(names, r.File)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 func loadError(err error) *LoadError {

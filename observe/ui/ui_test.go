@@ -125,7 +125,7 @@ func TestOverview(t *testing.T) {
 	c := o.Config
 	if o.Version != "v1.2.3" || !o.Serving || o.UptimeS < 60 || o.Store.Kind != "memory" || !o.Store.Healthy ||
 		c.Source == nil || c.Source.Location != r.dir || !c.Loaded || !c.LastOK || c.Rules != 4 || c.Domains != 1 ||
-		c.Files != 1 || c.Hash == "" || c.LastSuccess == nil || c.LastError != nil {
+		c.Files != 1 || fmt.Sprint(c.FileNames) != "["+filepath.Join(r.dir, "limits.yaml")+"]" || c.Hash == "" || c.LastSuccess == nil || c.LastError != nil {
 		t.Fatalf("overview %+v, config %+v", o, c)
 	}
 

@@ -80,6 +80,9 @@ async function refreshOverview() {
   setText('#config-hash', c.hash ? c.hash.slice(0, 16) + '…' : '–');
   $('#config-hash').title = c.hash || '';
   setText('#config-size', c.loaded ? c.files + ' file(s), ' + c.domains + ' domain(s), ' + c.rules + ' rule(s)' : 'no config loaded');
+  const names = (c.file_names || []).map((f) => f.split('/').pop());
+  setText('#config-files', names.length ? names.join(', ') : '–');
+  $('#config-files').title = (c.file_names || []).join('\n');
   setText('#config-loads', c.successes + ' ok, ' + c.failures + ' failed');
   if (!c.loaded) badge('#config-state', 'none', 'bad');
   else if (!c.last_ok) badge('#config-state', 'last load failed', 'warn');
