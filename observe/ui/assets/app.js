@@ -142,6 +142,7 @@ async function refreshLimits() {
       cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow);
     tr.dataset.search = [r.domain, r.path, r.name, r.limit, r.algorithm, r.shadow_mode ? 'shadow' : '', r.unlimited ? 'unlimited' : ''].join(' ').toLowerCase();
     cells.tr = tr;
+    cells.shadowMode = r.shadow_mode;
     next.set(r.domain + '\n' + r.path, cells);
     return tr;
   });
@@ -189,7 +190,8 @@ function showTraffic(t) {
     const within = recent(r.within_per_s, 5), over = recent(r.over_per_s, 5);
     setText(c.allowed, fmtRate(within));
     setText(c.denied, fmtRate(over));
-    c.denied.classList.toggle('hot', over > 0);
+    c.denied.classList.toggle('hot', over > 0 && !c.shadowMode);
+    c.denied.classList.toggle('warn', over > 0 && c.shadowMode);
     c.tr.classList.toggle('active', within > 0);
     setText(c.near, String(r.window.near));
     setText(c.shadow, String(r.window.shadow));
@@ -200,7 +202,7 @@ function showTraffic(t) {
   for (const c of rows.values()) {
     if (seen.has(c)) continue;
     setText(c.allowed, '0'); setText(c.denied, '0'); setText(c.near, '0'); setText(c.shadow, '0');
-    c.denied.classList.remove('hot'); c.tr.classList.remove('active');
+    c.denied.classList.remove('hot', 'warn'); c.tr.classList.remove('active');
     if (c.spark.drawn) spark(c.spark, [], []);
   }
 }
