@@ -197,7 +197,7 @@ function showTraffic(t) {
     setText(c.shadow, String(r.window.shadow));
     c.tr.title = 'since start: ' + r.total.within + ' allowed, ' + r.total.over + ' over the limit';
     setText(c.values, r.values ? r.values.map((v) => v.value + ' (' + (v.total.within + v.total.over) + ')').join(', ') : '');
-    spark(c.spark, r.within_per_s || [], r.over_per_s || []);
+    spark(c.spark, r.within_per_s || [], r.over_per_s || [], c.shadowMode ? '#d97706' : '#dc2626');
   }
   for (const c of rows.values()) {
     if (seen.has(c)) continue;
@@ -207,9 +207,9 @@ function showTraffic(t) {
   }
 }
 
-// spark draws allowed (green, filled) and denied (red line) per second
-// over the last minute, right-aligned.
-function spark(cv, within, over) {
+// spark draws allowed (green, filled) and denied (a line of overColor)
+// per second over the last minute, right-aligned.
+function spark(cv, within, over, overColor) {
   const dpr = window.devicePixelRatio || 1;
   const w = 120, h = 26;
   if (cv.width !== w * dpr) { cv.width = w * dpr; cv.height = h * dpr; }
@@ -237,7 +237,7 @@ function spark(cv, within, over) {
   if (over.length > 1 && over.some((v) => v > 0)) {
     g.beginPath();
     over.forEach((v, i) => (i ? g.lineTo : g.moveTo).call(g, x(i, over.length), y(v)));
-    g.strokeStyle = '#dc2626'; g.lineWidth = 1.5; g.stroke();
+    g.strokeStyle = overColor; g.lineWidth = 1.5; g.stroke();
   }
 }
 
