@@ -169,6 +169,9 @@ func securityHeaders(h http.Handler) http.Handler {
 	})
 }
 
+var contentTypes = map[string]string{".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+	".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+
 func (u *UI) asset(w http.ResponseWriter, r *http.Request, name string) {
 	etag, ok := u.etags[name]
 	if !ok {
@@ -176,9 +179,7 @@ func (u *UI) asset(w http.ResponseWriter, r *http.Request, name string) {
 		return
 	}
 	b, _ := assets.ReadFile("assets/" + name)
-	types := map[string]string{".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-		".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
-	w.Header().Set("Content-Type", types[path.Ext(name)])
+	w.Header().Set("Content-Type", contentTypes[path.Ext(name)])
 	w.Header().Set("ETag", etag)
 	w.Header().Set("Cache-Control", "no-cache")
 	if r.Header.Get("If-None-Match") == etag {
