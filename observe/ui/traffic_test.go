@@ -173,7 +173,7 @@ func TestTraffic_Concurrent(t *testing.T) {
 		}
 	})
 	last := map[string]uint64{}
-	for range 200 {
+	for range 50 {
 		for _, r := range tr.View().Rules {
 			for _, x := range append(r.Within, r.Over...) {
 				if x < 0 {
