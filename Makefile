@@ -62,14 +62,21 @@ lint: $(BIN)/staticcheck ## go vet, gofmt and staticcheck
 	staticcheck ./...
 
 .PHONY: deps
-deps: ## install redis-server (Redis tests) when missing
+deps: ## install redis-server (Redis tests) and chromium (browser tests) when missing
 	@command -v redis-server >/dev/null && command -v redis-sentinel >/dev/null && command -v redis-cli >/dev/null || { \
 	  echo "installing redis-server, redis-sentinel, redis-tools"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel redis-tools >/dev/null; }
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "installing chromium"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 .PHONY: test
 test: deps $(BIN)/grpcurl ## run every test with -race
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+.PHONY: screenshots
+screenshots: deps ## redo the status page's screenshots in docs/img with the browser test
+	SLUICE_SCREENSHOTS=$(CURDIR)/docs/img $(GO) test -count=1 -run '^TestUI_Browser$$' -v ./cmd/sluice
 
 .PHONY: bench
 bench: ## run the Go benchmarks

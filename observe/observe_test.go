@@ -207,6 +207,19 @@ func TestRules_CountsPerRule(t *testing.T) {
 	if n := len(fams["sluice_rule_hits_total"].Metric); n != 9 {
 		t.Errorf("sluice_rule_hits_total has %d series, want 9 (6 rules, 2 values + _other, 1 override)", n)
 	}
+
+	// Snapshot reads the same counters /metrics exports.
+	snap := rules.Snapshot(nil)
+	if len(snap) != 9 {
+		t.Errorf("Snapshot has %d label sets, want 9", len(snap))
+	}
+	for _, c := range snap {
+		l := map[string]string{"domain": c.Domain, "rule": c.Rule, "value": c.Value}
+		check(t, fams, "sluice_rule_within_limit_total", l, float64(c.Within))
+		check(t, fams, "sluice_rule_over_limit_total", l, float64(c.Over))
+		check(t, fams, "sluice_rule_near_limit_total", l, float64(c.Near))
+		check(t, fams, "sluice_rule_shadow_mode_total", l, float64(c.Shadow))
+	}
 }
 
 // TestRules_CountsHitsAddend: every counter adds the descriptor's

@@ -347,3 +347,30 @@ func errorKind(err error) string {
 	}
 	return "error"
 }
+
+// Counts are a label set's cumulative counts, in hits (see Rules).
+type Counts struct {
+	Within, Over, Near, Shadow uint64
+}
+
+// RuleCounts are the counts of one label set: a rule (Value ""), one value
+// of a detailed rule (or OtherValue), or a domain's override hits (Rule
+// OverrideRule).
+type RuleCounts struct {
+	Domain, Rule, Value string
+	Counts
+}
+
+// Snapshot appends the counts of every label set seen so far to dst, in no
+// particular order, and returns it. The counts are the same ones
+// /metrics exports; a label set is never forgotten, so they never
+// decrease. Each count is read atomically, not the set as a whole.
+func (r *Rules) Snapshot(dst []RuleCounts) []RuleCounts {
+	r.labelsMu.Lock()
+	defer r.labelsMu.Unlock()
+	for _, c := range r.byLabels {
+		dst = append(dst, RuleCounts{Domain: c.labels[0], Rule: c.labels[1], Value: c.labels[2],
+			Counts: Counts{Within: c.within.Load(), Over: c.over.Load(), Near: c.near.Load(), Shadow: c.shadow.Load()}})
+	}
+	return dst
+}

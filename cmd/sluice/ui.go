@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/observe"
+	"github.com/sluicehq/sluice/observe/ui"
+	"github.com/sluicehq/sluice/store/memory"
+	"github.com/sluicehq/sluice/store/redis"
+)
+
+// The status page on the HTTP port (observe/ui). It registers after the
+// observability extension (files initialise in name order), whose per-rule
+// counters it shows.
+func init() {
+	var f uiFlags
+	registerExtension(extension{name: "ui", flags: f.register, setup: f.setup})
+}
+
+type uiFlags struct {
+	on     bool
+	prefix string
+	fs     *flag.FlagSet
+}
+
+func (f *uiFlags) register(fs *flag.FlagSet) {
+	f.fs = fs
+	fs.BoolVar(&f.on, "ui", true, "serve the read-only status page and its demo on the HTTP port")
+	fs.StringVar(&f.prefix, "ui-prefix", "", "serve the status page under this path `prefix` (e.g. /sluice) instead of at /, for a reverse proxy that does not strip it")
+}
+
+func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
+	if !f.on {
+		return nil
+	}
+	prefix := strings.TrimSuffix(f.prefix, "/")
+	if prefix != "" && (!strings.HasPrefix(prefix, "/") || strings.ContainsAny(prefix, "{}? #")) {
+		return fmt.Errorf("--ui-prefix %q: want a path such as /sluice", f.prefix)
+	}
+	var rules *observe.Rules
+	for _, o := range x.Observers {
+		if r, ok := o.(*observe.Rules); ok {
+			rules = r
+		}
+	}
+	if rules == nil {
+		return errors.New("the status page needs the per-rule counters")
+	}
+	traffic := ui.NewTraffic(rules, time.Second, ui.DefaultWindow)
+	x.Run = append(x.Run, traffic.Run)
+	path := ""
+	if fl := f.fs.Lookup("config"); fl != nil {
+		path = fl.Value.String()
+	}
+	page, err := ui.New(ui.Options{
+		Tables:  x.Config,
+		Reload:  x.Config,
+		Source:  func() ui.Source { return ui.Source{Kind: "file", Location: path} },
+		Traffic: traffic,
+		Store:   storeStatus(x, f.fs),
+		Serving: x.Health.Serving,
+		Build:   observe.Build{Version: version, Commit: buildCommit()},
+		Started: time.Now(),
+	})
+	if err != nil {
+		return err
+	}
+	h := page.Handler()
+	if prefix == "" {
+		x.HTTP.Handle("/", h)
+		return nil
+	}
+	x.HTTP.Handle(prefix+"/", http.StripPrefix(prefix, h))
+	x.HTTP.Handle(prefix, http.RedirectHandler(prefix+"/", http.StatusMovedPermanently))
+	return nil
+}
+
+// storeStatus describes the serving store for the page.
+func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
+	switch st := x.Store.(type) {
+	case *memory.Store:
+		return ui.MemoryStatus(st)
+	case *redis.Store:
+		where := redisDeployment(fs)
+		return func() ui.StoreStatus {
+			s := st.Stats()
+			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: append(where[:len(where):len(where)],
+				ui.Stat{Name: "breaker", Value: map[bool]string{true: "closed", false: "open"}[s.Healthy]},
+				ui.Stat{Name: "local cache keys", Value: fmt.Sprint(s.LocalKeys)},
+				ui.Stat{Name: "local answers", Value: fmt.Sprint(s.LocalAnswers)},
+				ui.Stat{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)},
+			)}
+		}
+	}
+	return nil
+}
+
+// redisDeployment describes the Redis flags in force without credentials:
+// the deployment and its addresses.
+func redisDeployment(fs *flag.FlagSet) []ui.Stat {
+	get := func(name string) string {
+		if fl := fs.Lookup(name); fl != nil {
+			return fl.Value.String()
+		}
+		return ""
+	}
+	switch {
+	case get("redis-cluster") != "":
+		return []ui.Stat{{Name: "deployment", Value: "cluster"}, {Name: "seeds", Value: get("redis-cluster")}}
+	case get("redis-sentinel") != "":
+		return []ui.Stat{{Name: "deployment", Value: "sentinel"}, {Name: "master", Value: get("redis-sentinel-master")},
+			{Name: "sentinels", Value: get("redis-sentinel")}}
+	}
+	addr := "?"
+	if u, err := url.Parse(get("redis-url")); err == nil {
+		addr = u.Scheme + "://" + u.Host + u.Path // no user or password
+	}
+	return []ui.Stat{{Name: "deployment", Value: "single"}, {Name: "address", Value: addr}}
+}

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sluicehq/sluice/config"
+)
+
+// chromium finds a Chromium or Chrome binary: $SLUICE_CHROMIUM, else the
+// usual names on PATH. "" when there is none.
+func chromium() string {
+	if p := os.Getenv("SLUICE_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// consoleErrors collects what the page logs as an error or a warning,
+// and what it throws.
+type consoleErrors struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (c *consoleErrors) collect(ctx context.Context) {
+	for m, err := range chromedp.Console(ctx) {
+		if err != nil {
+			return
+		}
+		// The browser logs every 4xx answer to a fetch; the demo's 429s
+		// are answers the page expects and shows.
+		if m.Source == "network" && strings.HasSuffix(m.URL, "/ui/demo/v1/check") && strings.Contains(m.Text, "429") {
+			continue
+		}
+		switch m.Type {
+		case chromedp.ConsoleError, chromedp.ConsoleWarning, chromedp.ConsoleException:
+			c.mu.Lock()
+			c.list = append(c.list, fmt.Sprintf("%s (%s:%d)", m, m.URL, m.Line+1))
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *consoleErrors) get() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.list...)
+}
+
+// TestUI_Browser drives the status page in a real headless Chromium (one
+// browser for every step) against serve on loopback listeners, with the
+// limits of examples/config. With SLUICE_SCREENSHOTS=DIR it also writes
+// ui-overview.png and ui-demo.png into DIR (make screenshots).
+func TestUI_Browser(t *testing.T) {
+	exe := chromium()
+	if exe == "" {
+		t.Skip("no Chromium found (install Debian's chromium: make deps; or set SLUICE_CHROMIUM): skipping the browser tests")
+	}
+	shots := os.Getenv("SLUICE_SCREENSHOTS")
+
+	// A copy of examples/config, which the reload step edits.
+	dir := t.TempDir()
+	for _, name := range []string{"edge.yaml", "internal.yaml"} {
+		b, err := os.ReadFile(filepath.Join("../../examples/config", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	grpcAddr, httpAddr, _ := startServe(t, nil, "--config", dir)
+	rls, _ := dialRLS(t, grpcAddr)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
+		chromedp.WindowSize(1400, 1100), chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("hide-scrollbars", true))
+	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx)
+	var errs consoleErrors
+	var wg sync.WaitGroup
+	defer func() { bcancel(); wg.Wait() }()
+	if err := chromedp.Do(bctx); err != nil { // starts the browser
+		t.Fatalf("starting %s: %v", exe, err)
+	}
+	wg.Go(func() { errs.collect(bctx) })
+
+	// do runs steps with a time limit.
+	do := func(t *testing.T, what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, scancel := context.WithTimeout(bctx, 30*time.Second)
+		defer scancel()
+		if err := chromedp.Do(sctx, steps...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	eval := func(t *testing.T, expr string) string {
+		t.Helper()
+		sctx, scancel := context.WithTimeout(bctx, 30*time.Second)
+		defer scancel()
+		v, err := chromedp.Run(sctx, chromedp.Evaluate[string](`String(`+expr+`)`))
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		return v
+	}
+	poll := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingTimeout(25*time.Second))
+	}
+	noErrors := func(t *testing.T) {
+		t.Helper()
+		if e := errs.get(); len(e) > 0 {
+			t.Errorf("the page logged errors:\n%s", strings.Join(e, "\n"))
+		}
+	}
+	row := func(domain, path, expr string) string {
+		return fmt.Sprintf(`(() => { const tr = document.querySelector('tr[data-rule=%q]'); return tr ? %s : null; })()`, domain+"/"+path, expr)
+	}
+
+	t.Run("loads without console errors", func(t *testing.T) {
+		do(t, "load", chromedp.Navigate("http://"+httpAddr+"/"),
+			chromedp.WaitVisible(chromedp.CSS(`#limits-table tbody tr`)),
+			poll(`document.querySelector('#health').textContent === 'SERVING'`))
+		if v := eval(t, `document.querySelector('#version').textContent`); v == "…" || v == "" {
+			t.Errorf("version %q", v)
+		}
+		if v := eval(t, `document.querySelector('#config-source').textContent`); !strings.Contains(v, dir) {
+			t.Errorf("config source %q, want %s", v, dir)
+		}
+		noErrors(t)
+	})
+
+	t.Run("limits table lists examples/config", func(t *testing.T) {
+		tab, err := config.Load("../../examples/config", config.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := strings.Split(eval(t, `Array.from(document.querySelectorAll('#limits-table tbody tr')).map(tr => tr.dataset.rule).join('\n')`), "\n")
+		if len(rows) != len(tab.Rules()) {
+			t.Errorf("%d rows, want the %d rules of examples/config", len(rows), len(tab.Rules()))
+		}
+		have := map[string]bool{}
+		for _, r := range rows {
+			have[r] = true
+		}
+		for _, r := range tab.Rules() {
+			if !have[r.Domain+"/"+r.Path] {
+				t.Errorf("no row for %s/%s", r.Domain, r.Path)
+			}
+		}
+		// The search narrows the table, and clearing it shows every row.
+		do(t, "search", chromedp.SendKeys(chromedp.CSS(`#search`), "uploads"))
+		if n := eval(t, `document.querySelectorAll('#limits-table tbody tr:not([hidden])').length`); n != "1" {
+			t.Errorf("searching %q shows %s rows, want 1", "uploads", n)
+		}
+		eval(t, `(() => { const s = document.querySelector('#search'); s.value = ''; s.dispatchEvent(new Event('input')); })()`)
+		if n := eval(t, `document.querySelectorAll('#limits-table tbody tr:not([hidden])').length`); n != fmt.Sprint(len(tab.Rules())) {
+			t.Errorf("after clearing the search %s rows show", n)
+		}
+	})
+
+	t.Run("live traffic after ShouldRateLimit calls", func(t *testing.T) {
+		// Calls keep coming, as in production, until the page shows
+		// them (and, for the screenshot, a little longer).
+		sctx, stop := context.WithCancel(ctx)
+		var senders sync.WaitGroup
+		defer func() { stop(); senders.Wait() }()
+		senders.Go(func() {
+			for i := 0; sctx.Err() == nil; i++ {
+				rls.ShouldRateLimit(sctx, rlsRequest("edge", "remote_address", fmt.Sprintf("198.51.100.%d", i%200)))
+				rls.ShouldRateLimit(sctx, rlsRequest("edge", "remote_address", "203.0.113.7"))
+				if i%3 == 0 {
+					rls.ShouldRateLimit(sctx, rlsRequest("edge", "api_key", "k1", "path", "/v1/search?q=x"))
+					rls.ShouldRateLimit(sctx, rlsRequest("edge", "user_agent", "crawlerbot/2"))
+				}
+				select {
+				case <-sctx.Done():
+				case <-time.After(40 * time.Millisecond):
+				}
+			}
+		})
+		do(t, "traffic", poll(row("edge", "remote_address", `tr.querySelector('td.allowed').textContent !== '0'`)),
+			poll(row("edge", "remote_address_203.0.113.7", `tr.querySelector('td.denied').textContent !== '0'`)))
+		if v := eval(t, row("edge", "remote_address", `tr.querySelector('td.allowed').textContent`)); v == "0" {
+			t.Errorf("allowed/s of edge/remote_address %q, want non-zero", v)
+		}
+		// No descriptor value of that traffic reaches the page.
+		if html := eval(t, `document.documentElement.outerHTML`); strings.Contains(html, "198.51.100.") || strings.Contains(html, "crawlerbot") {
+			t.Error("the page shows a descriptor value of real traffic")
+		}
+		if shots != "" {
+			time.Sleep(15 * time.Second) // let the sparklines grow: for the picture only
+			screenshot(t, bctx, shots, "ui-overview.png", "")
+		}
+	})
+
+	t.Run("demo: six requests on a 5-token bucket", func(t *testing.T) {
+		do(t, "scroll", chromedp.ScrollIntoView(chromedp.CSS(`#demo`)))
+		for i := 1; i <= 6; i++ {
+			do(t, fmt.Sprintf("click %d", i), chromedp.Click(chromedp.CSS(`#demo-send`)),
+				poll(fmt.Sprintf(`document.querySelectorAll('#tb-log li').length === %d && document.querySelectorAll('#fw-log li').length === %d`, i, i)))
+		}
+		answer := eval(t, `document.querySelector('#tb-answer').textContent`)
+		if !strings.Contains(answer, "429") || !strings.Contains(answer, "Retry-After: ") || strings.Contains(answer, "Retry-After: null") {
+			t.Errorf("token bucket after 6 requests: %q, want a 429 with its Retry-After", answer)
+		}
+		// The fixed window is epoch-aligned: unless a minute began during
+		// the clicks (a second "4 left"), the sixth request is denied.
+		fwLog := eval(t, `Array.from(document.querySelectorAll('#fw-log li')).map(li => li.textContent).join('\n')`)
+		if fw := eval(t, `document.querySelector('#fw-answer').textContent`); !strings.Contains(fw, "429") && strings.Count(fwLog, "4 left") < 2 {
+			t.Errorf("fixed window of 5 after 6 requests: %q, want 429 (log:\n%s)", fw, fwLog)
+		}
+		// The log, newest first: the fifth answer emptied the bucket.
+		if fifth := eval(t, `document.querySelectorAll('#tb-log li')[1].textContent`); !strings.Contains(fifth, "200 OK · 0 left") {
+			t.Errorf("token bucket's fifth answer %q, want 200 with 0 left", fifth)
+		}
+		if shots != "" {
+			screenshot(t, bctx, shots, "ui-demo.png", "#demo")
+		}
+		// Send 10 on the empty bucket: ten more answers, denied.
+		do(t, "send 10", chromedp.Click(chromedp.CSS(`#demo-send10`)),
+			poll(`document.querySelectorAll('#tb-log li').length === 16 && document.querySelectorAll('#fw-log li').length === 16`))
+		if last := eval(t, `document.querySelector('#tb-log li').textContent`); !strings.Contains(last, "429") {
+			t.Errorf("the last of Send 10 on an empty bucket: %q, want 429", last)
+		}
+		noErrors(t)
+	})
+
+	t.Run("renders after config reloads", func(t *testing.T) {
+		good := "domain: added\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n"
+		if err := os.WriteFile(filepath.Join(dir, "added.yaml"), []byte(good), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		do(t, "reload", poll(row("added", "tenant", `true`)),
+			poll(`document.querySelector('#config-size').textContent.includes('3 domain')`))
+		// A bad edit: the page shows where, and keeps the table in force.
+		if err := os.WriteFile(filepath.Join(dir, "added.yaml"), []byte(strings.Replace(good, "hour", "fortnight", 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		do(t, "failed reload", chromedp.WaitVisible(chromedp.CSS(`#config-error`)))
+		if p := eval(t, `document.querySelector('#config-problems').textContent`); !strings.Contains(p, "added.yaml:4") || !strings.Contains(p, "fortnight") {
+			t.Errorf("the failed reload shows %q, want added.yaml:4 and the bad unit", p)
+		}
+		if n := eval(t, `document.querySelectorAll('#limits-table tbody tr').length`); n != "14" {
+			t.Errorf("%s rows after a failed reload, want the 14 still in force", n)
+		}
+		noErrors(t)
+	})
+}
+
+// screenshot writes a PNG of the top of the page (sel "") or of one
+// element into dir.
+func screenshot(t *testing.T, ctx context.Context, dir, name, sel string) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var png []byte
+	var err error
+	if sel == "" {
+		if _, err = chromedp.Run(sctx, chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`)); err == nil {
+			png, err = chromedp.Run(sctx, chromedp.CaptureScreenshot())
+		}
+	} else {
+		png, err = chromedp.Run(sctx, chromedp.Screenshot(chromedp.CSS(sel)))
+	}
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s", filepath.Join(dir, name))
+}

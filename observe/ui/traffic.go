@@ -1,0 +1,240 @@
+package ui
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/observe"
+)
+
+// Snapshotter reads cumulative per-rule counts; *observe.Rules is one.
+type Snapshotter interface {
+	Snapshot(dst []observe.RuleCounts) []observe.RuleCounts
+}
+
+// Bounds of the traffic JSON.
+const (
+	// DefaultWindow is how many samples Traffic keeps: a minute at one a
+	// second.
+	DefaultWindow = 60
+	// MaxTrafficRules is the most rules the traffic JSON lists, the most
+	// active first.
+	MaxTrafficRules = 200
+	// MaxValues is the most values of a detailed rule the traffic JSON
+	// lists, the most hit first.
+	MaxValues = 10
+)
+
+// ruleID names a rule as observe labels it: domain and config.Rule.Path.
+type ruleID struct{ domain, rule string }
+
+// frame is one sample: every rule's cumulative counts at a time.
+type frame struct {
+	at    int64 // Unix nanoseconds
+	rules map[ruleID]observe.Counts
+}
+
+// Traffic samples the per-rule counters at a fixed interval and keeps the
+// last Window samples, from which it derives each rule's rates. It keeps
+// no counts of its own. Safe for concurrent use.
+type Traffic struct {
+	src      Snapshotter
+	interval time.Duration
+
+	mu     sync.Mutex
+	frames []frame // ring of window+1 samples; guarded by mu
+	next   int     // where the next sample goes
+	n      int     // samples held
+	buf    []observe.RuleCounts
+}
+
+// NewTraffic returns a Traffic over src that keeps window rates (window+1
+// samples) taken every interval. Zero values mean DefaultWindow and one
+// second.
+func NewTraffic(src Snapshotter, interval time.Duration, window int) *Traffic {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	if window <= 0 {
+		window = DefaultWindow
+	}
+	return &Traffic{src: src, interval: interval, frames: make([]frame, window+1)}
+}
+
+// Run samples every interval until ctx ends.
+func (t *Traffic) Run(ctx context.Context) error {
+	tk := time.NewTicker(t.interval)
+	defer tk.Stop()
+	t.Sample(time.Now().UnixNano())
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-tk.C:
+			t.Sample(now.UnixNano())
+		}
+	}
+}
+
+// Sample records every rule's counts at now (Unix nanoseconds). A sample
+// not after the previous one is ignored.
+func (t *Traffic) Sample(now int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.n > 0 && now <= t.frames[(t.next+len(t.frames)-1)%len(t.frames)].at {
+		return
+	}
+	t.buf = t.src.Snapshot(t.buf[:0])
+	f := &t.frames[t.next]
+	if f.rules == nil {
+		f.rules = make(map[ruleID]observe.Counts, len(t.buf))
+	} else {
+		clear(f.rules)
+	}
+	f.at = now
+	for _, c := range t.buf {
+		id := ruleID{c.Domain, c.Rule}
+		f.rules[id] = add(f.rules[id], c.Counts)
+	}
+	t.next = (t.next + 1) % len(t.frames)
+	t.n = min(t.n+1, len(t.frames))
+}
+
+func add(a, b observe.Counts) observe.Counts {
+	return observe.Counts{Within: a.Within + b.Within, Over: a.Over + b.Over, Near: a.Near + b.Near, Shadow: a.Shadow + b.Shadow}
+}
+
+// sub returns b - a, each count at least 0.
+func sub(b, a observe.Counts) observe.Counts {
+	d := func(x, y uint64) uint64 {
+		if x < y {
+			return 0
+		}
+		return x - y
+	}
+	return observe.Counts{Within: d(b.Within, a.Within), Over: d(b.Over, a.Over), Near: d(b.Near, a.Near), Shadow: d(b.Shadow, a.Shadow)}
+}
+
+// CountsJSON are counts of hits as the JSON shows them.
+type CountsJSON struct {
+	Within uint64 `json:"within"`
+	Over   uint64 `json:"over"`
+	Near   uint64 `json:"near"`
+	Shadow uint64 `json:"shadow"`
+}
+
+func countsJSON(c observe.Counts) CountsJSON {
+	return CountsJSON{Within: c.Within, Over: c.Over, Near: c.Near, Shadow: c.Shadow}
+}
+
+// RuleTraffic is one rule's traffic.
+type RuleTraffic struct {
+	Domain string `json:"domain"`
+	// Rule is the rule's path (config.Rule.Path), or observe.OverrideRule
+	// for the hits of requests' own limit overrides.
+	Rule string `json:"rule"`
+	// Within and Over are hits per second in each sampling interval,
+	// oldest first (at most Window of them).
+	Within []float64 `json:"within_per_s"`
+	Over   []float64 `json:"over_per_s"`
+	// Window is the counts over the samples held (about the last minute);
+	// Total since the server started.
+	Window CountsJSON `json:"window"`
+	Total  CountsJSON `json:"total"`
+	// Values lists a detailed_metric rule's most hit values; nil for
+	// every other rule.
+	Values []ValueTraffic `json:"values,omitempty"`
+	// active orders rules: hits in the window, then in total.
+	active [2]uint64
+}
+
+// ValueTraffic is one value of a detailed rule, as observe labels it.
+type ValueTraffic struct {
+	Value string     `json:"value"`
+	Total CountsJSON `json:"total"`
+}
+
+// TrafficView is the traffic JSON.
+type TrafficView struct {
+	IntervalS float64       `json:"interval_s"`
+	Rules     []RuleTraffic `json:"rules"`
+	// Truncated reports rules left out past MaxTrafficRules.
+	Truncated bool `json:"truncated"`
+}
+
+// View returns the rates between the samples held and the current totals
+// of every rule that has seen traffic, the most active first, at most
+// MaxTrafficRules.
+func (t *Traffic) View() TrafficView {
+	now := t.src.Snapshot(nil)
+	t.mu.Lock()
+	frames := make([]*frame, 0, t.n)
+	for i := t.n; i > 0; i-- {
+		frames = append(frames, &t.frames[(t.next+len(t.frames)-i)%len(t.frames)])
+	}
+	byID := map[ruleID]*RuleTraffic{}
+	var order []*RuleTraffic
+	get := func(id ruleID) *RuleTraffic {
+		r := byID[id]
+		if r == nil {
+			r = &RuleTraffic{Domain: id.domain, Rule: id.rule}
+			byID[id] = r
+			order = append(order, r)
+		}
+		return r
+	}
+	for _, c := range now {
+		r := get(ruleID{c.Domain, c.Rule})
+		tot := add(observe.Counts{Within: r.Total.Within, Over: r.Total.Over, Near: r.Total.Near, Shadow: r.Total.Shadow}, c.Counts)
+		r.Total = countsJSON(tot)
+		if c.Value != "" && c.Counts != (observe.Counts{}) {
+			r.Values = append(r.Values, ValueTraffic{Value: c.Value, Total: countsJSON(c.Counts)})
+		}
+	}
+	if len(frames) > 1 {
+		first, last := frames[0], frames[len(frames)-1]
+		for id, c := range last.rules {
+			w := sub(c, first.rules[id])
+			if w == (observe.Counts{}) {
+				continue
+			}
+			r := get(id)
+			r.Window = countsJSON(w)
+			r.Within = make([]float64, 0, len(frames)-1)
+			r.Over = make([]float64, 0, len(frames)-1)
+			for i := 1; i < len(frames); i++ {
+				d := sub(frames[i].rules[id], frames[i-1].rules[id])
+				secs := float64(frames[i].at-frames[i-1].at) / 1e9
+				r.Within = append(r.Within, float64(d.Within)/secs)
+				r.Over = append(r.Over, float64(d.Over)/secs)
+			}
+		}
+	}
+	t.mu.Unlock()
+
+	out := TrafficView{IntervalS: t.interval.Seconds(), Rules: []RuleTraffic{}}
+	for _, r := range order {
+		r.active = [2]uint64{r.Window.Within + r.Window.Over, r.Total.Within + r.Total.Over}
+		if r.active[1] == 0 {
+			continue // seen no traffic (exported at zero for /metrics)
+		}
+		slices.SortFunc(r.Values, func(a, b ValueTraffic) int {
+			return cmp.Or(cmp.Compare(b.Total.Within+b.Total.Over, a.Total.Within+a.Total.Over), cmp.Compare(a.Value, b.Value))
+		})
+		if len(r.Values) > MaxValues {
+			r.Values = r.Values[:MaxValues]
+		}
+		out.Rules = append(out.Rules, *r)
+	}
+	slices.SortFunc(out.Rules, func(a, b RuleTraffic) int {
+		return cmp.Or(cmp.Compare(b.active[0], a.active[0]), cmp.Compare(b.active[1], a.active[1]),
+			cmp.Compare(a.Domain, b.Domain), cmp.Compare(a.Rule, b.Rule))
+	})
+	if len(out.Rules) > MaxTrafficRules {
+		out.Rules, out.Truncated = out.Rules[:MaxTrafficRules], true
+	}
+	return out
+}
