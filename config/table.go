@@ -244,3 +244,10 @@ func (lv *level) pick(e Entry) *node {
 	}
 	return kn.def
 }
+
+// Empty returns a table without domains: every descriptor matches no
+// rule, so every request is answered OK with no limit.
+func Empty() *Table {
+	t, _ := compile(nil, Options{}, nil)
+	return t
+}
