@@ -429,7 +429,9 @@ func TestReloader_SourceUpdates(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 
 	load := func(text string) func() (*Table, error) {
-		return func() (*Table, error) { return compile([]source{{name: "push.yaml", id: "push", data: []byte(text)}}, Options{}, nil) }
+		return func() (*Table, error) {
+			return compile([]source{{name: "push.yaml", id: "push", data: []byte(text)}}, Options{}, nil)
+		}
 	}
 	src.pushes <- load(limitsFile("api", 5))
 	if ev := <-events; ev.err != nil || limitOf(r, "api") != 5 || ev.tbl != r.Current() {
