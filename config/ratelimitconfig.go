@@ -2,7 +2,9 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
@@ -14,7 +16,7 @@ import (
 // (type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig), into
 // one Table, exactly as if each resource were a limits file with the same
 // domain and descriptors: the same validation, matching and counter keys.
-// Errors name the resource as their file (`resource "NAME"`, or
+// The resources' order does not matter. Errors name the resource as their file (`resource "NAME"`, or
 // `resources[i]` when it has no name) and the descriptor path and field;
 // they have no line.
 //
@@ -35,6 +37,10 @@ func CompileRateLimitConfigs(resources []*ratelimitpb.RateLimitConfig, opts Opti
 		}
 		srcs = append(srcs, source{name: name, id: res.GetName(), data: data, root: rateLimitConfigNode(res)})
 	}
+	// A server lists the resources in any order: the table (its hash,
+	// which definition of a merged domain comes first) must not depend
+	// on it.
+	slices.SortStableFunc(srcs, func(a, b source) int { return strings.Compare(a.id, b.id) })
 	return compile(srcs, opts, nil)
 }
 

@@ -141,8 +141,8 @@ func TestCompileRateLimitConfigs_ErrorsNameResourceAndField(t *testing.T) {
 		{"duplicate", &ratelimitpb.RateLimitConfig{Name: "r", Domain: "d",
 			Descriptors: []*ratelimitpb.RateLimitDescriptor{{Key: "a", Value: "1"}, {Key: "a", Value: "1"}}},
 			`config: resource "r": descriptors[1]: duplicate descriptor: key "a" value "1" is also defined at resource "r"`},
-		{"domain twice", &ratelimitpb.RateLimitConfig{Name: "again", Domain: "d1"},
-			`config: resource "again": domain "d1" is also defined at resource "good" (merge them with --merge-domains)`},
+		{"domain twice", &ratelimitpb.RateLimitConfig{Name: "z-again", Domain: "d1"},
+			`config: resource "z-again": domain "d1" is also defined at resource "good" (merge them with --merge-domains)`},
 		{"no name", &ratelimitpb.RateLimitConfig{Domain: "d", Descriptors: []*ratelimitpb.RateLimitDescriptor{{Key: "a", RateLimit: policy(0)}}},
 			`config: resources[1]: descriptors[0]: rate_limit has no unit`},
 	} {
@@ -178,6 +178,10 @@ func TestCompileRateLimitConfigs_Hash(t *testing.T) {
 	}
 	if compile(other) == h || compile(renamed) == h {
 		t.Error("another limit or another resource name hashes the same")
+	}
+	second := &ratelimitpb.RateLimitConfig{Name: "second", Domain: "other"}
+	if compile(edgeProto, second) != compile(second, edgeProto) {
+		t.Error("the resources' order changes the hash")
 	}
 	if empty := compile(); empty != Empty().Hash() || empty == h {
 		t.Errorf("no resources hash %s, Empty %s", empty, Empty().Hash())

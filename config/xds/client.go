@@ -10,19 +10,25 @@
 // at once, with config.CompileRateLimitConfigs. A config that compiles is
 // swapped in and ACKed (version_info set to the response's version); one
 // that does not is NACKed with the error in error_detail (naming the
-// resource, descriptor and field) and the limits in force stay. A broken
-// stream is opened again after an exponential backoff with jitter.
+// resource, descriptor and field) and the limits in force stay; the same
+// config sent again is NACKed again after a growing delay, not compiled
+// again. A broken stream is opened again after an exponential backoff
+// with jitter, asking for the whole state.
 package xds
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -193,27 +199,102 @@ func (c *Client) stream(ctx context.Context, r *config.Reloader) (received bool,
 	if err := s.Send(&discoverypb.DiscoveryRequest{Node: c.node, TypeUrl: TypeURL}); err != nil {
 		return false, err
 	}
+	responses, errc := make(chan *discoverypb.DiscoveryResponse), make(chan error, 1)
+	go func() {
+		for {
+			resp, err := s.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case responses <- resp:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
 	accepted := "" // the version_info of the last response applied on this stream
+	var rejected rejection
+	// A NACK of a response that repeats the last rejected one waits, so
+	// that a server which answers every NACK with the same config again
+	// (go-control-plane's snapshot cache does) is not looped with at full
+	// speed. A new response replaces it.
+	var pending *discoverypb.DiscoveryRequest
+	delay := time.NewTimer(time.Hour)
+	delay.Stop()
+	defer delay.Stop()
 	for {
-		resp, err := s.Recv()
-		if err != nil {
+		select {
+		case <-ctx.Done():
+			return received, ctx.Err()
+		case err := <-errc:
 			return received, err
-		}
-		received = true
-		req := &discoverypb.DiscoveryRequest{Node: c.node, TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
-		if perr := c.apply(resp, r); perr != nil {
-			req.VersionInfo = accepted
-			req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: nackMessage(perr)}
-			c.log.Error("xds: config rejected (NACK); the limits in force stay", "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", perr)
-		} else {
-			accepted = resp.GetVersionInfo()
-			req.VersionInfo = accepted
-			c.log.Info("xds: config applied (ACK)", "version", accepted, "nonce", resp.GetNonce(), "resources", len(resp.GetResources()))
-		}
-		if err := s.Send(req); err != nil {
-			return received, err
+		case <-delay.C:
+			if err := s.Send(pending); err != nil {
+				return received, err
+			}
+			pending = nil
+		case resp := <-responses:
+			received = true
+			delay.Stop()
+			pending = nil
+			req := &discoverypb.DiscoveryRequest{Node: c.node, TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce(), VersionInfo: accepted}
+			digest := digestOf(resp)
+			if rejected.detail != nil && rejected.version == resp.GetVersionInfo() && rejected.digest == digest {
+				rejected.repeats++
+				wait := c.opts.BackoffInitial << min(rejected.repeats, 16)
+				req.ErrorDetail = rejected.detail
+				pending = req
+				delay.Reset(c.jittered(min(wait, c.opts.BackoffMax)))
+				c.log.Debug("xds: the rejected config again; NACK after a delay", "version", resp.GetVersionInfo(), "repeats", rejected.repeats)
+				continue
+			}
+			if perr := c.apply(resp, r); perr != nil {
+				req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: nackMessage(perr)}
+				rejected = rejection{version: resp.GetVersionInfo(), digest: digest, detail: req.ErrorDetail}
+				c.log.Error("xds: config rejected (NACK); the limits in force stay", "version", resp.GetVersionInfo(), "nonce", resp.GetNonce(), "err", perr)
+			} else {
+				accepted, rejected = resp.GetVersionInfo(), rejection{}
+				req.VersionInfo = accepted
+				c.log.Info("xds: config applied (ACK)", "version", accepted, "nonce", resp.GetNonce(), "resources", len(resp.GetResources()))
+			}
+			if err := s.Send(req); err != nil {
+				return received, err
+			}
 		}
 	}
+}
+
+// rejection is the last response NACKed on a stream.
+type rejection struct {
+	version string
+	digest  [sha256.Size]byte
+	detail  *statuspb.Status
+	repeats int
+}
+
+// digestOf hashes a response's resources in any order: a server may list
+// the same resources in another order each time.
+func digestOf(resp *discoverypb.DiscoveryResponse) [sha256.Size]byte {
+	sums := make([][sha256.Size]byte, len(resp.GetResources()))
+	for i, a := range resp.GetResources() {
+		h := sha256.New()
+		for _, b := range [][]byte{[]byte(a.GetTypeUrl()), a.GetValue()} {
+			h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(b))))
+			h.Write(b)
+		}
+		h.Sum(sums[i][:0])
+	}
+	slices.SortFunc(sums, func(a, b [sha256.Size]byte) int { return bytes.Compare(a[:], b[:]) })
+	h := sha256.New()
+	for _, s := range sums {
+		h.Write(s[:])
+	}
+	var d [sha256.Size]byte
+	h.Sum(d[:0])
+	return d
 }
 
 // apply decodes and compiles a response's resources and puts them in

@@ -4,16 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -22,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/config/xds/xdstest"
 	"github.com/sluicehq/sluice/internal/testcert"
 )
 
@@ -29,104 +25,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const nodeID = "envoy-ratelimit"
 
-// server is a management server as Envoy Gateway runs it: go-control-plane's
-// xDS server on a snapshot cache keyed by node id, with only the aggregated
-// service registered. It records every request it receives.
-type server struct {
-	addr     string
-	cache    cachev3.SnapshotCache
-	grpc     *grpc.Server
-	requests chan *discoverypb.DiscoveryRequest
-	cancel   context.CancelFunc
-	done     chan struct{}
-}
-
-// startServer serves on addr ("127.0.0.1:0" for any port) with TLS when
-// tlsCfg is not nil, and stops when the test ends.
-func startServer(t *testing.T, addr string, tlsCfg *tls.Config) *server {
-	t.Helper()
-	// A restarted server takes its old port back (Go listens with
-	// SO_REUSEADDR, and Stop has closed the old listener).
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &server{addr: lis.Addr().String(), cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil),
-		requests: make(chan *discoverypb.DiscoveryRequest, 64), cancel: cancel, done: make(chan struct{})}
-	var opts []grpc.ServerOption
-	if tlsCfg != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
-	}
-	s.grpc = grpc.NewServer(opts...)
-	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, req *discoverypb.DiscoveryRequest) error {
-		s.requests <- req
-		return nil
-	}}
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(s.grpc, serverv3.NewServer(ctx, s.cache, cb))
-	go func() {
-		defer close(s.done)
-		_ = s.grpc.Serve(lis)
-	}()
-	t.Cleanup(s.stop)
-	return s
-}
-
-func (s *server) stop() {
-	s.cancel()
-	s.grpc.Stop()
-	<-s.done
-}
-
-// push sets the snapshot of version for the node.
-func (s *server) push(t *testing.T, version string, cfgs ...*ratelimitpb.RateLimitConfig) {
-	t.Helper()
-	res := make([]types.Resource, len(cfgs))
-	for i, c := range cfgs {
-		res[i] = c
-	}
-	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RateLimitConfigType: res})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.cache.SetSnapshot(context.Background(), nodeID, snap); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// request waits for the next request the server receives that answers a
-// response (ACK or NACK), skipping the initial ones.
-func (s *server) reply(t *testing.T) *discoverypb.DiscoveryRequest {
-	t.Helper()
-	for {
-		select {
-		case req := <-s.requests:
-			if req.GetResponseNonce() != "" {
-				return req
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("no ACK or NACK from the client")
-		}
-	}
-}
-
-// initial waits for the first request of a stream.
-func (s *server) initial(t *testing.T) *discoverypb.DiscoveryRequest {
-	t.Helper()
-	select {
-	case req := <-s.requests:
-		return req
-	case <-time.After(20 * time.Second):
-		t.Fatal("the client sent no request")
-	}
-	return nil
-}
-
 func limits(name, domain string, perMinute uint32) *ratelimitpb.RateLimitConfig {
-	return &ratelimitpb.RateLimitConfig{Name: name, Domain: domain, Descriptors: []*ratelimitpb.RateLimitDescriptor{{
-		Key: "generic_key", Value: "default",
-		RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_MINUTE, RequestsPerUnit: perMinute},
-	}}}
+	return xdstest.Limits(name, domain, "default", perMinute)
 }
 
 // limitOf is the per-minute limit domain's rule has in r's table; -1 when
@@ -183,10 +83,10 @@ func update(t *testing.T, updates <-chan error) error {
 }
 
 func TestClient_PushUpdateNackReconnect(t *testing.T) {
-	s := startServer(t, "127.0.0.1:0", nil)
-	r, updates := run(t, Options{Server: s.addr, NodeMetadata: map[string]string{"zone": "a"}})
+	s := xdstest.Start(t, "127.0.0.1:0", nil)
+	r, updates := run(t, Options{Server: s.Addr, NodeMetadata: map[string]string{"zone": "a"}})
 
-	first := s.initial(t)
+	first := s.Request(t)
 	if first.GetNode().GetId() != nodeID || first.GetTypeUrl() != TypeURL || first.GetVersionInfo() != "" ||
 		len(first.GetResourceNames()) != 0 || first.GetNode().GetMetadata().GetFields()["zone"].GetStringValue() != "a" {
 		t.Fatalf("initial request %v: want node %q, type %s, no version, every resource", first, nodeID, TypeURL)
@@ -196,28 +96,28 @@ func TestClient_PushUpdateNackReconnect(t *testing.T) {
 	}
 
 	// Push: both domains arrive in one table, and the client ACKs.
-	s.push(t, "1", limits("eg/http", "http", 10), limits("eg/grpc", "grpc", 20))
+	s.Push(t, nodeID, "1", limits("eg/http", "http", 10), limits("eg/grpc", "grpc", 20))
 	if err := update(t, updates); err != nil {
 		t.Fatal(err)
 	}
 	if limitOf(r, "http") != 10 || limitOf(r, "grpc") != 20 {
 		t.Fatalf("limits %d, %d after the push, want 10, 20", limitOf(r, "http"), limitOf(r, "grpc"))
 	}
-	ack := s.reply(t)
+	ack := s.Reply(t)
 	if ack.GetVersionInfo() != "1" || ack.GetErrorDetail() != nil || ack.GetNode().GetId() != nodeID {
 		t.Fatalf("ACK %v, want version 1 without error", ack)
 	}
 
 	// Update: one domain changes, one goes away, one table swap.
 	before := r.Current()
-	s.push(t, "2", limits("eg/http", "http", 11))
+	s.Push(t, nodeID, "2", limits("eg/http", "http", 11))
 	if err := update(t, updates); err != nil {
 		t.Fatal(err)
 	}
 	if limitOf(r, "http") != 11 || limitOf(r, "grpc") != -1 || r.Current() == before {
 		t.Fatalf("limits %d, %d after the update, want 11 and none", limitOf(r, "http"), limitOf(r, "grpc"))
 	}
-	if ack := s.reply(t); ack.GetVersionInfo() != "2" || ack.GetErrorDetail() != nil {
+	if ack := s.Reply(t); ack.GetVersionInfo() != "2" || ack.GetErrorDetail() != nil {
 		t.Fatalf("ACK %v, want version 2", ack)
 	}
 
@@ -226,11 +126,11 @@ func TestClient_PushUpdateNackReconnect(t *testing.T) {
 	good := r.Current()
 	bad := limits("eg/bad", "bad", 1)
 	bad.Descriptors[0].RateLimit.Unit = ratelimitpb.RateLimitUnit_UNKNOWN
-	s.push(t, "3", limits("eg/http", "http", 99), bad)
+	s.Push(t, nodeID, "3", limits("eg/http", "http", 99), bad)
 	if err := update(t, updates); err == nil {
 		t.Fatal("the bad push was applied")
 	}
-	nack := s.reply(t)
+	nack := s.Reply(t)
 	want := `config: resource "eg/bad": descriptors[0]: rate_limit has no unit`
 	if nack.GetVersionInfo() != "2" || nack.GetErrorDetail() == nil || nack.GetErrorDetail().GetMessage() != want ||
 		codes.Code(nack.GetErrorDetail().GetCode()) != codes.InvalidArgument {
@@ -239,37 +139,47 @@ func TestClient_PushUpdateNackReconnect(t *testing.T) {
 	if r.Current() != good || limitOf(r, "http") != 11 {
 		t.Fatalf("limit %d after the bad push, want 11 still", limitOf(r, "http"))
 	}
+	// The snapshot cache answers a NACK with the same config again: the
+	// client NACKs it again (after a delay) without compiling it again.
+	if again := s.Reply(t); again.GetErrorDetail().GetMessage() != want || again.GetVersionInfo() != "2" {
+		t.Fatalf("second NACK %v, want the same error", again)
+	}
+	select {
+	case err := <-updates:
+		t.Fatalf("the repeated bad config was compiled again: %v", err)
+	default:
+	}
 	if st := r.Status(); st.LastOK || st.Failures != 1 || st.Successes != 2 {
 		t.Errorf("status %+v, want 2 successes, then a failure", st)
 	}
 
 	// The server restarts with a new cache whose versions start over: the
 	// client connects again, asks for the whole state and takes it.
-	s.stop()
-	s = startServer(t, s.addr, nil)
-	if again := s.initial(t); again.GetVersionInfo() != "" || again.GetResponseNonce() != "" || again.GetNode().GetId() != nodeID {
+	s.Stop()
+	s = xdstest.Start(t, s.Addr, nil)
+	if again := s.Request(t); again.GetVersionInfo() != "" || again.GetResponseNonce() != "" || again.GetNode().GetId() != nodeID {
 		t.Fatalf("request on the new stream %v, want node %q and no version or nonce", again, nodeID)
 	}
-	s.push(t, "1", limits("eg/http", "http", 12))
+	s.Push(t, nodeID, "1", limits("eg/http", "http", 12))
 	if err := update(t, updates); err != nil {
 		t.Fatal(err)
 	}
 	if limitOf(r, "http") != 12 {
 		t.Fatalf("limit %d after the restart, want 12", limitOf(r, "http"))
 	}
-	if ack := s.reply(t); ack.GetVersionInfo() != "1" || ack.GetErrorDetail() != nil {
+	if ack := s.Reply(t); ack.GetVersionInfo() != "1" || ack.GetErrorDetail() != nil {
 		t.Fatalf("ACK %v, want version 1", ack)
 	}
 }
 
 func TestClient_EmptyPushRemovesEveryDomain(t *testing.T) {
-	s := startServer(t, "127.0.0.1:0", nil)
-	r, updates := run(t, Options{Server: s.addr})
-	s.push(t, "1", limits("a", "a", 1))
+	s := xdstest.Start(t, "127.0.0.1:0", nil)
+	r, updates := run(t, Options{Server: s.Addr})
+	s.Push(t, nodeID, "1", limits("a", "a", 1))
 	if err := update(t, updates); err != nil || limitOf(r, "a") != 1 {
 		t.Fatalf("first push: %v, limit %d", err, limitOf(r, "a"))
 	}
-	s.push(t, "2")
+	s.Push(t, nodeID, "2")
 	if err := update(t, updates); err != nil || r.Current() == nil || len(r.Current().Domains()) != 0 {
 		t.Fatalf("empty push: %v, table %v", err, r.Current())
 	}
@@ -279,7 +189,7 @@ func TestClient_MutualTLS(t *testing.T) {
 	ca := testcert.NewCA(t)
 	dir := t.TempDir()
 	srvCert := ca.Server(t).TLS(t)
-	s := startServer(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{srvCert},
+	s := xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{srvCert},
 		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
 	certFile, keyFile := ca.Client(t).WriteFiles(t, dir, "client")
 	caFile := ca.WriteFile(t, dir)
@@ -289,7 +199,7 @@ func TestClient_MutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(credentials.NewTLS(noCert)))
+	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(credentials.NewTLS(noCert)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +219,7 @@ func TestClient_MutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn2, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(credentials.NewTLS(wrong)))
+	conn2, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(credentials.NewTLS(wrong)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,8 +235,8 @@ func TestClient_MutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, updates := run(t, Options{Server: s.addr, TLS: cfg})
-	s.push(t, "1", limits("eg/http", "http", 7))
+	r, updates := run(t, Options{Server: s.Addr, TLS: cfg})
+	s.Push(t, nodeID, "1", limits("eg/http", "http", 7))
 	if err := update(t, updates); err != nil || limitOf(r, "http") != 7 {
 		t.Fatalf("push over mTLS: %v, limit %d", err, limitOf(r, "http"))
 	}
