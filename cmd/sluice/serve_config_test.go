@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -154,6 +155,19 @@ func TestServe_XDS(t *testing.T) {
 	}
 	if r, err := rls.ShouldRateLimit(testCtx(t), req); err != nil || r.OverallCode != rlspb.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("after the bad push: %v %v, want the old limit (OVER_LIMIT)", r, err)
+	}
+	// The reload metrics count pushes as they count file reloads.
+	res, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, want := range []string{`sluice_config_reloads_total{result="success"} 1`, `sluice_config_reloads_total{result="failure"} 1`,
+		"sluice_config_last_reload_successful 0"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
