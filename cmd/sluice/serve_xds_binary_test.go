@@ -51,7 +51,8 @@ func egRequest(client string) *rlspb.RateLimitRequest {
 // second without FORCE_START_WITHOUT_INITIAL_CONFIG), its certificates
 // written where the variables say, against a go-control-plane xDS server
 // on loopback that requires client certificates and a Redis of its own.
-// Only the listen addresses are given as flags, for free ports.
+// Only the listen addresses (free ports) and the Redis timeout (Sluice's
+// 10 ms default fails on a loaded test machine) are given as flags.
 func TestBinary_EnvoyGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Redis, an xDS server and two sluice processes")
@@ -75,9 +76,9 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 	} {
 		t.Setenv(k, v)
 	}
-	forced := startBinary(t)
+	forced := startBinary(t, "--redis-timeout", "2s")
 	t.Setenv("FORCE_START_WITHOUT_INITIAL_CONFIG", "false") // the reference's default
-	waiting := startBinary(t)
+	waiting := startBinary(t, "--redis-timeout", "2s")
 
 	// Envoy's side: gRPC over TLS with its own certificate; the kubelet's
 	// probe on /healthcheck.
