@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -248,4 +249,27 @@ func FuzzCompileRateLimitConfigs(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkCompileRateLimitConfigs is the cost of one push as Envoy
+// Gateway sends it: 50 resources (routes) of 20 rules each.
+func BenchmarkCompileRateLimitConfigs(b *testing.B) {
+	var cfgs []*ratelimitpb.RateLimitConfig
+	for i := range 50 {
+		c := &ratelimitpb.RateLimitConfig{Name: fmt.Sprintf("default/eg/route-%d", i), Domain: fmt.Sprintf("default/eg/route-%d", i)}
+		for j := range 20 {
+			c.Descriptors = append(c.Descriptors, &ratelimitpb.RateLimitDescriptor{
+				Key: fmt.Sprintf("rule-%d", j), Value: fmt.Sprintf("rule-%d", j),
+				Descriptors: []*ratelimitpb.RateLimitDescriptor{{Key: "remote_address",
+					RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_MINUTE, RequestsPerUnit: uint32(j + 1)}}},
+			})
+		}
+		cfgs = append(cfgs, c)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := CompileRateLimitConfigs(cfgs, Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
