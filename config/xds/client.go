@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -127,7 +128,11 @@ func New(opts Options) (*Client, error) {
 	if opts.TLS != nil {
 		creds = credentials.NewTLS(opts.TLS)
 	}
-	dopts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	// Pings find a connection that died silently (a node gone without a
+	// reset) on an otherwise quiet stream; 5 minutes is what gRPC servers
+	// allow by default (Envoy Gateway's sets no keepalive policy).
+	dopts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Minute, Timeout: 20 * time.Second})}
 	if opts.MaxRecvMsgSize > 0 {
 		dopts = append(dopts, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxRecvMsgSize)))
 	}
