@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -283,5 +286,51 @@ func TestNackMessage_Bounded(t *testing.T) {
 	msg := nackMessage(errors.New(long))
 	if len(msg) > maxNackMessage+30 || !strings.HasSuffix(msg, "(more errors not shown)") {
 		t.Errorf("message of %d bytes ending %q", len(msg), msg[len(msg)-30:])
+	}
+}
+
+// TestClient_PushSwapsAllDomainsAtOnce: readers matching concurrently with
+// pushes never see one domain of a push with another of the previous
+// push. Every push gives both domains the same limit.
+func TestClient_PushSwapsAllDomainsAtOnce(t *testing.T) {
+	s := xdstest.Start(t, "127.0.0.1:0", nil)
+	r, updates := run(t, Options{Server: s.Addr})
+	s.Push(t, nodeID, "0", limits("a", "a", 1), limits("b", "b", 1))
+	if err := update(t, updates); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var mixed atomic.Int64
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tbl := r.Current()
+				ra, _ := tbl.Match("a", []config.Entry{{Key: "generic_key", Value: "default"}}, nil)
+				rb, _ := tbl.Match("b", []config.Entry{{Key: "generic_key", Value: "default"}}, nil)
+				if ra == nil || rb == nil || ra.RequestsPerUnit != rb.RequestsPerUnit {
+					mixed.Add(1)
+				}
+			}
+		})
+	}
+	for v := 2; v <= 12; v++ {
+		s.Push(t, nodeID, strconv.Itoa(v), limits("a", "a", uint32(v)), limits("b", "b", uint32(v)))
+		if err := update(t, updates); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if mixed.Load() != 0 {
+		t.Errorf("%d reads saw two pushes at once", mixed.Load())
+	}
+	if limitOf(r, "a") != 12 || limitOf(r, "b") != 12 {
+		t.Errorf("limits %d, %d after the last push, want 12", limitOf(r, "a"), limitOf(r, "b"))
 	}
 }
