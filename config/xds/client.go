@@ -169,7 +169,7 @@ func (c *Client) Run(ctx context.Context, r *config.Reloader) error {
 			return nil
 		}
 		if received {
-			wait, attempt = c.opts.BackoffInitial, 1
+			wait, attempt = c.opts.BackoffInitial, 0 // a fresh start: the next attempt is the first
 		}
 		d := c.jittered(wait)
 		c.log.Warn("xds: stream ended; opening it again", "server", c.opts.Server, "err", err, "in", d)
