@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -333,4 +334,43 @@ func TestClient_PushSwapsAllDomainsAtOnce(t *testing.T) {
 	if limitOf(r, "a") != 12 || limitOf(r, "b") != 12 {
 		t.Errorf("limits %d, %d after the last push, want 12", limitOf(r, "a"), limitOf(r, "b"))
 	}
+}
+
+// TestClient_ServerLater: a client started before its server keeps trying
+// (with backoff) and takes the config once the server is up; its stream
+// carries the configured gRPC metadata.
+func TestClient_ServerLater(t *testing.T) {
+	s := xdstest.Start(t, "127.0.0.1:0", nil)
+	addr := s.Addr
+	s.Stop() // the port is free again, and nothing listens on it
+	failed := &signalWriter{match: "xds: stream ended", seen: make(chan struct{})}
+	r, updates := run(t, Options{Server: addr, Headers: map[string]string{"x-token": "secret"},
+		Logger: slog.New(slog.NewTextHandler(failed, nil))})
+	select {
+	case <-failed.seen:
+	case <-time.After(xdstest.Wait):
+		t.Fatal("no failed attempt logged")
+	}
+	s = xdstest.Start(t, addr, nil)
+	s.Push(t, nodeID, "1", limits("eg/http", "http", 4))
+	if err := update(t, updates); err != nil || limitOf(r, "http") != 4 {
+		t.Fatalf("push after the server came up: %v, limit %d", err, limitOf(r, "http"))
+	}
+	if got := s.Metadata().Get("x-token"); len(got) != 1 || got[0] != "secret" {
+		t.Errorf("stream metadata x-token = %q, want secret", got)
+	}
+}
+
+// signalWriter closes seen when a line containing match is written.
+type signalWriter struct {
+	match string
+	seen  chan struct{}
+	once  sync.Once
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.match) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
 }

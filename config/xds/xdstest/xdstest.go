@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 )
 
 // Wait bounds every wait for the client.
@@ -35,6 +37,9 @@ type Server struct {
 	requests chan *discoverypb.DiscoveryRequest
 	cancel   context.CancelFunc
 	done     chan struct{}
+
+	mu sync.Mutex
+	md metadata.MD // of the last stream opened
 }
 
 // Start serves on addr ("127.0.0.1:0" for any free port; a stopped
@@ -62,6 +67,12 @@ func Start(t testing.TB, addr string, tlsCfg *tls.Config) *Server {
 		default: // nobody reads them; do not block the server
 		}
 		return nil
+	}, StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+		md, _ := metadata.FromIncomingContext(ctx)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.md = md
+		return nil
 	}}
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(s.grpc, serverv3.NewServer(ctx, s.cache, cb))
 	go func() {
@@ -77,6 +88,13 @@ func (s *Server) Stop() {
 	s.cancel()
 	s.grpc.Stop()
 	<-s.done
+}
+
+// Metadata is the gRPC metadata of the last stream opened.
+func (s *Server) Metadata() metadata.MD {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.md
 }
 
 // Push sets the snapshot of version for node: these configs, and no
