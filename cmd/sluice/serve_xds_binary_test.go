@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -52,8 +53,9 @@ func egRequest(client string) *rlspb.RateLimitRequest {
 // second without FORCE_START_WITHOUT_INITIAL_CONFIG), its certificates
 // written where the variables say, against a go-control-plane xDS server
 // on loopback that requires client certificates and a Redis of its own.
-// Only the listen addresses (free ports) and the Redis timeout (Sluice's
-// 10 ms default fails on a loaded test machine) are given as flags.
+// Only the listen addresses (free ports; the first also serves /rlconfig)
+// and the Redis timeout (Sluice's 10 ms default fails on a loaded test
+// machine) are given as flags.
 func TestBinary_EnvoyGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Redis, an xDS server and two sluice processes")
@@ -77,7 +79,7 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 	} {
 		t.Setenv(k, v)
 	}
-	forced := startBinary(t, "--redis-timeout", "2s")
+	forced := startBinary(t, "--redis-timeout", "2s", "--debug-addr", "127.0.0.1:0")
 	t.Setenv("FORCE_START_WITHOUT_INITIAL_CONFIG", "false") // the reference's default
 	waiting := startBinary(t, "--redis-timeout", "2s")
 
@@ -125,6 +127,27 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 		t.Errorf("no forced start, before the first push: %v %v, /healthcheck %d; want NOT_SERVING, 503", r, err, healthcheck(waiting))
 	}
 
+	rlconfig := func() string {
+		t.Helper()
+		m := regexp.MustCompile(`msg="debug endpoints" addr=(\S+)`).FindStringSubmatch(forced.log())
+		if m == nil {
+			t.Fatalf("no debug address in the log:\n%s", forced.log())
+		}
+		res, err := http.Get("http://" + m[1] + "/rlconfig")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("/rlconfig: %s", res.Status)
+		}
+		return string(body)
+	}
+	if got := rlconfig(); got != "" {
+		t.Errorf("/rlconfig before the first push: %q, want no rule", got)
+	}
+
 	// The first push reaches both (their ACKs), and the limit holds across
 	// them: they share Redis.
 	xs.Push(t, egNode, "1", egLimits(3))
@@ -143,6 +166,10 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 		if err != nil || r.OverallCode != c.want || r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 3 {
 			t.Fatalf("request %d: %v %v, want %v under the pushed limit of 3", i, r, err, c.want)
 		}
+	}
+	const rule = "default/eg/http.httproute/default/backend/rule/0/match/0/example_httproute/default/backend/rule/0/match/0/example.rule-0-match-0: unit=MINUTE requests_per_unit=3, shadow_mode: false\n"
+	if got := rlconfig(); got != rule {
+		t.Errorf("/rlconfig after the push:\n%q\nwant\n%q", got, rule)
 	}
 	if keys := strings.TrimSpace(rdb.CLI("DBSIZE")); keys == "0" {
 		t.Error("no counter in Redis")
