@@ -83,20 +83,24 @@ func TestServe_XDSEnv(t *testing.T) {
 }
 
 func TestServe_XDSBadSettings(t *testing.T) {
-	for _, args := range [][]string{
-		{"--config-source", "consul"},
-		{"--config-source", "xds"},
-		{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--config", "testdata/serve"},
-		{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-node-metadata", "novalue"},
-		{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-headers", "a=b"},
-		{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-tls-ca", "missing.crt"},
-		{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-tls-cert", "testdata/serve/limits.yaml"},
-		{"--config", "testdata/serve", "--xds-server", "127.0.0.1:1"},
-		{"--config", "testdata/serve", "--start-without-config"},
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config-source", "consul"}, `--config-source "consul": want file or xds`},
+		{[]string{"--config-source", "xds"}, "--config-source=xds needs --xds-server"},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--config", "testdata/serve"}, "--config and --allow-empty-config are for files"},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-node-metadata", "novalue"}, `--xds-node-metadata: "novalue": want key=value`},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-headers", "a=b"}, `--xds-headers: "a=b": want key:value`},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-tls-ca", "missing.crt"}, "--xds-tls-*: xds: CA: open missing.crt"},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-tls-cert", "c.pem"}, "--xds-tls-*: xds: a client certificate needs both"},
+		{[]string{"--config", "testdata/serve", "--xds-server", "127.0.0.1:1"}, "--xds-server and --start-without-config need --config-source=xds"},
+		{[]string{"--config", "testdata/serve", "--start-without-config"}, "--xds-server and --start-without-config need --config-source=xds"},
+		{nil, "--config is required"},
 	} {
-		err := serve(testCtx(t), append(args, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), serveEnv{}.get, &strings.Builder{}, nil)
-		if err == nil {
-			t.Errorf("serve %q: no error", args)
+		err := serve(testCtx(t), append(c.args, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), serveEnv{}.get, &strings.Builder{}, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("serve %q: %v, want %q", c.args, err, c.want)
 		}
 	}
 }
