@@ -13,6 +13,12 @@
 // watches the config directory (not the files, so Kubernetes ConfigMap
 // symlink swaps are seen) and reloads after a short debounce.
 //
+// Files are one Source of configs; an xDS server is another (package
+// config/xds): CompileRateLimitConfigs compiles the RateLimitConfig
+// resources it pushes into the same Table, and every source applies its
+// configs with Reloader.Update, so reload status, hooks and metrics are
+// the same whatever the source.
+//
 // docs/CONFIG.md describes the file format, Sluice's extensions and the
 // counter key format.
 package config

@@ -12,7 +12,7 @@ var ErrEmpty = errors.New("no *.yaml or *.yml files")
 
 // Error is one problem in a limits file.
 type Error struct {
-	File string // the file's path as Load read it
+	File string // the file's path as Load read it, or `resource "NAME"` pushed over xDS
 	Line int    // 1-based; 0 when the problem is not tied to a line
 	Path string // the descriptor's path, e.g. "descriptors[2].descriptors[0]"; "" for the file's top level
 	Msg  string

@@ -52,29 +52,35 @@ func Load(path string, opts Options) (*Table, error) {
 			readErrs = append(readErrs, Error{File: name, Msg: err.Error()})
 			continue
 		}
-		srcs = append(srcs, source{name: name, data: data})
+		srcs = append(srcs, source{name: name, id: filepath.Base(name), data: data})
 	}
 	return compile(srcs, opts, readErrs)
 }
 
-// source is one limits file's name and content.
+// source is one limits document: a file, or a resource pushed over xDS.
 type source struct {
-	name string
-	data []byte
+	name string     // the document in errors: a file's path, `resource "NAME"`
+	id   string     // the document in the hash: a file's base name, a resource's name
+	data []byte     // the content, hashed; a file's is parsed
+	root *yaml.Node // the content as YAML nodes when it is not a file (xDS)
 }
 
-// compile builds a Table from files' contents; errs holds problems found
-// before parsing (unreadable files).
+// compile builds a Table from documents; errs holds problems found before
+// parsing (unreadable files).
 func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 	l := &loader{opts: opts, max: opts.maxValueBytes(), domains: map[string]*domain{}, errs: errs}
 	h := sha256.New()
 	for _, src := range srcs {
-		base := filepath.Base(src.name)
-		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(base))))
-		h.Write([]byte(base))
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(src.id))))
+		h.Write([]byte(src.id))
 		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(src.data))))
 		h.Write(src.data)
-		l.file(src.name, src.data)
+		if src.root != nil {
+			l.budget = countNodes(src.root)
+			l.doc(src.name, src.root)
+		} else {
+			l.file(src.name, src.data)
+		}
 	}
 	l.checkReplaces()
 	if len(l.errs) > 0 {
@@ -180,7 +186,11 @@ func (l *loader) file(name string, data []byte) {
 		l.errorf(name, 0, "", "file is empty; want a domain and descriptors")
 		return
 	}
-	root := resolve(doc.Content[0])
+	l.doc(name, resolve(doc.Content[0]))
+}
+
+// doc compiles one document's top level into its domain.
+func (l *loader) doc(name string, root *yaml.Node) {
 	if root.Kind != yaml.MappingNode {
 		l.errorf(name, root.Line, "", "want a mapping with domain and descriptors, got %s", describe(root))
 		return
@@ -205,7 +215,7 @@ func (l *loader) file(name string, data []byte) {
 		d = &domain{part: escapePart(dname, l.max), root: &level{keys: map[string]*keyNodes{}}, file: name, line: df.val.Line}
 		l.domains[dname] = d
 	case !l.opts.MergeDomains:
-		l.errorf(name, df.val.Line, "", "domain %q is also defined at %s:%d (merge them with --merge-domains)", dname, d.file, d.line)
+		l.errorf(name, df.val.Line, "", "domain %q is also defined at %s (merge them with --merge-domains)", dname, at(d.file, d.line))
 		// Still validate the descriptors, into a domain of their own.
 		d = &domain{root: &level{keys: map[string]*keyNodes{}}}
 	}
@@ -343,9 +353,9 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	}
 	if prev != nil {
 		if value == "" {
-			l.errorf(file, n.Line, path, "duplicate descriptor: key %q without value is also defined at %s:%d", key, prev.file, prev.line)
+			l.errorf(file, n.Line, path, "duplicate descriptor: key %q without value is also defined at %s", key, at(prev.file, prev.line))
 		} else {
-			l.errorf(file, n.Line, path, "duplicate descriptor: key %q value %q is also defined at %s:%d", key, value, prev.file, prev.line)
+			l.errorf(file, n.Line, path, "duplicate descriptor: key %q value %q is also defined at %s", key, value, at(prev.file, prev.line))
 		}
 		return
 	}
@@ -665,6 +675,15 @@ func describe(n *yaml.Node) string {
 		return "an unresolved alias"
 	}
 	return "nothing"
+}
+
+// at locates a definition: file:line, or the file (an xDS resource) when
+// there is no line.
+func at(file string, line int) string {
+	if line <= 0 {
+		return file
+	}
+	return file + ":" + strconv.Itoa(line)
 }
 
 func quoteOrNone(s string) string {

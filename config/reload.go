@@ -29,17 +29,28 @@ type ReloadStatus struct {
 	Hash        string    // Table.Hash of the table in force; "" if none
 }
 
-// Reloader holds the current Table and replaces it when the config changes.
-// Its methods are safe for concurrent use.
+// Source supplies a Reloader's configs: the limits files at a path (see
+// NewReloader), or the pushes of an xDS server (package config/xds).
+type Source interface {
+	// Run follows the source until ctx is done and hands every new
+	// config to r.Update. It returns nil when ctx is done, or an error
+	// when it cannot follow the source at all.
+	Run(ctx context.Context, r *Reloader) error
+	// String names the source in logs: a path, "xds 10.0.0.1:18001".
+	String() string
+}
+
+// Reloader holds the current Table and replaces it when its Source has a
+// new config. Files and xDS pushes go through the same Update: the same
+// compile, the same swap, status and hooks. Its methods are safe for
+// concurrent use.
 type Reloader struct {
-	path     string
-	opts     Options
-	log      *slog.Logger
-	debounce time.Duration
+	src Source
+	log *slog.Logger
 
 	cur atomic.Pointer[Table]
 
-	mu     sync.Mutex // serialises reloads; guards status and hooks
+	mu     sync.Mutex // serialises updates; guards status and hooks
 	status ReloadStatus
 	hooks  []func(*Table, error)
 }
@@ -50,11 +61,23 @@ type Reloader struct {
 // starting without a config runs it and waits for a first good load;
 // Current is nil until then.
 func NewReloader(path string, opts Options, logger *slog.Logger) (*Reloader, error) {
+	r := NewSourceReloader(&files{path: path, opts: opts, debounce: DefaultDebounce}, nil, logger)
+	return r, r.Reload()
+}
+
+// NewSourceReloader returns a Reloader fed by src, which loads nothing
+// until Run. initial, if not nil, is in force until the first successful
+// update (Empty serves with no limits); otherwise Current is nil until then.
+func NewSourceReloader(src Source, initial *Table, logger *slog.Logger) *Reloader {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Reloader{path: path, opts: opts, log: logger, debounce: DefaultDebounce}
-	return r, r.Reload()
+	r := &Reloader{src: src, log: logger}
+	if initial != nil {
+		r.cur.Store(initial)
+		r.status.Hash = initial.Hash()
+	}
+	return r
 }
 
 // Current returns the table in force: one atomic load. It is nil only
@@ -70,22 +93,35 @@ func (r *Reloader) Status() ReloadStatus {
 
 // OnReload registers fn to be called after every reload attempt with the
 // table in force afterwards and the attempt's error (nil on success). Hooks
-// run one at a time, in the reloading goroutine; they must not call Reload.
-// Register them before Run.
+// run one at a time, in the reloading goroutine; they must not call Reload
+// or Update. Register them before Run.
 func (r *Reloader) OnReload(fn func(*Table, error)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.hooks = append(r.hooks, fn)
 }
 
-// Reload parses the whole config and, if it is valid, swaps it in with one
-// pointer store. On failure the old table stays in force and the error,
-// listing every problem, is logged and returned. A config whose files are
-// unchanged keeps the current table (and its counters' keys) as it is.
+// Reload reads a file source's whole config again now (see Update). A
+// Reloader of another source has nothing to read on demand: Reload
+// returns an error and changes nothing.
 func (r *Reloader) Reload() error {
+	f, ok := r.src.(*files)
+	if !ok {
+		return fmt.Errorf("config: %s: reload on demand needs a file source", r.src)
+	}
+	return r.Update(f.load)
+}
+
+// Update compiles a new config with compile and, if it is valid, swaps it
+// in with one pointer store. On failure the old table stays in force and
+// the error, listing every problem, is logged and returned. A config
+// whose content is unchanged (same Table.Hash) keeps the current table
+// (and its counters' keys) as it is. Every attempt is counted in Status
+// and passed to the OnReload hooks. Updates run one at a time.
+func (r *Reloader) Update(compile func() (*Table, error)) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, err := Load(r.path, r.opts)
+	t, err := compile()
 	cur := r.cur.Load()
 	if err != nil {
 		r.status.LastOK, r.status.LastError = false, err
@@ -94,7 +130,7 @@ func (r *Reloader) Reload() error {
 	} else {
 		if cur == nil || cur.Hash() != t.Hash() {
 			r.cur.Store(t)
-			r.log.Info("config loaded", "path", r.path, "domains", len(t.Domains()), "rules", len(t.Rules()), "files", t.Files(), "hash", t.Hash())
+			r.log.Info("config loaded", "source", r.src.String(), "domains", len(t.Domains()), "rules", len(t.Rules()), "files", t.Files(), "hash", t.Hash())
 		}
 		cur = r.cur.Load()
 		r.status.LastOK, r.status.LastError = true, nil
@@ -108,6 +144,10 @@ func (r *Reloader) Reload() error {
 	return err
 }
 
+// Run follows the source (for files: watches the config directory) until
+// ctx is done.
+func (r *Reloader) Run(ctx context.Context) error { return r.src.Run(ctx, r) }
+
 func (r *Reloader) logError(err error, kept bool) {
 	msg := "config not loaded"
 	if kept {
@@ -115,13 +155,25 @@ func (r *Reloader) logError(err error, kept bool) {
 	}
 	var es *Errors
 	if !errors.As(err, &es) {
-		r.log.Error(msg, "path", r.path, "err", err)
+		r.log.Error(msg, "source", r.src.String(), "err", err)
 		return
 	}
 	for _, e := range es.List {
 		r.log.Error(msg, "file", e.File, "line", e.Line, "descriptor", e.Path, "err", e.Msg)
 	}
 }
+
+// files is the Source of limits files at a path: a file, or the *.yaml
+// files of a directory.
+type files struct {
+	path     string
+	opts     Options
+	debounce time.Duration
+}
+
+func (f *files) String() string { return f.path }
+
+func (f *files) load() (*Table, error) { return Load(f.path, f.opts) }
 
 // Run watches the config directory (a file's parent directory) and reloads
 // after changes settle, until ctx is done. Watching the directory rather
@@ -132,7 +184,7 @@ func (r *Reloader) logError(err error, kept bool) {
 // new target. While the path does not exist, Run watches its parent and
 // picks the path up when it appears. Run returns nil when ctx is done, or
 // an error if it cannot watch at all.
-func (r *Reloader) Run(ctx context.Context) error {
+func (f *files) Run(ctx context.Context, r *Reloader) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("config: watch: %w", err)
@@ -140,7 +192,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 	defer w.Close()
 	watched := map[string]string{} // watched name -> the directory it resolved to
 	follow := func() error {
-		want := r.watchDirs()
+		want := f.watchDirs()
 		for name, real := range watched {
 			if want[name] != real {
 				_ = w.Remove(name) // fails when the directory is gone, which ends the watch anyway
@@ -188,8 +240,8 @@ func (r *Reloader) Run(ctx context.Context) error {
 			if first.IsZero() {
 				first = now
 			}
-			wait := r.debounce
-			if deadline := first.Add(10 * r.debounce); now.Add(wait).After(deadline) {
+			wait := f.debounce
+			if deadline := first.Add(10 * f.debounce); now.Add(wait).After(deadline) {
 				wait = max(deadline.Sub(now), 0)
 			}
 			timer.Reset(wait)
@@ -199,7 +251,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 			}
 			r.log.Warn("config watch", "err", err)
 			// Events may have been lost (queue overflow): reload to be sure.
-			timer.Reset(r.debounce)
+			timer.Reset(f.debounce)
 		case <-timer.C:
 			first = time.Time{}
 			// Watch the right directories before reading, so that no
@@ -216,8 +268,8 @@ func (r *Reloader) Run(ctx context.Context) error {
 // resolves to: the config directory (a file's directory, or the parent of
 // a path that does not exist yet) and the directory of every symbolic link
 // on the way to it.
-func (r *Reloader) watchDirs() map[string]string {
-	dir := r.path
+func (f *files) watchDirs() map[string]string {
+	dir := f.path
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		dir = filepath.Dir(dir)
 	}

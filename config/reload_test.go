@@ -55,7 +55,7 @@ func watch(t *testing.T, r *Reloader) <-chan reloadEvent {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	events := make(chan reloadEvent, 16)
-	r.debounce = 5 * time.Millisecond
+	r.src.(*files).debounce = 5 * time.Millisecond
 	r.OnReload(func(tbl *Table, err error) {
 		select {
 		case events <- reloadEvent{tbl, err}:
@@ -72,7 +72,7 @@ func watch(t *testing.T, r *Reloader) <-chan reloadEvent {
 	})
 	// Run is watching once a change is seen: touch a dotfile in the watched
 	// directory until one reload arrives.
-	probeDir := r.path
+	probeDir := r.src.(*files).path
 	if fi, err := os.Stat(probeDir); err != nil || !fi.IsDir() {
 		probeDir = filepath.Dir(probeDir)
 	}
@@ -391,4 +391,62 @@ func TestReloader_WatchDirectoryReplaced(t *testing.T) {
 	waitUntil(t, events, "the recreated directory", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
 	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 3))
 	waitUntil(t, events, "an edit in the recreated directory", func(reloadEvent) bool { return limitOf(r, "api") == 3 }, nil)
+}
+
+// pushSource is a Source whose configs a test pushes: Run applies each
+// one it receives.
+type pushSource struct{ pushes chan func() (*Table, error) }
+
+func (p pushSource) String() string { return "push" }
+
+func (p pushSource) Run(ctx context.Context, r *Reloader) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case fn := <-p.pushes:
+			_ = r.Update(fn)
+		}
+	}
+}
+
+func TestReloader_SourceUpdates(t *testing.T) {
+	src := pushSource{make(chan func() (*Table, error))}
+	r := NewSourceReloader(src, Empty(), nil)
+	if tbl := r.Current(); tbl == nil || len(tbl.Domains()) != 0 {
+		t.Fatalf("initial table %v, want Empty", tbl)
+	}
+	if st := r.Status(); st.Successes != 0 || st.Failures != 0 || st.Hash != Empty().Hash() {
+		t.Errorf("initial status %+v", st)
+	}
+	if err := r.Reload(); err == nil {
+		t.Error("Reload of a push source succeeded")
+	}
+	events := make(chan reloadEvent, 4)
+	r.OnReload(func(tbl *Table, err error) { events <- reloadEvent{tbl, err} })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- r.Run(ctx) }()
+
+	load := func(text string) func() (*Table, error) {
+		return func() (*Table, error) {
+			return compile([]source{{name: "push.yaml", id: "push", data: []byte(text)}}, Options{}, nil)
+		}
+	}
+	src.pushes <- load(limitsFile("api", 5))
+	if ev := <-events; ev.err != nil || limitOf(r, "api") != 5 || ev.tbl != r.Current() {
+		t.Fatalf("good push: %v, limit %d", ev.err, limitOf(r, "api"))
+	}
+	good := r.Current()
+	src.pushes <- load("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight}\n")
+	if ev := <-events; ev.err == nil || ev.tbl != good || r.Current() != good {
+		t.Fatalf("bad push: %v; the table in force changed", ev.err)
+	}
+	if st := r.Status(); st.Successes != 1 || st.Failures != 1 || st.LastOK || st.Hash != good.Hash() {
+		t.Errorf("status %+v, want 1 success then 1 failure", st)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
 }

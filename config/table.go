@@ -58,7 +58,8 @@ type Rule struct {
 	Replaces []string
 	// Limit is the compiled store rule; nil when Unlimited.
 	Limit *store.Rule
-	// File and Line locate the descriptor that defines the rule.
+	// File and Line locate the descriptor that defines the rule; for a
+	// resource pushed over xDS, File is `resource "NAME"` and Line 0.
 	File string
 	Line int
 
@@ -148,10 +149,12 @@ func (t *Table) Domains() []string { return slices.Clone(t.names) }
 // Rules lists every rule, by domain and then in file order.
 func (t *Table) Rules() []*Rule { return slices.Clone(t.rules) }
 
-// Files is the number of limits files the table was loaded from.
+// Files is the number of limits files (or xDS resources) the table was
+// loaded from.
 func (t *Table) Files() int { return t.files }
 
-// Hash is a SHA-256 (hex) of the loaded files' names and contents.
+// Hash is a SHA-256 (hex) of the loaded files' (or resources') names and
+// contents.
 func (t *Table) Hash() string { return t.hash }
 
 // String lists the rules like envoyproxy/ratelimit's /rlconfig endpoint,
@@ -243,4 +246,11 @@ func (lv *level) pick(e Entry) *node {
 		}
 	}
 	return kn.def
+}
+
+// Empty returns a table without domains: every descriptor matches no
+// rule, so every request is answered OK with no limit.
+func Empty() *Table {
+	t, _ := compile(nil, Options{}, nil)
+	return t
 }

@@ -57,6 +57,7 @@ type serveFlags struct {
 	maxConnAgeGrace  time.Duration
 	keepaliveTime    time.Duration
 	keepaliveTimeout time.Duration
+	source           sourceFlags
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -87,6 +88,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.maxConnAgeGrace, "max-connection-age-grace", 0, "time for in-flight calls after max-connection-age (0: unlimited)")
 	fs.DurationVar(&f.keepaliveTime, "keepalive-time", 0, "ping idle gRPC clients after this long (0: gRPC's 2h)")
 	fs.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", 0, "close a connection whose ping is unanswered this long (0: gRPC's 20s)")
+	f.source.register(fs)
 }
 
 // extension adds to serve from another file of this command (metrics,
@@ -181,7 +183,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		}
 	}
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sluice serve --config PATH [flags]\n\nEvery flag can also be set as SLUICE_<FLAG> (e.g. SLUICE_GRPC_ADDR).\n\nflags:")
+		fmt.Fprintln(stderr, "usage: sluice serve --config PATH | --config-source xds --xds-server ADDR [flags]\n\nEvery flag can also be set as SLUICE_<FLAG> (e.g. SLUICE_GRPC_ADDR).\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -254,9 +256,6 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	if err != nil {
 		return err
 	}
-	if f.config == "" {
-		return errors.New("--config is required (a limits file or directory; see examples/config)")
-	}
 	b, ok := backends[f.store]
 	if !ok {
 		return fmt.Errorf("--store %q: unknown store (have %s)", f.store, strings.Join(backendNames(), ", "))
@@ -265,8 +264,8 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		return errors.New("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)")
 	}
 
-	reloader, err := config.NewReloader(f.config, config.Options{MergeDomains: f.mergeDomains, MaxValueBytes: f.maxValueBytes}, logger)
-	if err != nil && !(f.allowEmptyConfig && errors.Is(err, config.ErrEmpty)) {
+	reloader, err := f.openConfig(logger)
+	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -284,6 +283,9 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		Health: health, HTTP: http.NewServeMux(), Store: st, Clock: clock}
 	if storeRun != nil {
 		x.Run = append(x.Run, storeRun)
+	}
+	if f.source.requireDomain {
+		x.Ready = append(x.Ready, func() bool { t := reloader.Current(); return t != nil && len(t.Domains()) > 0 })
 	}
 	for _, e := range extensions {
 		if e.setup == nil {
@@ -339,7 +341,9 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	reloader.OnReload(func(t *config.Table, _ error) { health.SetServing(x.serving(t)) })
 	x.UpdateHealth()
 	if reloader.Current() == nil {
-		logger.Warn("no config loaded yet; NOT_SERVING until one is", "path", f.config)
+		logger.Warn("no config loaded yet; NOT_SERVING until one is", "config", f.configName())
+	} else if f.source.startWithoutConfig {
+		logger.Info("no limits until the first xDS push (--start-without-config)", "config", f.configName())
 	}
 
 	var wg sync.WaitGroup
@@ -372,7 +376,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		start(fmt.Sprintf("background task %d", i), func() error { return fn(ctx) })
 	}
 	logger.Info("serving", "grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(),
-		"store", f.store, "config", f.config, "tls", f.tlsCert != "", "mtls", f.tlsClientCA != "")
+		"store", f.store, "config", f.configName(), "tls", f.tlsCert != "", "mtls", f.tlsClientCA != "")
 	if ready != nil {
 		ready(grpcLis.Addr(), httpLis.Addr())
 	}

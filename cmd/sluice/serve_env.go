@@ -72,8 +72,21 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 
 	// Refused: settings Sluice cannot honour would silently change
 	// behaviour.
-	if v := getenv("CONFIG_TYPE"); v != "" && !strings.EqualFold(v, "FILE") {
-		return nil, fmt.Errorf("CONFIG_TYPE=%s is not supported: Sluice reads limits from files (--config)", v)
+	xdsSource := false
+	switch v := getenv("CONFIG_TYPE"); strings.ToUpper(v) {
+	case "", "FILE":
+		if has("FORCE_START_WITHOUT_INITIAL_CONFIG") {
+			warnings = append(warnings, "FORCE_START_WITHOUT_INITIAL_CONFIG is ignored: it applies to CONFIG_TYPE=GRPC_XDS_SOTW (with files see --allow-empty-config)")
+		}
+	case "GRPC_XDS_SOTW":
+		xdsSource = true
+		w, err := xdsRefEnv(getenv, set)
+		if err != nil {
+			return nil, err
+		}
+		warnings = append(warnings, w...)
+	default:
+		return nil, fmt.Errorf("CONFIG_TYPE=%s is not supported (want FILE or GRPC_XDS_SOTW)", v)
 	}
 	backend := strings.ToLower(getenv("BACKEND_TYPE"))
 	if backend == "" && has("REDIS_URL") {
@@ -97,7 +110,7 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 	}
 
 	// Mapped.
-	if root, sub := getenv("RUNTIME_ROOT"), getenv("RUNTIME_SUBDIRECTORY"); root != "" || sub != "" {
+	if root, sub := getenv("RUNTIME_ROOT"), getenv("RUNTIME_SUBDIRECTORY"); !xdsSource && (root != "" || sub != "") {
 		if root == "" {
 			root = "/srv/runtime_data/current"
 		}
@@ -158,6 +171,10 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 		}
 	}
 
+	if v := getenv("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"); v != "" {
+		set("require-domain", v)
+	}
+
 	// Ignored, with a warning: Sluice does it differently or always.
 	for _, k := range ignoredRefEnv {
 		if has(k.name) {
@@ -183,7 +200,6 @@ var ignoredRefEnv = []struct{ name, why string }{
 	{"GOSTATS_FLUSH_INTERVAL", "Prometheus pulls metrics"},
 	{"RUNTIME_WATCH_ROOT", "Sluice watches the config directory"},
 	{"RUNTIME_IGNOREDOTFILES", "files starting with a dot are always ignored"},
-	{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "Sluice is never healthy without a config"},
 	{"REDIS_POOL_SIZE", "every Redis call is pipelined on a few shared connections"},
 	{"REDIS_PIPELINE_LIMIT", "concurrent requests share Redis script calls on their own"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "the memory store holds all counters; see --memory-max-keys"},

@@ -102,7 +102,7 @@ func TestServe_EnvPrecedence(t *testing.T) {
 
 func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 	for _, env := range []serveEnv{
-		{"CONFIG_TYPE": "GRPC_XDS_SOTW"},
+		{"CONFIG_TYPE": "GRPC_XDS_DELTA"},
 		{"BACKEND_TYPE": "memcache"},
 		{"GRPC_UDS": "/tmp/rls.sock"},
 		{"GRPC_CLIENT_TLS_SAN": "envoy"},

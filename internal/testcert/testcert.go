@@ -61,10 +61,23 @@ func NewCA(t testing.TB) *CA {
 // names), DefaultHosts when none are given.
 func (ca *CA) Server(t testing.TB, hosts ...string) *Cert {
 	t.Helper()
+	return ca.named(t, hosts, x509.ExtKeyUsageServerAuth)
+}
+
+// Peer issues a certificate for hosts (DefaultHosts when none are given)
+// that serves and also authenticates as a client, as Envoy Gateway's
+// certgen issues each component's tls.crt.
+func (ca *CA) Peer(t testing.TB, hosts ...string) *Cert {
+	t.Helper()
+	return ca.named(t, hosts, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+}
+
+func (ca *CA) named(t testing.TB, hosts []string, usages ...x509.ExtKeyUsage) *Cert {
+	t.Helper()
 	if len(hosts) == 0 {
 		hosts = DefaultHosts
 	}
-	tmpl := ca.leaf(x509.ExtKeyUsageServerAuth)
+	tmpl := ca.leaf(usages...)
 	tmpl.Subject.CommonName = hosts[0]
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -126,10 +139,10 @@ func (c *Cert) WriteFiles(t testing.TB, dir, name string) (certFile, keyFile str
 	return certFile, keyFile
 }
 
-func (ca *CA) leaf(usage x509.ExtKeyUsage) *x509.Certificate {
+func (ca *CA) leaf(usages ...x509.ExtKeyUsage) *x509.Certificate {
 	return &x509.Certificate{SerialNumber: big.NewInt(ca.serial.Add(1)),
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{usage}, KeyUsage: x509.KeyUsageDigitalSignature}
+		ExtKeyUsage: usages, KeyUsage: x509.KeyUsageDigitalSignature}
 }
 
 func (ca *CA) issue(t testing.TB, tmpl *x509.Certificate) *Cert {

@@ -73,3 +73,18 @@ func TestWriteFiles(t *testing.T) {
 		t.Error("written CA file holds no certificate")
 	}
 }
+
+// TestPeer: a peer certificate verifies both as a server for its hosts
+// and as a client.
+func TestPeer(t *testing.T) {
+	ca := testcert.NewCA(t)
+	p := ca.Peer(t)
+	for _, opts := range []x509.VerifyOptions{
+		{Roots: ca.Pool(), DNSName: "localhost"},
+		{Roots: ca.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
+	} {
+		if _, err := p.Leaf.Verify(opts); err != nil {
+			t.Errorf("peer certificate, %+v: %v", opts.KeyUsages, err)
+		}
+	}
+}
