@@ -27,6 +27,9 @@ type ReloadStatus struct {
 	Failures    uint64    // attempts that kept the old table
 	LastSuccess time.Time // the zero time before the first success
 	Hash        string    // Table.Hash of the table in force; "" if none
+	// Version is the source's name for the config in force: an xDS
+	// push's version_info; "" for files.
+	Version string
 }
 
 // Source supplies a Reloader's configs: the limits files at a path (see
@@ -119,6 +122,12 @@ func (r *Reloader) Reload() error {
 // (and its counters' keys) as it is. Every attempt is counted in Status
 // and passed to the OnReload hooks. Updates run one at a time.
 func (r *Reloader) Update(compile func() (*Table, error)) error {
+	return r.UpdateVersion("", compile)
+}
+
+// UpdateVersion is Update for a source that names its configs (an xDS
+// push's version_info): on success Status().Version becomes version.
+func (r *Reloader) UpdateVersion(version string, compile func() (*Table, error)) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t, err := compile()
@@ -137,6 +146,7 @@ func (r *Reloader) Update(compile func() (*Table, error)) error {
 		r.status.Successes++
 		r.status.LastSuccess = time.Now()
 		r.status.Hash = cur.Hash()
+		r.status.Version = version
 	}
 	for _, fn := range r.hooks {
 		fn(cur, err)

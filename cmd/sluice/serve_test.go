@@ -54,8 +54,6 @@ func parseServe(t *testing.T, args []string, env serveEnv) (*flag.FlagSet, []str
 	return fs, warnings, err
 }
 
-func flagValue(fs *flag.FlagSet, name string) string { return fs.Lookup(name).Value.String() }
-
 // TestServe_EnvPrecedence: flag > SLUICE_* > the reference's variable >
 // default, flag by flag.
 func TestServe_EnvPrecedence(t *testing.T) {

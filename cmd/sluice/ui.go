@@ -55,14 +55,18 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	}
 	traffic := ui.NewTraffic(rules, time.Second, ui.DefaultWindow)
 	x.Run = append(x.Run, traffic.Run)
-	path := ""
-	if fl := f.fs.Lookup("config"); fl != nil {
-		path = fl.Value.String()
+	src := ui.Source{Kind: "file", Location: flagValue(f.fs, "config")}
+	if flagValue(f.fs, "config-source") == "xds" {
+		src = ui.Source{Kind: "xds", Location: flagValue(f.fs, "xds-server")}
 	}
 	page, err := ui.New(ui.Options{
-		Tables:  x.Config,
-		Reload:  x.Config,
-		Source:  func() ui.Source { return ui.Source{Kind: "file", Location: path} },
+		Tables: x.Config,
+		Reload: x.Config,
+		Source: func() ui.Source {
+			s := src
+			s.Version = x.Config.Status().Version
+			return s
+		},
 		Traffic: traffic,
 		Store:   storeStatus(x, f.fs),
 		Serving: x.Health.Serving,
@@ -105,12 +109,7 @@ func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 // redisDeployment describes the Redis flags in force without credentials:
 // the deployment and its addresses.
 func redisDeployment(fs *flag.FlagSet) []ui.Stat {
-	get := func(name string) string {
-		if fl := fs.Lookup(name); fl != nil {
-			return fl.Value.String()
-		}
-		return ""
-	}
+	get := func(name string) string { return flagValue(fs, name) }
 	switch {
 	case get("redis-cluster") != "":
 		return []ui.Stat{{Name: "deployment", Value: "cluster"}, {Name: "seeds", Value: get("redis-cluster")}}
@@ -123,4 +122,12 @@ func redisDeployment(fs *flag.FlagSet) []ui.Stat {
 		addr = u.Scheme + "://" + u.Host + u.Path // no user or password
 	}
 	return []ui.Stat{{Name: "deployment", Value: "single"}, {Name: "address", Value: addr}}
+}
+
+// flagValue is the value of serve's flag name, "" when it has none.
+func flagValue(fs *flag.FlagSet, name string) string {
+	if fl := fs.Lookup(name); fl != nil {
+		return fl.Value.String()
+	}
+	return ""
 }

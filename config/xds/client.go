@@ -318,7 +318,7 @@ func (c *Client) apply(resp *discoverypb.DiscoveryResponse, r *config.Reloader) 
 			return fmt.Errorf("xds: resources[%d]: %w", i, err)
 		}
 	}
-	return r.Update(func() (*config.Table, error) { return config.CompileRateLimitConfigs(cfgs, c.opts.Config) })
+	return r.UpdateVersion(resp.GetVersionInfo(), func() (*config.Table, error) { return config.CompileRateLimitConfigs(cfgs, c.opts.Config) })
 }
 
 // nackMessage is err as error_detail.message: every problem, one a line,

@@ -153,8 +153,8 @@ func TestClient_PushUpdateNackReconnect(t *testing.T) {
 		t.Fatalf("the repeated bad config was compiled again: %v", err)
 	default:
 	}
-	if st := r.Status(); st.LastOK || st.Failures != 1 || st.Successes != 2 {
-		t.Errorf("status %+v, want 2 successes, then a failure", st)
+	if st := r.Status(); st.LastOK || st.Failures != 1 || st.Successes != 2 || st.Version != "2" {
+		t.Errorf("status %+v, want 2 successes, then a failure, version 2 in force", st)
 	}
 
 	// The server restarts with a new cache whose versions start over: the
