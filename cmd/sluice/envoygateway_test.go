@@ -278,4 +278,3 @@ func waitStatsd(t *testing.T, pc net.PacketConn, prefix string) {
 		}
 	}
 }
-
