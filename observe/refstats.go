@@ -3,11 +3,13 @@ package observe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -213,9 +215,16 @@ var dottedQuad = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
 
 // sanitizeStatName makes a stats key as the reference does: ':' and '|'
 // (statsd's separators) become '_', and so do the dots of IPv4
-// addresses, so that an address stays one component of the name.
+// addresses, so that an address stays one component of the name. Unlike
+// the reference, control characters (a newline would end the statsd line
+// and start another, of the request's choosing) become '_' too.
 func sanitizeStatName(s string) string {
-	s = strings.NewReplacer(":", "_", "|", "_").Replace(s)
+	s = strings.Map(func(r rune) rune {
+		if r == ':' || r == '|' || unicode.IsControl(r) {
+			return '_'
+		}
+		return r
+	}, s)
 	return dottedQuad.ReplaceAllStringFunc(s, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
 }
 
@@ -249,8 +258,8 @@ func ParseTags(s string) (map[string]string, error) {
 			continue
 		}
 		k, v, ok := strings.Cut(kv, ":")
-		if !ok || k == "" {
-			return nil, errors.New("observe: tag " + `"` + kv + `"` + ": want key:value")
+		if !ok || k == "" || strings.ContainsAny(k, ".|=#@ ") || strings.ContainsFunc(kv, unicode.IsControl) {
+			return nil, fmt.Errorf("observe: tag %q: want key:value, the key without . | = # @ or spaces, no control characters", kv)
 		}
 		tags[k] = v
 	}
