@@ -278,3 +278,42 @@ func waitStatsd(t *testing.T, pc net.PacketConn, prefix string) {
 		}
 	}
 }
+
+// TestServe_RefStatsSettings: bad settings of the reference's stats stop
+// serve with the flag's name; a missing mapping file (Envoy Gateway's
+// ConfigMap is optional) falls back to the built-in mapping.
+func TestServe_RefStatsSettings(t *testing.T) {
+	cfg := "testdata/serve"
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("mappings: [{match: 'a.*', name: 'bad name'}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--statsd-addr", "no-port"}, "--statsd-addr"},
+		{[]string{"--statsd-addr", "127.0.0.1:9", "--stats-tags", "novalue"}, "--stats-tags"},
+		{[]string{"--statsd-addr", "127.0.0.1:9", "--stats-flush-interval", "0s"}, "--stats-flush-interval"},
+		{[]string{"--ref-prometheus-addr", "127.0.0.1:0", "--ref-prometheus-path", "metrics"}, "--ref-prometheus-path"},
+		{[]string{"--ref-prometheus-addr", "127.0.0.1:0", "--ref-prometheus-mapping", bad}, "--ref-prometheus-mapping"},
+		{[]string{"--ref-prometheus-addr", "no-port"}, "--ref-prometheus-addr"},
+	} {
+		args := append([]string{"--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, c.args...)
+		err := serve(context.Background(), args, serveEnv{}.get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
+
+	logs := &lockedBuffer{}
+	startServeLogged(t, serveEnv{}, logs, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--stats-flush-interval", "20ms", "--ref-prometheus-addr", "127.0.0.1:0", "--ref-prometheus-path", "/stats", "--ref-prometheus-mapping", filepath.Join(t.TempDir(), "absent.yaml"))
+	addr := logValue(t, logs, `msg="envoyproxy/ratelimit metrics"`, "addr")
+	if !strings.Contains(logs.String(), "no statsd mapping file: using the default mapping") {
+		t.Errorf("no warning about the missing mapping file:\n%s", logs)
+	}
+	waitFor(t, func() bool {
+		return strings.Contains(httpGet(t, "http://"+addr+"/stats"), "ratelimit_service_config_load_success 1")
+	}, "ratelimit_service_config_load_success 1 on /stats")
+}
