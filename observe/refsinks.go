@@ -170,10 +170,13 @@ func (s *MappedSink) Counter(name string, delta uint64) {
 
 // Timer implements Sink: one observation a call, of the milliseconds as
 // the reference's Prometheus sink passes them (a mapping's scale turns
-// them into seconds).
+// them into seconds). The n observations are one event handed over n
+// times, 8 bytes each: the exporter handles events one after the other,
+// and what it writes into an event's labels is the same each time.
 func (s *MappedSink) Timer(name string, ms, n uint64) {
+	e := &event.ObserverEvent{OMetricName: name, OValue: float64(ms), OLabels: map[string]string{}}
 	for range n {
-		s.add(&event.ObserverEvent{OMetricName: name, OValue: float64(ms), OLabels: map[string]string{}})
+		s.add(e)
 	}
 }
 
