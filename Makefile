@@ -91,5 +91,33 @@ check-generated: generate ## fail when gen/ or go.mod/go.sum are stale
 	$(GO) mod tidy
 	git diff --exit-code -- gen/ go.mod go.sum
 
+IMAGE     ?= localhost/sluice:$(VERSION)
+IMAGE_DIR := bin/image
+
+.PHONY: image-deps
+image-deps: ## install podman and buildah (image targets) when missing
+	@command -v podman >/dev/null || command -v buildah >/dev/null || { \
+	  echo "installing podman, buildah"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah >/dev/null; }
+
+.PHONY: image
+image: image-deps ## build the container image $(IMAGE) (static binary FROM scratch; see Containerfile)
+	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)/rootfs/bin $(IMAGE_DIR)/rootfs/etc/ssl/certs
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(IMAGE_DIR)/rootfs/bin/sluice ./cmd/sluice
+	ln -s sluice $(IMAGE_DIR)/rootfs/bin/ratelimit
+	cp /etc/ssl/certs/ca-certificates.crt $(IMAGE_DIR)/rootfs/etc/ssl/certs/
+	printf 'root:x:0:0:root:/:/sbin/nologin\nsluice:x:65532:65532:sluice:/:/sbin/nologin\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n' > $(IMAGE_DIR)/rootfs/etc/passwd
+	printf 'root:x:0:\nsluice:x:65532:\nnogroup:x:65534:\n' > $(IMAGE_DIR)/rootfs/etc/group
+	cp Containerfile $(IMAGE_DIR)/
+	if command -v podman >/dev/null; then podman build -q -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); \
+	else buildah bud -q -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); fi
+
+.PHONY: image-test
+image-test: image ## export the image, check its config and layout, run its /bin/ratelimit with Envoy Gateway's environment
+	rm -f $(IMAGE_DIR)/image.tar
+	if command -v podman >/dev/null; then podman save --format oci-archive -o $(IMAGE_DIR)/image.tar $(IMAGE); \
+	else buildah push $(IMAGE) oci-archive:$(IMAGE_DIR)/image.tar; fi
+	SLUICE_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_DIR)/image.tar $(GO) test -count=1 -run TestImage ./deploy/
+
 .PHONY: ci
-ci: lint check-generated test ## what CI runs: lint, stale-code checks, tests
+ci: lint check-generated test image-test ## what CI runs: lint, stale-code checks, tests, the image's test

@@ -26,6 +26,41 @@ type GRPCMetrics struct {
 	started, handled, received, sent *prometheus.CounterVec
 	handling                         *prometheus.HistogramVec
 	methods                          sync.Map // full method name → *methodSeries
+	// millis, once set (TrackMillis), gives unary methods first called
+	// after it a count of calls by whole milliseconds, for RefStats.
+	millis atomic.Bool
+}
+
+// millisSlots is how many whole-millisecond durations a millisCounts
+// tells apart; longer calls count in the last.
+const millisSlots = 4096
+
+// millisCounts counts a method's calls by their duration in whole
+// milliseconds (truncated, as envoyproxy/ratelimit times them). The
+// reader swaps each count to zero.
+type millisCounts [millisSlots]atomic.Uint64
+
+func (m *millisCounts) add(d time.Duration) {
+	ms := d.Milliseconds()
+	if ms >= millisSlots {
+		ms = millisSlots - 1
+	}
+	m[max(ms, 0)].Add(1)
+}
+
+// TrackMillis makes unary methods first called from now on count their
+// calls by whole milliseconds too (for RefStats's response_time timer).
+// Call it before serving.
+func (m *GRPCMetrics) TrackMillis() { m.millis.Store(true) }
+
+// eachUnary calls fn with every unary method's series.
+func (m *GRPCMetrics) eachUnary(fn func(*methodSeries)) {
+	m.methods.Range(func(_, v any) bool {
+		if s := v.(*methodSeries); s.labels[0] == "unary" {
+			fn(s)
+		}
+		return true
+	})
 }
 
 // methodSeries are one method's series. Like the provider's, the message
@@ -36,6 +71,7 @@ type methodSeries struct {
 	handling       prometheus.Observer
 	received, sent lazyCounter
 	handled        [codes.Unauthenticated + 1]lazyCounter // by code
+	ms             *millisCounts                          // nil unless TrackMillis
 }
 
 // lazyCounter is a series made on its first count.
@@ -153,6 +189,9 @@ func (m *GRPCMetrics) series(fullMethod, typ string) *methodSeries {
 	s := &methodSeries{labels: [3]string{typ, service, method}}
 	s.started = m.started.WithLabelValues(s.labels[:]...)
 	s.handling = m.handling.WithLabelValues(s.labels[:]...)
+	if typ == "unary" && m.millis.Load() {
+		s.ms = new(millisCounts)
+	}
 	got, _ := m.methods.LoadOrStore(fullMethod, s)
 	return got.(*methodSeries)
 }
@@ -170,7 +209,11 @@ func (m *GRPCMetrics) done(s *methodSeries, err error, start time.Time) {
 	} else {
 		m.handled.WithLabelValues(s.values(true, code)...).Inc()
 	}
-	s.handling.Observe(time.Since(start).Seconds())
+	d := time.Since(start)
+	s.handling.Observe(d.Seconds())
+	if s.ms != nil {
+		s.ms.add(d)
+	}
 }
 
 // countedStream counts the messages a stream sends and receives.

@@ -177,10 +177,17 @@ func BenchmarkUnaryInterceptor(b *testing.B) {
 	pm := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(grpcprom.WithHistogramBuckets(observe.LatencyBuckets)))
 	info := &grpc.UnaryServerInfo{FullMethod: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"}
 	handler := func(context.Context, any) (any, error) { return nil, nil }
+	// With the reference's stats on (observe.RefStats), calls are also
+	// counted by whole milliseconds.
+	ms, err := observe.NewGRPCMetrics(prometheus.NewRegistry())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ms.TrackMillis()
 	for _, c := range []struct {
 		name string
 		ic   grpc.UnaryServerInterceptor
-	}{{"sluice", m.UnaryServerInterceptor()}, {"provider", pm.UnaryServerInterceptor()}} {
+	}{{"sluice", m.UnaryServerInterceptor()}, {"sluice+millis", ms.UnaryServerInterceptor()}, {"provider", pm.UnaryServerInterceptor()}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
@@ -209,5 +216,11 @@ func TestGRPCMetrics_NoAllocs(t *testing.T) {
 	call()
 	if n := testing.AllocsPerRun(100, call); n != 0 {
 		t.Errorf("%v allocations per two calls, want 0", n)
+	}
+	m.TrackMillis()
+	info.FullMethod = "/pkg.Svc/Timed"
+	call()
+	if n := testing.AllocsPerRun(100, call); n != 0 {
+		t.Errorf("with TrackMillis: %v allocations per two calls, want 0", n)
 	}
 }

@@ -52,6 +52,7 @@ type Rules struct {
 	maxValues int
 
 	storeFailures *prometheus.CounterVec
+	failed        atomic.Uint64 // storeFailures' sum, for RefStats
 
 	// index maps the rules of the tables seen to their counters. It is
 	// replaced whole (copy on write) under mu, read with one atomic load.
@@ -335,6 +336,20 @@ func (r *Rules) value(s *ruleSeries, rule *config.Rule, entries []config.Entry) 
 // StoreFailed counts a request the store could not decide.
 func (r *Rules) StoreFailed(_ string, mode limiter.FailureMode, err error) {
 	r.storeFailures.WithLabelValues(errorKind(err), mode.String()).Inc()
+	r.failed.Add(1)
+}
+
+// eachCounters calls fn with every label set's counters, in no order.
+func (r *Rules) eachCounters(fn func(*counters)) {
+	r.labelsMu.Lock()
+	all := make([]*counters, 0, len(r.byLabels))
+	for _, c := range r.byLabels {
+		all = append(all, c)
+	}
+	r.labelsMu.Unlock()
+	for _, c := range all {
+		fn(c)
+	}
 }
 
 // errorKind sorts store errors into a few label values.

@@ -10,7 +10,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -32,9 +34,27 @@ func register(c command) {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := Main(ctx, mainArgs(os.Args), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// mainArgs returns the subcommand and its arguments from the process's
+// argv. Installed as `ratelimit`, envoyproxy/ratelimit's binary name (the
+// image has /bin/ratelimit for the Deployments that Envoy Gateway and the
+// reference's own manifests run), the binary behaves like the reference's:
+// with no arguments, or with flags only, it runs serve, configured from
+// the environment.
+func mainArgs(argv []string) []string {
+	if len(argv) == 0 {
+		return nil
+	}
+	args := argv[1:]
+	if strings.TrimSuffix(filepath.Base(argv[0]), ".exe") == "ratelimit" &&
+		(len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help") {
+		return append([]string{"serve"}, args...)
+	}
+	return args
 }
 
 // Main runs the subcommand named by args[0] and returns the exit code.

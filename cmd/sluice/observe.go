@@ -26,12 +26,14 @@ type obsFlags struct {
 	debugAddr        string
 	nearLimitRatio   float64
 	maxValuesPerRule int
+	ref              refStatsFlags
 }
 
 func (f *obsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.debugAddr, "debug-addr", "", "serve /debug/pprof/, /rlconfig, /debug/keys and /debug/build on this `address` (default off; keep it private)")
 	fs.Float64Var(&f.nearLimitRatio, "near-limit-ratio", observe.DefaultNearLimitRatio, "count an allowed hit as near the limit when usage reaches this fraction of it")
 	fs.IntVar(&f.maxValuesPerRule, "metrics-max-values-per-rule", observe.DefaultMaxValuesPerRule, "distinct descriptor values a detailed_metric rule labels; the rest count as _other")
+	f.ref.register(fs)
 }
 
 func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
@@ -63,6 +65,9 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	}
 	x.GRPCOptions = append(x.GRPCOptions,
 		grpc.ChainUnaryInterceptor(gm.UnaryServerInterceptor()), grpc.ChainStreamInterceptor(gm.StreamServerInterceptor()))
+	if err := f.ref.setup(x, rules, gm); err != nil {
+		return err
+	}
 	x.HTTP.Handle("GET /metrics", observe.Handler(reg))
 	if x.HTTPRoot, err = observe.InstrumentHTTP(reg, x.HTTP); err != nil {
 		return err

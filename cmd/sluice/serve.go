@@ -51,6 +51,7 @@ type serveFlags struct {
 	tlsCert          string
 	tlsKey           string
 	tlsClientCA      string
+	tlsHTTP          bool
 	drainTimeout     time.Duration
 	maxRecvMsgSize   int
 	maxConnAge       time.Duration
@@ -82,6 +83,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate `file` (reloaded when it changes)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "the TLS private key `file`")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA bundle `file` (mTLS)")
+	fs.BoolVar(&f.tlsHTTP, "tls-http", true, "with --tls-cert, serve --http-addr over TLS too (false: TLS on gRPC only, as envoyproxy/ratelimit)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take before connections are closed")
 	fs.IntVar(&f.maxRecvMsgSize, "max-recv-msg-size", 1<<20, "largest gRPC request in bytes")
 	fs.DurationVar(&f.maxConnAge, "max-connection-age", 0, "close gRPC connections after this long so clients rebalance (0: never)")
@@ -318,7 +320,10 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		if err != nil {
 			return err
 		}
-		gopts.TLS, httpSrv.TLSConfig = certs.Config(), certs.Config()
+		gopts.TLS = certs.Config()
+		if f.tlsHTTP {
+			httpSrv.TLSConfig = certs.Config()
+		}
 	}
 	grpcSrv := server.NewGRPC(lim, health, gopts)
 	httpHandler := server.NewHTTP(lim, health, sopts)

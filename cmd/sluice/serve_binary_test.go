@@ -303,3 +303,60 @@ func TestBinary_MTLS(t *testing.T) {
 		t.Error("HTTPS without a client certificate was served")
 	}
 }
+
+// TestBinary_InstalledAsRatelimit: the binary under the reference's name
+// (the image's /bin/ratelimit is a symlink to sluice) serves with no
+// arguments, configured from the reference's environment alone, and still
+// runs a subcommand when given one.
+func TestBinary_InstalledAsRatelimit(t *testing.T) {
+	bin, err := filepath.Abs(sluiceBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ratelimit := filepath.Join(dir, "ratelimit")
+	if err := os.Symlink(bin, ratelimit); err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &sluiceProc{done: make(chan error, 1)}
+	p.cmd = exec.Command(ratelimit)
+	// testdata/serve/limits.yaml as RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
+	p.cmd.Env = []string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=.", "RUNTIME_APPDIRECTORY=serve",
+		"HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "LOG_LEVEL=info"}
+	p.cmd.Stderr = &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	defer func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	}()
+	deadline := time.After(30 * time.Second)
+	for {
+		var ok bool
+		if p.grpcAddr, p.httpAddr, ok = servingAddrs(p.log()); ok {
+			break
+		}
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Fatalf("ratelimit exited before serving: %v\n%s", err, p.log())
+		case <-deadline:
+			t.Fatalf("ratelimit did not serve:\n%s", p.log())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if body := httpGet(t, "http://"+p.httpAddr+"/healthcheck"); !strings.Contains(body, "OK") {
+		t.Errorf("/healthcheck: %q", body)
+	}
+
+	out, err := exec.Command(ratelimit, "check", "--config", "testdata/serve").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "e2e") {
+		t.Errorf("ratelimit check: %v\n%s", err, out)
+	}
+}

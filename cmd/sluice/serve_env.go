@@ -4,8 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -108,6 +110,26 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 	if has("GRPC_CLIENT_TLS_SAN") {
 		return nil, errors.New("GRPC_CLIENT_TLS_SAN is not supported: Sluice checks client certificates against --tls-client-ca only")
 	}
+	bools := map[string]bool{}
+	for _, k := range []string{"USE_STATSD", "USE_PROMETHEUS", "USE_DOG_STATSD", "DISABLE_STATS",
+		"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "TRACING_ENABLED", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT"} {
+		if v := getenv(k); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return nil, fmt.Errorf("%s=%q: want true or false", k, v)
+			}
+			bools[k] = b
+		}
+	}
+	if bools["USE_DOG_STATSD"] {
+		return nil, errors.New("USE_DOG_STATSD=true is not supported: Sluice sends plain statsd (USE_STATSD=true) or serves the reference's Prometheus series (USE_PROMETHEUS=true)")
+	}
+	if v := getenv("STATSD_PROTOCOL"); v != "" && !strings.EqualFold(v, "udp") {
+		return nil, fmt.Errorf("STATSD_PROTOCOL=%s is not supported: Sluice sends statsd over UDP (which statsd_exporter and StatsD also listen on)", v)
+	}
+	if bools["TRACING_ENABLED"] {
+		return nil, errors.New("TRACING_ENABLED=true is not supported: Sluice exports no traces; turn tracing off (in Envoy Gateway, remove rateLimit.telemetry.tracing)")
+	}
 
 	// Mapped.
 	if root, sub := getenv("RUNTIME_ROOT"), getenv("RUNTIME_SUBDIRECTORY"); !xdsSource && (root != "" || sub != "") {
@@ -169,6 +191,62 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 		if v := getenv("GRPC_CLIENT_TLS_CACERT"); v != "" {
 			set("tls-client-ca", v)
 		}
+		// The reference serves HTTP (/healthcheck, the probes' port)
+		// without TLS.
+		set("tls-http", "false")
+		if v := getenv("GRPC_SERVER_TLS_CA_CERT"); v != "" && !has("GRPC_CLIENT_TLS_CACERT") {
+			// Envoy Gateway sets it; the reference has no such setting.
+			warnings = append(warnings, fmt.Sprintf("GRPC_SERVER_TLS_CA_CERT=%s is not read (neither by envoyproxy/ratelimit): gRPC clients are not asked for certificates; GRPC_CLIENT_TLS_CACERT or --tls-client-ca turns mTLS on", v))
+		}
+	}
+
+	// Stats: the reference's statsd stats (USE_STATSD, on by default
+	// there: here when asked for or STATSD_HOST/STATSD_PORT are set) and
+	// its Prometheus series (USE_PROMETHEUS), both from observe.RefStats.
+	// The reference refuses to run both; Sluice runs both.
+	if !bools["DISABLE_STATS"] {
+		useStatsd, set0 := bools["USE_STATSD"]
+		if !set0 {
+			useStatsd = has("STATSD_HOST") || has("STATSD_PORT")
+		}
+		if useStatsd {
+			host, port := getenv("STATSD_HOST"), getenv("STATSD_PORT")
+			if host == "" {
+				host = "localhost"
+			}
+			if port == "" {
+				port = "8125"
+			}
+			set("statsd-addr", net.JoinHostPort(host, port))
+		}
+		if bools["USE_PROMETHEUS"] {
+			addr := getenv("PROMETHEUS_ADDR")
+			if addr == "" {
+				addr = ":9090"
+			}
+			set("ref-prometheus-addr", addr)
+			if v := getenv("PROMETHEUS_PATH"); v != "" {
+				set("ref-prometheus-path", v)
+			}
+			if v := getenv("PROMETHEUS_MAPPER_YAML"); v != "" {
+				set("ref-prometheus-mapping", v)
+			}
+			if bools["PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS"] {
+				set("ref-prometheus-response-time-ms", "true")
+			}
+		}
+		if v := getenv("EXTRA_TAGS"); v != "" {
+			set("stats-tags", v)
+		}
+		if v := getenv("STATS_FLUSH_INTERVAL"); v != "" {
+			set("stats-flush-interval", v)
+		}
+	}
+	// Files starting with a dot are always ignored, and the config
+	// directory is watched with its symlinks (a ConfigMap's ..data swap),
+	// which covers both RUNTIME_WATCH_ROOT values.
+	if v, ok := bools["RUNTIME_IGNOREDOTFILES"]; ok && !v {
+		warnings = append(warnings, "RUNTIME_IGNOREDOTFILES=false is ignored: files starting with a dot are always ignored")
 	}
 
 	if v := getenv("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"); v != "" {
@@ -187,19 +265,7 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 // ignoredRefEnv lists the reference's variables Sluice accepts but does
 // not use, and why.
 var ignoredRefEnv = []struct{ name, why string }{
-	{"USE_STATSD", "Sluice exports Prometheus metrics on /metrics"},
-	{"STATSD_HOST", "Sluice exports Prometheus metrics on /metrics"},
-	{"STATSD_PORT", "Sluice exports Prometheus metrics on /metrics"},
-	{"EXTRA_TAGS", "Sluice exports Prometheus metrics on /metrics"},
-	{"USE_PROMETHEUS", "Prometheus metrics are always on /metrics"},
-	{"PROMETHEUS_ADDR", "Prometheus metrics are served on /metrics"},
-	{"PROMETHEUS_PATH", "Prometheus metrics are served on /metrics"},
-	{"PROMETHEUS_MAPPER_YAML", "Sluice's metrics need no statsd mapping"},
-	{"USE_DOG_STATSD", "Sluice exports Prometheus metrics on /metrics"},
-	{"DISABLE_STATS", "metrics are always available"},
-	{"GOSTATS_FLUSH_INTERVAL", "Prometheus pulls metrics"},
-	{"RUNTIME_WATCH_ROOT", "Sluice watches the config directory"},
-	{"RUNTIME_IGNOREDOTFILES", "files starting with a dot are always ignored"},
+	{"USE_DOG_STATSD_MOGRIFIERS", "DogStatsD is not supported"},
 	{"REDIS_POOL_SIZE", "every Redis call is pipelined on a few shared connections"},
 	{"REDIS_PIPELINE_LIMIT", "concurrent requests share Redis script calls on their own"},
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "the memory store holds all counters; see --memory-max-keys"},
@@ -212,6 +278,7 @@ var ignoredRefEnv = []struct{ name, why string }{
 	{"TRACING_SERVICE_NAMESPACE", "tracing is not implemented"},
 	{"TRACING_SERVICE_INSTANCE_ID", "tracing is not implemented"},
 	{"TRACING_SAMPLING_RATE", "tracing is not implemented"},
+	{"OTEL_EXPORTER_OTLP_ENDPOINT", "tracing is not implemented"},
 }
 
 func hostPort(host, port string) string {

@@ -310,6 +310,9 @@ func redisRefEnv(getenv func(string) string, set func(flag, value string)) error
 	switch t := strings.ToUpper(getenv("REDIS_TYPE")); t {
 	case "", "SINGLE":
 		switch {
+		case strings.Contains(url, "://"):
+			// Already a URL (redis://, rediss://, unix://): as given.
+			set("redis-url", url)
 		case strings.EqualFold(getenv("REDIS_SOCKET_TYPE"), "unix"):
 			set("redis-url", "unix://"+url)
 		case tlsOn:

@@ -32,6 +32,11 @@ func TestServeRedis_RefEnv(t *testing.T) {
 		{serveEnv{"REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem", "REDIS_AUTH": "u:p"},
 			map[string]string{"redis-url": "rediss://r:6380", "redis-tls": "true", "redis-tls-ca": "/ca.pem", "redis-username": "u", "redis-password": "p"}},
 		{serveEnv{"REDIS_SOCKET_TYPE": "unix", "REDIS_URL": "/run/redis.sock"}, map[string]string{"redis-url": "unix:///run/redis.sock"}},
+		// Envoy Gateway's: host:port over TCP; a URL stays as given.
+		{serveEnv{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.redis.svc:6379"}, map[string]string{"store": "redis", "redis-url": "redis://redis.redis.svc:6379"}},
+		{serveEnv{"REDIS_URL": "rediss://u:p@r:6380/2"}, map[string]string{"redis-url": "rediss://u:p@r:6380/2"}},
+		{serveEnv{"REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_CLIENT_CERT": "/redis-certs/tls.crt", "REDIS_TLS_CLIENT_KEY": "/redis-certs/tls.key"},
+			map[string]string{"redis-url": "rediss://r:6380", "redis-tls-cert": "/redis-certs/tls.crt", "redis-tls-key": "/redis-certs/tls.key"}},
 		{serveEnv{"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_SENTINEL_AUTH": "sp"},
 			map[string]string{"redis-sentinel-master": "mymaster", "redis-sentinel": "s1:26379,s2:26379", "redis-sentinel-password": "sp"}},
 		{serveEnv{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "c1:7000,c2:7000", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"},

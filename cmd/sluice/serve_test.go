@@ -85,6 +85,21 @@ func TestServe_EnvPrecedence(t *testing.T) {
 		{"TLS only with USE_TLS", nil, serveEnv{"GRPC_SERVER_TLS_CERT": "/c"}, "tls-cert", ""},
 		{"TLS", nil, serveEnv{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c", "GRPC_SERVER_TLS_KEY": "/k"}, "tls-cert", "/c"},
 		{"BACKEND_TYPE memory", nil, serveEnv{"BACKEND_TYPE": "memory"}, "store", "memory"},
+		{"HTTP plain with the reference's TLS", nil, serveEnv{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "/c", "GRPC_SERVER_TLS_KEY": "/k"}, "tls-http", "false"},
+		{"HTTP TLS with --tls-cert", nil, nil, "tls-http", "true"},
+		{"USE_STATSD", nil, serveEnv{"USE_STATSD": "true", "STATSD_PORT": "9125"}, "statsd-addr", "localhost:9125"},
+		{"USE_STATSD host", nil, serveEnv{"USE_STATSD": "true", "STATSD_HOST": "10.0.0.5"}, "statsd-addr", "10.0.0.5:8125"},
+		{"STATSD_PORT alone", nil, serveEnv{"STATSD_PORT": "9125"}, "statsd-addr", "localhost:9125"},
+		{"USE_STATSD false", nil, serveEnv{"USE_STATSD": "false", "STATSD_PORT": "9125"}, "statsd-addr", ""},
+		{"DISABLE_STATS", nil, serveEnv{"USE_STATSD": "true", "DISABLE_STATS": "true"}, "statsd-addr", ""},
+		{"EXTRA_TAGS", nil, serveEnv{"USE_STATSD": "true", "EXTRA_TAGS": "a:b,c:d"}, "stats-tags", "a:b,c:d"},
+		{"STATS_FLUSH_INTERVAL", nil, serveEnv{"USE_STATSD": "true", "STATS_FLUSH_INTERVAL": "3s"}, "stats-flush-interval", "3s"},
+		{"USE_PROMETHEUS default addr", nil, serveEnv{"USE_PROMETHEUS": "true"}, "ref-prometheus-addr", ":9090"},
+		{"USE_PROMETHEUS", nil, serveEnv{"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":19001"}, "ref-prometheus-addr", ":19001"},
+		{"PROMETHEUS_PATH", nil, serveEnv{"USE_PROMETHEUS": "true", "PROMETHEUS_PATH": "/m"}, "ref-prometheus-path", "/m"},
+		{"PROMETHEUS_MAPPER_YAML", nil, serveEnv{"USE_PROMETHEUS": "true", "PROMETHEUS_MAPPER_YAML": "/etc/m.yaml"}, "ref-prometheus-mapping", "/etc/m.yaml"},
+		{"PROMETHEUS_* need USE_PROMETHEUS", nil, serveEnv{"PROMETHEUS_ADDR": ":19001"}, "ref-prometheus-addr", ""},
+		{"response time ms", nil, serveEnv{"USE_PROMETHEUS": "true", "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS": "true"}, "ref-prometheus-response-time-ms", "true"},
 	}
 	for _, c := range cases {
 		fs, _, err := parseServe(t, c.args, c.env)
@@ -106,6 +121,10 @@ func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 		{"GRPC_CLIENT_TLS_SAN": "envoy"},
 		{"GRPC_SERVER_USE_TLS": "true"},
 		{"SLUICE_MAX_ENTRIES": "many"},
+		{"USE_DOG_STATSD": "true"},
+		{"USE_STATSD": "yes please"},
+		{"USE_STATSD": "true", "STATSD_PROTOCOL": "tcp"},
+		{"TRACING_ENABLED": "true"},
 	} {
 		if _, _, err := parseServe(t, nil, env); err == nil {
 			t.Errorf("%v: accepted, want refused", env)
@@ -129,8 +148,8 @@ func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 	if _, _, err := parseServe(t, nil, serveEnv{"CONFIG_TYPE": "FILE"}); err != nil {
 		t.Errorf("CONFIG_TYPE=FILE: %v", err)
 	}
-	_, warnings, err := parseServe(t, nil, serveEnv{"USE_STATSD": "true", "EXPIRATION_JITTER_MAX_SECONDS": "300"})
-	if err != nil || len(warnings) != 2 || !strings.Contains(warnings[0], "USE_STATSD is ignored") {
+	_, warnings, err := parseServe(t, nil, serveEnv{"REDIS_POOL_SIZE": "10", "EXPIRATION_JITTER_MAX_SECONDS": "300"})
+	if err != nil || len(warnings) != 2 || !strings.Contains(warnings[1], "EXPIRATION_JITTER_MAX_SECONDS is ignored") {
 		t.Errorf("ignored variables: warnings %q err %v, want 2 warnings", warnings, err)
 	}
 }

@@ -1,0 +1,7 @@
+// Package deploy holds no code: its tests check Sluice's deployment
+// files. kubernetes/ has plain manifests (Namespace, ConfigMap with the
+// limits, Deployment, Service, PodDisruptionBudget, kustomization.yaml),
+// checked by decoding each object strictly into its k8s.io/api type; the
+// image that the Containerfile at the repository's root builds is checked
+// by TestImage when `make image-test` exports it.
+package deploy

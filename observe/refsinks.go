@@ -1,0 +1,207 @@
+package observe
+
+import (
+	_ "embed" // the default statsd mapping
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cactus/go-statsd-client/v5/statsd"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/statsd_exporter/pkg/event"
+	"github.com/prometheus/statsd_exporter/pkg/exporter"
+	"github.com/prometheus/statsd_exporter/pkg/mapper"
+)
+
+// StatsdSink sends RefStats's stats to a statsd server over UDP, in
+// statsd's line format ("name:3|c", "name:2|ms"), several lines a
+// datagram. Safe for concurrent use.
+type StatsdSink struct {
+	c statsd.Statter
+
+	mu  sync.Mutex
+	err error // the first send error since the last Flush
+}
+
+// NewStatsdSink sends to addr (host:port). A host name is resolved again
+// every 30 seconds, so a statsd server that moves is followed.
+func NewStatsdSink(addr string) (*StatsdSink, error) {
+	c, err := statsd.NewClientWithConfig(&statsd.ClientConfig{Address: addr, UseBuffered: true,
+		FlushInterval: 100 * time.Millisecond, ResInterval: 30 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("observe: statsd %s: %w", addr, err)
+	}
+	return &StatsdSink{c: c}, nil
+}
+
+func (s *StatsdSink) keep(err error) {
+	if err == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+}
+
+// Counter implements Sink.
+func (s *StatsdSink) Counter(name string, delta uint64) {
+	s.keep(s.c.Inc(name, int64(min(delta, 1<<63-1)), 1))
+}
+
+// Timer implements Sink. n calls of the same duration go out as one line
+// per set bit of n, each with the sample rate 1/2^k that makes a statsd
+// server count it 2^k times (an exact power of two, so that no server's
+// rounding of 1/rate loses a call): at most 64 lines, however many calls.
+func (s *StatsdSink) Timer(name string, ms, n uint64) {
+	v := strconv.FormatUint(ms, 10)
+	for k := 0; n > 0; k, n = k+1, n>>1 {
+		if n&1 == 0 {
+			continue
+		}
+		line := v + "|ms"
+		if k > 0 {
+			line += "|@" + strconv.FormatFloat(1/float64(uint64(1)<<k), 'g', -1, 64)
+		}
+		s.keep(s.c.Raw(name, line, 1))
+	}
+}
+
+// Flush implements Sink: the buffered lines go out within 100 ms.
+func (s *StatsdSink) Flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.err
+	s.err = nil
+	return err
+}
+
+// Close sends what is buffered and closes the socket.
+func (s *StatsdSink) Close() error { return s.c.Close() }
+
+// DefaultStatsdMapping maps the reference's stats to the Prometheus
+// series that envoyproxy/ratelimit's USE_PROMETHEUS serves without a
+// mapping file (and that Envoy Gateway's statsd-exporter mapping makes):
+// ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,
+// within_limit,shadow_mode}{domain,key1[,key2]},
+// ratelimit_service_should_rate_limit_error{err_type},
+// ratelimit_service_total_requests{grpc_method},
+// ratelimit_service_response_time_seconds{grpc_method} and
+// ratelimit_service_config_load_{success,error}.
+//
+//go:embed refmapping.yaml
+var DefaultStatsdMapping string
+
+// MappedSink turns RefStats's stats into Prometheus series the way a
+// statsd_exporter does, with its mapping rules, in this process: the
+// reference's USE_PROMETHEUS. The series, and the exporter's own
+// statsd_exporter_* counters, are registered on the registry given to
+// NewMappedSink. Start it before the first Flush and Close it after the
+// last.
+type MappedSink struct {
+	exp     *exporter.Exporter
+	events  chan event.Events
+	done    chan struct{}
+	pending event.Events // guarded by mu
+	mu      sync.Mutex
+}
+
+// mappedBatch is the most events handed to the exporter at once.
+const mappedBatch = 1024
+
+// NewMappedSink maps with mappingYAML (a statsd_exporter mapping file's
+// contents; DefaultStatsdMapping if empty) onto reg.
+func NewMappedSink(reg prometheus.Registerer, mappingYAML string, logger *slog.Logger) (*MappedSink, error) {
+	if mappingYAML == "" {
+		mappingYAML = DefaultStatsdMapping
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	m := &mapper.MetricMapper{Registerer: reg, Logger: logger}
+	if err := m.InitFromYAMLString(mappingYAML); err != nil {
+		return nil, fmt.Errorf("observe: statsd mapping: %w", err)
+	}
+	counterVec := func(name, help, label string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{label})
+	}
+	actions := counterVec("statsd_exporter_events_actions_total", "The total number of StatsD events by action.", "action")
+	unmapped := prometheus.NewCounter(prometheus.CounterOpts{Name: "statsd_exporter_events_unmapped_total",
+		Help: "The total number of StatsD events no mapping was found for."})
+	errs := counterVec("statsd_exporter_events_error_total", "The total number of StatsD events discarded due to errors.", "reason")
+	events := counterVec("statsd_exporter_events_total", "The total number of StatsD events seen.", "type")
+	conflicts := counterVec("statsd_exporter_events_conflict_total", "The total number of StatsD events with conflicting names.", "type")
+	metrics := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "statsd_exporter_metrics_total",
+		Help: "The total number of metrics."}, []string{"type"})
+	for _, c := range []prometheus.Collector{actions, unmapped, errs, events, conflicts, metrics} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return &MappedSink{
+		exp:    exporter.NewExporter(reg, m, logger, actions, unmapped, errs, events, conflicts, metrics),
+		events: make(chan event.Events), done: make(chan struct{}),
+	}, nil
+}
+
+// Start runs the exporter's goroutine.
+func (s *MappedSink) Start() {
+	go func() {
+		defer close(s.done)
+		s.exp.Listen(s.events)
+	}()
+}
+
+// Close stops the exporter's goroutine once it has handled every event
+// flushed.
+func (s *MappedSink) Close() error {
+	close(s.events)
+	<-s.done
+	return nil
+}
+
+// Counter implements Sink.
+func (s *MappedSink) Counter(name string, delta uint64) {
+	s.add(&event.CounterEvent{CMetricName: name, CValue: float64(delta), CLabels: map[string]string{}})
+}
+
+// Timer implements Sink: one observation a call, of the milliseconds as
+// the reference's Prometheus sink passes them (a mapping's scale turns
+// them into seconds). The n observations are one event handed over n
+// times, 8 bytes each: the exporter handles events one after the other,
+// and what it writes into an event's labels is the same each time.
+func (s *MappedSink) Timer(name string, ms, n uint64) {
+	e := &event.ObserverEvent{OMetricName: name, OValue: float64(ms), OLabels: map[string]string{}}
+	for range n {
+		s.add(e)
+	}
+}
+
+func (s *MappedSink) add(e event.Event) {
+	s.mu.Lock()
+	s.pending = append(s.pending, e)
+	var full event.Events
+	if len(s.pending) >= mappedBatch {
+		full, s.pending = s.pending, nil
+	}
+	s.mu.Unlock()
+	if full != nil {
+		s.events <- full
+	}
+}
+
+// Flush implements Sink: it returns once the exporter has taken every
+// event.
+func (s *MappedSink) Flush() error {
+	s.mu.Lock()
+	batch := s.pending
+	s.pending = nil
+	s.mu.Unlock()
+	if len(batch) > 0 {
+		s.events <- batch
+	}
+	return nil
+}
