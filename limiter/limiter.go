@@ -448,11 +448,8 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 	if err := l.store.Take(ctx, now, s.hits, s.out); err != nil {
 		return err
 	}
-	if l.opts.SaturateDenied {
-		s.markOver()
-		return nil
-	}
-	for s.markOver() && l.quotaRetry(s) {
+	denied := s.markOver()
+	for denied && !l.opts.SaturateDenied && l.quotaRetry(s) {
 		s.round, s.roundAt = s.round[:0], s.roundAt[:0]
 		for i := range s.plan {
 			p := &s.plan[i]
@@ -476,15 +473,18 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 		if err := l.store.Take(ctx, now, s.round, s.roundOut); err != nil {
 			return err
 		}
+		denied = false
 		for k, h := range s.roundAt {
 			s.out[h] = s.roundOut[k]
+			denied = denied || s.round[k].Veto && !s.roundOut[k].Allowed
 		}
+		s.markOver()
 	}
 	return nil
 }
 
 // markOver sets each descriptor's over from the decisions and reports
-// whether the batch was denied (some descriptor is over).
+// whether some descriptor is over.
 func (s *scratch) markOver() (denied bool) {
 	for i := range s.plan {
 		p := &s.plan[i]
