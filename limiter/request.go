@@ -191,6 +191,10 @@ type Limit struct {
 	Decision store.Decision
 }
 
+// ResetAfter is the limit's Decision.ResetAfter rounded up to whole
+// seconds, as Status.ResetAfter.
+func (l *Limit) ResetAfter() time.Duration { return ceilSecond(l.Decision.ResetAfter) }
+
 // MostRestrictive returns the index of the limited status with the least
 // remaining (the longest reset breaks ties), or -1 when no descriptor was
 // limited. Response headers describe that descriptor.
