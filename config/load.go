@@ -803,10 +803,11 @@ func (l *loader) metaValue(file, path string, n *yaml.Node, depth int) any {
 	switch n.Kind {
 	case yaml.MappingNode:
 		m := make(map[string]any, len(n.Content)/2)
+		var merged []*yaml.Node
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := resolve(n.Content[i]), n.Content[i+1]
 			if k.ShortTag() == "!!merge" {
-				l.errorf(file, k.Line, path, "metadata: merge keys (<<) are not supported")
+				merged = append(merged, resolve(v))
 				continue
 			}
 			if k.Kind != yaml.ScalarNode {
@@ -814,6 +815,26 @@ func (l *loader) metaValue(file, path string, n *yaml.Node, depth int) any {
 				continue
 			}
 			m[k.Value] = l.metaValue(file, path, v, depth+1)
+		}
+		// Merge keys (<<: *anchor), as yaml.v2 expands them: explicit
+		// keys win, then earlier merged mappings.
+		for _, v := range merged {
+			maps := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				maps = v.Content
+			}
+			for _, mm := range maps {
+				mv, ok := l.metaValue(file, path, mm, depth+1).(map[string]any)
+				if !ok {
+					l.errorf(file, mm.Line, path, "metadata: a merge key (<<) needs a mapping, got %s", describe(resolve(mm)))
+					continue
+				}
+				for k, v := range mv {
+					if _, set := m[k]; !set {
+						m[k] = v
+					}
+				}
+			}
 		}
 		return m
 	case yaml.SequenceNode:
