@@ -184,7 +184,7 @@ func (t *Table) String() string {
 	var b strings.Builder
 	for _, r := range t.rules {
 		unit := strings.ToUpper(r.Unit.String())
-		fmt.Fprintf(&b, "%s.%s: unit=%s requests_per_unit=%d, shadow_mode: %t", r.Domain, r.Path, unit, r.RequestsPerUnit, r.ShadowMode)
+		fmt.Fprintf(&b, "%s.%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t", r.Domain, r.Path, unit, r.RequestsPerUnit, r.ShadowMode, r.QuotaMode)
 		if r.Unlimited {
 			b.WriteString(", unlimited: true")
 		}
