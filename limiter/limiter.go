@@ -162,6 +162,9 @@ type scratch struct {
 	roundOut []store.Decision
 	roundAt  []int
 	obs      Status // one limit's status for the observer
+	// replacing: a matched limit has replaces (else replace has nothing
+	// to do)
+	replacing bool
 }
 
 // planned is what a descriptor resolved to before the store is asked.
@@ -276,6 +279,7 @@ func (s *scratch) reset(n int) {
 	s.plan = s.plan[:n]
 	s.lims = s.lims[:0]
 	s.hits = s.hits[:0]
+	s.replacing = false
 }
 
 // plan matches every descriptor and writes the counter key of each of
@@ -310,16 +314,17 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 		}
 		s.keys = key
 		p.rule = rule
+		s.replacing = s.replacing || len(rule.Replaces) > 0
 		if rule.Unlimited {
 			p.unlimited = true
 			continue
 		}
 		s.lims = append(s.lims, planLimit{rule: rule, limit: rule.Limit, keyStart: start, keyEnd: len(s.keys), hit: -1})
-		limits := rule.Limits()
-		if len(limits) > 1 {
+		if limits := rule.Limits(); len(limits) > 1 {
 			// The other limits' keys: the same entries, their own suffix.
 			prefix := len(s.keys) - start - len(rule.KeySuffix())
 			for _, r := range limits[1:] {
+				s.replacing = s.replacing || len(r.Replaces) > 0
 				at := len(s.keys)
 				s.keys = append(s.keys, s.keys[start:start+prefix]...)
 				s.keys = append(s.keys, r.KeySuffix()...)
@@ -336,6 +341,9 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 // does: the names are gathered from every match first. A descriptor whose
 // every limit is dropped reports "no rule" and counts nothing.
 func (l *Limiter) replace(s *scratch) {
+	if !s.replacing {
+		return
+	}
 	for i := range s.plan {
 		r := s.plan[i].rule
 		if r == nil {
@@ -448,7 +456,17 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 	if err := l.store.Take(ctx, now, s.hits, s.out); err != nil {
 		return err
 	}
-	denied := s.markOver()
+	denied := false
+	for i := range s.out {
+		if !s.out[i].Allowed && s.hits[i].Veto {
+			denied = true
+			break
+		}
+	}
+	if !denied {
+		return nil // no descriptor is over (plan left over false)
+	}
+	s.markOver()
 	for denied && !l.opts.SaturateDenied && l.quotaRetry(s) {
 		s.round, s.roundAt = s.round[:0], s.roundAt[:0]
 		for i := range s.plan {
@@ -483,9 +501,8 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 	return nil
 }
 
-// markOver sets each descriptor's over from the decisions and reports
-// whether some descriptor is over.
-func (s *scratch) markOver() (denied bool) {
+// markOver sets each descriptor's over from the decisions.
+func (s *scratch) markOver() {
 	for i := range s.plan {
 		p := &s.plan[i]
 		p.over = false
@@ -494,9 +511,7 @@ func (s *scratch) markOver() (denied bool) {
 				p.over = true
 			}
 		}
-		denied = denied || p.over
 	}
-	return denied
 }
 
 // isQuota reports whether descriptor p counts as a quota descriptor, as
@@ -541,6 +556,9 @@ func (l *Limiter) quotaRetry(s *scratch) bool {
 // one (the longest retry first), else the one with the least remaining
 // (the longest reset first); -1 if every limit was dropped.
 func (s *scratch) deciding(p *planned) int {
+	if p.n == 1 {
+		return p.first
+	}
 	best := -1
 	var bVeto bool
 	var b *store.Decision
@@ -574,6 +592,7 @@ func (s *scratch) deciding(p *planned) int {
 
 // report writes the statuses, the limits and the overall code.
 func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
+	anyOver := false
 	for i := range s.plan {
 		p := &s.plan[i]
 		st := &resp.Statuses[i]
@@ -597,17 +616,16 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 		}
 		if p.over {
 			st.Code = OverLimit
+			anyOver = true
 		}
-		kept := 0
-		for j := p.first; j < p.first+p.n; j++ {
-			if lp := &s.lims[j]; lp.hit >= 0 {
-				resp.Limits = append(resp.Limits, Limit{Descriptor: i, Rule: lp.rule, Decision: s.out[lp.hit]})
-				kept++
-			}
-		}
-		if kept == 1 {
+		if p.n == 1 {
 			l.observe(req, i, st.Rule, st)
 			continue
+		}
+		for j := p.first; j < p.first+p.n; j++ {
+			if lp := &s.lims[j]; lp.hit >= 0 {
+				resp.addLimit(i, lp.rule, &s.out[lp.hit])
+			}
 		}
 		for j := p.first; j < p.first+p.n; j++ {
 			lp := &s.lims[j]
@@ -624,9 +642,22 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 			l.observe(req, i, lp.rule, &s.obs)
 		}
 	}
-	if l.overLimit(s) && !l.opts.ShadowMode {
+	if anyOver && l.overLimit(s) && !l.opts.ShadowMode {
 		resp.Overall = OverLimit
 	}
+}
+
+// addLimit appends one limit's outcome to r.Limits, field by field (a
+// composite literal costs a typed copy of the whole element).
+func (r *Response) addLimit(desc int, rule *config.Rule, d *store.Decision) {
+	n := len(r.Limits)
+	if n < cap(r.Limits) {
+		r.Limits = r.Limits[:n+1]
+	} else {
+		r.Limits = append(r.Limits, Limit{})
+	}
+	lm := &r.Limits[n]
+	lm.Descriptor, lm.Rule, lm.Decision = desc, rule, *d
 }
 
 func (l *Limiter) observe(req *Request, i int, rule *config.Rule, st *Status) {
@@ -663,8 +694,10 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 			if first < 0 {
 				first = j
 			}
-			d := store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: lp.limit.Capacity()}
-			resp.Limits = append(resp.Limits, Limit{Descriptor: i, Rule: lp.rule, Decision: d})
+			if p.n > 1 {
+				d := store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: lp.limit.Capacity()}
+				resp.addLimit(i, lp.rule, &d)
+			}
 			p.over = p.over || l.opts.FailureMode == FailDeny && s.hits[lp.hit].Veto
 		}
 		lp := &s.lims[first]

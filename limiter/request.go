@@ -174,11 +174,33 @@ func ceilSecond(d time.Duration) time.Duration {
 type Response struct {
 	Overall  Code
 	Statuses []Status
-	// Limits lists every limit the request was counted against, in
-	// descriptor order: each limit of a matched rule (a rate_limits
-	// list has several) and each override. A descriptor's status reports
-	// the one of its limits that decided.
+	// Limits lists the limits of the descriptors that have several (a
+	// rate_limits list), in descriptor order, each with its own outcome;
+	// the descriptor's status reports the one that decided. A descriptor
+	// with one limit is described by its status alone. EachLimit walks
+	// both.
 	Limits []Limit
+}
+
+// EachLimit calls fn for every limit the request was counted against, in
+// descriptor order: each limit of a matched rule (rate_limits gives
+// several) and each override, with its rule (nil for an override, which
+// the status describes) and its decision.
+func (r *Response) EachLimit(fn func(desc int, rule *config.Rule, d *store.Decision)) {
+	k := 0
+	for i := range r.Statuses {
+		st := &r.Statuses[i]
+		if !st.Limited {
+			continue
+		}
+		if k < len(r.Limits) && r.Limits[k].Descriptor == i {
+			for ; k < len(r.Limits) && r.Limits[k].Descriptor == i; k++ {
+				fn(i, r.Limits[k].Rule, &r.Limits[k].Decision)
+			}
+			continue
+		}
+		fn(i, st.Rule, &st.Decision)
+	}
 }
 
 // Limit is the outcome of one limit of a descriptor.
@@ -190,10 +212,6 @@ type Limit struct {
 	Rule     *config.Rule
 	Decision store.Decision
 }
-
-// ResetAfter is the limit's Decision.ResetAfter rounded up to whole
-// seconds, as Status.ResetAfter.
-func (l *Limit) ResetAfter() time.Duration { return ceilSecond(l.Decision.ResetAfter) }
 
 // MostRestrictive returns the index of the limited status with the least
 // remaining (the longest reset breaks ties), or -1 when no descriptor was

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/store"
 )
@@ -43,23 +44,22 @@ func (s *RLS) appendIETFHeaders(b []byte, r *limiter.Response) []byte {
 // (times its multiplier) in seconds; remaining is 0 for a denied limit,
 // and the reset is rounded up to whole seconds.
 func ietfFields(r *limiter.Response) (policy, limits []byte) {
-	for i := range r.Limits {
-		lm := &r.Limits[i]
+	r.EachLimit(func(desc int, rule *config.Rule, d *store.Decision) {
 		name, q, window := "override", uint64(0), time.Duration(0)
-		if lm.Rule != nil {
-			name, q, window = lm.Rule.Name, uint64(lm.Rule.RequestsPerUnit), lm.Rule.Limit.Period()
+		if rule != nil {
+			name, q, window = rule.Name, uint64(rule.RequestsPerUnit), rule.Limit.Period()
 			if name == "" {
-				name = lm.Rule.Path
+				name = rule.Path
 			}
 		} else {
-			st := &r.Statuses[lm.Descriptor]
+			st := &r.Statuses[desc]
 			q, window = uint64(st.RequestsPerUnit), st.Unit.Duration()*time.Duration(max(1, st.UnitMultiplier))
 		}
-		remaining := lm.Decision.Remaining
-		if !lm.Decision.Allowed {
+		remaining := d.Remaining
+		if !d.Allowed {
 			remaining = 0
 		}
-		if i > 0 {
+		if len(policy) > 0 {
 			policy = append(policy, ", "...)
 			limits = append(limits, ", "...)
 		}
@@ -72,9 +72,17 @@ func ietfFields(r *limiter.Response) (policy, limits []byte) {
 		limits = append(limits, ";r="...)
 		limits = strconv.AppendUint(limits, min(remaining, maxSFInteger), 10)
 		limits = append(limits, ";t="...)
-		limits = strconv.AppendInt(limits, seconds(lm.ResetAfter()), 10)
-	}
+		limits = strconv.AppendInt(limits, seconds(ceilSecond(d.ResetAfter)), 10)
+	})
 	return policy, limits
+}
+
+// ceilSecond rounds d up to whole seconds, as limiter.Status.ResetAfter.
+func ceilSecond(d time.Duration) time.Duration {
+	if r := d % time.Second; d > 0 && r != 0 {
+		d += time.Second - r
+	}
+	return d
 }
 
 // maxSFInteger is the largest Structured Field Integer (15 digits).
