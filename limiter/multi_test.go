@@ -1,11 +1,15 @@
 package limiter_test
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/store/memory"
 )
 
 const multiLimits = `
@@ -175,5 +179,56 @@ func TestCheck_GlobalQuotaMode(t *testing.T) {
 	r.check(t, req(desc("q2", "b"), desc("q1", "b")))
 	if n := r.st.takes - before; n != 1 {
 		t.Errorf("store calls for an allowed quota request: %d, want 1", n)
+	}
+}
+
+// TestCheck_SeveralLimitsConcurrent: on the memory store, concurrent
+// requests of random costs on a descriptor with three limits never take
+// more than the smallest allows, and every limit counts exactly the
+// allowed requests' costs: all or nothing holds across the limits.
+func TestCheck_SeveralLimitsConcurrent(t *testing.T) {
+	tab := loadTable(t, `
+domain: test
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: minute, requests_per_unit: 50}
+      - {unit: hour, requests_per_unit: 100}
+      - {unit: day, requests_per_unit: 70}
+`)
+	clock := &fakeClock{}
+	clock.now.Store(t0)
+	lim := limiter.New(tables{tab}, memory.New(memory.Options{}), limiter.Options{Clock: clock})
+	var granted atomic.Uint64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 20 {
+				cost := uint64(1 + (g+i)%3)
+				var resp limiter.Response
+				if err := lim.Check(context.Background(), req(withCost(desc("k", "x"), cost)), &resp); err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.Overall == limiter.OK {
+					granted.Add(cost)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := granted.Load()
+	if got > 50 || got == 0 {
+		t.Fatalf("granted %d, want 1 to 50 (the minute limit)", got)
+	}
+	var resp limiter.Response
+	if err := lim.Check(context.Background(), req(withCost(desc("k", "x"), 0)), &resp); err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{50 - got, 100 - got, 70 - got}
+	for i, l := range resp.Limits {
+		if l.Decision.Remaining != want[i] {
+			t.Errorf("limit %d: remaining %d, want %d (granted %d)", i, l.Decision.Remaining, want[i], got)
+		}
 	}
 }
