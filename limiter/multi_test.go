@@ -232,3 +232,55 @@ descriptors:
 		}
 	}
 }
+
+// TestCheck_QuotaModeConcurrent: concurrent requests with two quota
+// descriptors and a plain one. A request goes through while either quota
+// descriptor has room and consumes from every descriptor that is not
+// over: q2 (the larger) and plain count exactly the requests let through,
+// which are at most q1 + (q2 - q1) = 20.
+func TestCheck_QuotaModeConcurrent(t *testing.T) {
+	tab := loadTable(t, `
+domain: test
+descriptors:
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 30}
+`)
+	clock := &fakeClock{}
+	clock.now.Store(t0)
+	lim := limiter.New(tables{tab}, memory.New(memory.Options{}), limiter.Options{Clock: clock})
+	var allowed atomic.Uint64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 8 {
+				var resp limiter.Response
+				if err := lim.Check(context.Background(), req(desc("q1", "x"), desc("q2", "x"), desc("plain", "x")), &resp); err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.Overall == limiter.OK {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	n := allowed.Load()
+	if n == 0 || n > 20 {
+		t.Fatalf("%d requests allowed, want 1 to 20", n)
+	}
+	var resp limiter.Response
+	check := req(withCost(desc("q1", "x"), 0), withCost(desc("q2", "x"), 0), withCost(desc("plain", "x"), 0))
+	if err := lim.Check(context.Background(), check, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if q2, plain := resp.Statuses[1].Decision.Remaining, resp.Statuses[2].Decision.Remaining; q2 != 20-n || plain != 30-n {
+		t.Errorf("after %d allowed: q2 remaining %d, plain %d; want %d, %d", n, q2, plain, 20-n, 30-n)
+	}
+}
