@@ -623,15 +623,11 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 			continue
 		}
 		for j := p.first; j < p.first+p.n; j++ {
-			if lp := &s.lims[j]; lp.hit >= 0 {
-				resp.addLimit(i, lp.rule, &s.out[lp.hit])
-			}
-		}
-		for j := p.first; j < p.first+p.n; j++ {
 			lp := &s.lims[j]
 			if lp.hit < 0 {
 				continue
 			}
+			resp.addLimit(i, lp.rule, &s.out[lp.hit])
 			s.obs = *st
 			s.obs.Rule, s.obs.Decision = lp.rule, s.out[lp.hit]
 			s.obs.Name, s.obs.RequestsPerUnit, s.obs.Unit = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit
