@@ -9,7 +9,10 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
+	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 const multiLimits = `
@@ -182,11 +185,26 @@ func TestCheck_GlobalQuotaMode(t *testing.T) {
 	}
 }
 
-// TestCheck_SeveralLimitsConcurrent: on the memory store, concurrent
+// TestCheck_SeveralLimitsConcurrent: on the memory and Redis stores, concurrent
 // requests of random costs on a descriptor with three limits never take
 // more than the smallest allows, and every limit counts exactly the
 // allowed requests' costs: all or nothing holds across the limits.
 func TestCheck_SeveralLimitsConcurrent(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { severalLimitsConcurrent(t, memory.New(memory.Options{})) })
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := redis.New(ctx, redis.Options{URL: "redis://" + srv.Addr, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		severalLimitsConcurrent(t, st)
+	})
+}
+
+func severalLimitsConcurrent(t *testing.T, st store.Store) {
 	tab := loadTable(t, `
 domain: test
 descriptors:
@@ -198,7 +216,7 @@ descriptors:
 `)
 	clock := &fakeClock{}
 	clock.now.Store(t0)
-	lim := limiter.New(tables{tab}, memory.New(memory.Options{}), limiter.Options{Clock: clock})
+	lim := limiter.New(tables{tab}, st, limiter.Options{Clock: clock})
 	var granted atomic.Uint64
 	var wg sync.WaitGroup
 	for g := range 16 {
