@@ -18,12 +18,14 @@ var deterministic = proto.MarshalOptions{Deterministic: true}
 // appendMetadata appends RateLimitResponse.dynamic_metadata for the
 // answer r to req, as envoyproxy/ratelimit fills it with
 // RESPONSE_DYNAMIC_METADATA.
+// A metadata that does not marshal (it cannot: strings are valid UTF-8)
+// is left out rather than failing the answer.
 func appendMetadata(b []byte, req *limiter.Request, r *limiter.Response) []byte {
+	start := len(b)
 	b, at := beginMessage(b, respDynamicMetadata)
 	b, err := deterministic.MarshalAppend(b, dynamicMetadata(req, r))
 	if err != nil {
-		// dynamicMetadata builds only valid Values (UTF-8 checked below).
-		panic("server: marshal dynamic metadata: " + err.Error())
+		return b[:start]
 	}
 	return endMessage(b, at)
 }
