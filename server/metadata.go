@@ -23,11 +23,11 @@ var deterministic = proto.MarshalOptions{Deterministic: true}
 func appendMetadata(b []byte, req *limiter.Request, r *limiter.Response) []byte {
 	start := len(b)
 	b, at := beginMessage(b, respDynamicMetadata)
-	b, err := deterministic.MarshalAppend(b, dynamicMetadata(req, r))
+	out, err := deterministic.MarshalAppend(b, dynamicMetadata(req, r))
 	if err != nil {
 		return b[:start]
 	}
-	return endMessage(b, at)
+	return endMessage(out, at)
 }
 
 // dynamicMetadata is the reference's dynamic metadata: "domain", a
