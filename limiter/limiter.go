@@ -300,7 +300,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			if m := d.Override.UnitMultiplier; m > 1 {
 				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
 			}
-			s.lims = append(s.lims, planLimit{limit: r, keyStart: start, keyEnd: len(s.keys), hit: -1})
+			s.addPlanLimit(nil, r, start)
 			p.n = 1
 			continue
 		}
@@ -319,7 +319,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			p.unlimited = true
 			continue
 		}
-		s.lims = append(s.lims, planLimit{rule: rule, limit: rule.Limit, keyStart: start, keyEnd: len(s.keys), hit: -1})
+		s.addPlanLimit(rule, rule.Limit, start)
 		if limits := rule.Limits(); len(limits) > 1 {
 			// The other limits' keys: the same entries, their own suffix.
 			prefix := len(s.keys) - start - len(rule.KeySuffix())
@@ -328,12 +328,25 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 				at := len(s.keys)
 				s.keys = append(s.keys, s.keys[start:start+prefix]...)
 				s.keys = append(s.keys, r.KeySuffix()...)
-				s.lims = append(s.lims, planLimit{rule: r, limit: r.Limit, keyStart: at, keyEnd: len(s.keys), hit: -1})
+				s.addPlanLimit(r, r.Limit, at)
 			}
 		}
 		p.n = len(s.lims) - p.first
 	}
 	return nil
+}
+
+// addPlanLimit appends a limit whose key is s.keys[start:], field by field
+// (a composite literal costs a typed copy of the whole element).
+func (s *scratch) addPlanLimit(rule *config.Rule, limit *store.Rule, start int) {
+	n := len(s.lims)
+	if n < cap(s.lims) {
+		s.lims = s.lims[:n+1]
+	} else {
+		s.lims = append(s.lims, planLimit{})
+	}
+	lp := &s.lims[n]
+	lp.rule, lp.limit, lp.keyStart, lp.keyEnd, lp.dropped, lp.hit = rule, limit, start, len(s.keys), false, -1
 }
 
 // replace drops the limits named in the replaces list of a limit matched
