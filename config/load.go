@@ -464,6 +464,7 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 		r.Unlimited, _ = l.bool(file, path, "unlimited", f)
 		if r.Unlimited && listed {
 			l.errorf(file, f.key.Line, path, "unlimited is not allowed in rate_limits; use rate_limit: {unlimited: true}")
+			return nil
 		}
 	}
 	if f, ok := fields["name"]; ok {
