@@ -22,6 +22,7 @@ func FuzzLoad(f *testing.F) {
 		}
 	}
 	f.Add([]byte(apiYAML))
+	f.Add([]byte(severalYAML))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tbl, err := compile([]source{{name: "f.yaml", data: data}}, Options{}, nil)
 		if err != nil {
@@ -41,6 +42,17 @@ func FuzzLoad(f *testing.F) {
 		for _, r := range tbl.Rules() {
 			if r.Limit == nil != r.Unlimited || r.suffix == "" || r.Line <= 0 || !tbl.HasDomain(r.Domain) {
 				t.Errorf("rule %v: Limit %v, suffix %q, line %d", r, r.Limit, r.suffix, r.Line)
+			}
+			// The limits of one descriptor never share a counter.
+			seen := map[string]bool{}
+			for _, g := range r.Limits() {
+				if seen[g.suffix] {
+					t.Errorf("rule %v: two limits with key suffix %q", r, g.suffix)
+				}
+				seen[g.suffix] = true
+			}
+			if !seen[r.suffix] {
+				t.Errorf("rule %v is not among its own Limits()", r)
 			}
 		}
 	})

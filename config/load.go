@@ -268,7 +268,7 @@ func (l *loader) descriptors(file, dname string, d *domain, lv *level, n *yaml.N
 	}
 }
 
-var descriptorFields = []string{"key", "value", "rate_limit", "descriptors", "shadow_mode",
+var descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode",
 	"detailed_metric", "value_to_metric", "share_threshold", "quota_mode", "metadata"}
 
 func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.Node, path, stat string, depth int) {
@@ -316,19 +316,34 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	if wildcard {
 		nd.glob = compileGlob(value)
 	}
-	if f, ok := fields["rate_limit"]; ok {
-		nd.rule = l.rateLimit(file, dname, path, seg, n.Line, f, flags{
-			shadow:        flag("shadow_mode"),
-			detailed:      flag("detailed_metric"),
-			valueToMetric: flag("value_to_metric"),
-			quota:         flag("quota_mode"),
-		})
-		if nd.rule != nil {
-			d.rules = append(d.rules, nd.rule)
+	var metadata map[string]any
+	if f, ok := fields["metadata"]; ok {
+		metadata = l.metadata(file, path, f.val)
+	}
+	single, hasSingle := fields["rate_limit"]
+	list, hasList := fields["rate_limits"]
+	hasSingle = hasSingle && !isNull(resolve(single.val))
+	hasList = hasList && !isNull(resolve(list.val))
+	fl := flags{
+		shadow:        flag("shadow_mode"),
+		detailed:      flag("detailed_metric"),
+		valueToMetric: flag("value_to_metric"),
+		quota:         flag("quota_mode"),
+		metadata:      metadata,
+	}
+	switch {
+	case hasSingle && hasList:
+		l.errorf(file, list.key.Line, path, "rate_limit and rate_limits are mutually exclusive (rate_limit is at line %d)", single.key.Line)
+	case hasSingle:
+		if r := l.rateLimit(file, dname, path, seg, n.Line, single, fl); r != nil {
+			r.group = []*Rule{r}
+			nd.rule = r
+			d.rules = append(d.rules, r)
 		}
-	} else {
-		for _, name := range []string{"shadow_mode", "detailed_metric", "value_to_metric", "quota_mode"} {
-			flag(name) // type-check flags that have no rule to act on, as the reference accepts them
+	case hasList:
+		if g := l.rateLimits(file, dname, path, seg, n.Line, list, fl); g != nil {
+			nd.rule = g[0]
+			d.rules = append(d.rules, g...)
 		}
 	}
 	if f, ok := fields["descriptors"]; ok {
@@ -369,13 +384,73 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	}
 }
 
-type flags struct{ shadow, detailed, valueToMetric, quota bool }
+// flags are what a descriptor gives each of its limits.
+type flags struct {
+	shadow, detailed, valueToMetric, quota bool
+	metadata                               map[string]any
+}
 
 var rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst"}
 
+// listedLimitFields are the fields of one limit of a rate_limits list:
+// a rate_limit's, and its own shadow_mode.
+var listedLimitFields = append(slices.Clone(rateLimitFields), "shadow_mode")
+
+// rateLimits compiles a descriptor's rate_limits list: several limits
+// that every request matching the descriptor consumes from at once. Their
+// stats paths are stat[i]; a limit whose counter key would equal an
+// earlier one's gets "|k" appended for its k-th occurrence, so no two
+// limits share a counter. nil if the list is invalid.
+func (l *loader) rateLimits(file, dname, path, stat string, line int, f field, fl flags) []*Rule {
+	n := resolve(f.val)
+	if n.Kind != yaml.SequenceNode {
+		l.errorf(file, n.Line, path, "rate_limits: want a list of rate_limit mappings, got %s", describe(n))
+		return nil
+	}
+	if len(n.Content) == 0 {
+		l.errorf(file, n.Line, path, "rate_limits is empty; give at least one limit, or leave it out")
+		return nil
+	}
+	nerr := len(l.errs)
+	var group []*Rule
+	seen := map[string]int{}
+	for i, item := range n.Content {
+		p := fmt.Sprintf("%s.rate_limits[%d]", path, i)
+		item = resolve(item)
+		if isNull(item) {
+			l.errorf(file, item.Line, p, "want a rate_limit mapping, got null")
+			continue
+		}
+		r := l.rateLimitFrom(file, dname, p, fmt.Sprintf("%s[%d]", stat, i), line, item, fl, true)
+		if r == nil {
+			continue
+		}
+		r.Index = i
+		seen[r.suffix]++
+		if k := seen[r.suffix]; k > 1 {
+			r.suffix += "|" + strconv.Itoa(k)
+		}
+		group = append(group, r)
+	}
+	if len(l.errs) > nerr {
+		return nil
+	}
+	for _, r := range group {
+		r.group = group
+	}
+	return group
+}
+
 // rateLimit compiles a rate_limit block; nil if it is null or invalid.
 func (l *loader) rateLimit(file, dname, path, stat string, line int, f field, fl flags) *Rule {
-	n := f.val
+	return l.rateLimitFrom(file, dname, path, stat, line, f.val, fl, false)
+}
+
+// rateLimitFrom compiles the rate_limit mapping n; nil if it is null or
+// invalid. A listed limit (one of rate_limits) may set its own
+// shadow_mode and may not be unlimited.
+func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml.Node, fl flags, listed bool) *Rule {
+	n = resolve(n)
 	if isNull(n) {
 		return nil
 	}
@@ -384,11 +459,23 @@ func (l *loader) rateLimit(file, dname, path, stat string, line int, f field, fl
 		return nil
 	}
 	nerr := len(l.errs)
-	fields := l.fields(file, path, " in rate_limit", n, 0, rateLimitFields...)
+	allowed, where := rateLimitFields, " in rate_limit"
+	if listed {
+		allowed, where = listedLimitFields, ""
+	}
+	fields := l.fields(file, path, where, n, 0, allowed...)
+	if f, ok := fields["shadow_mode"]; ok {
+		fl.shadow, _ = l.bool(file, path, "shadow_mode", f)
+	}
 	r := &Rule{Domain: dname, Path: stat, File: file, Line: line, Algorithm: store.FixedWindow,
-		ShadowMode: fl.shadow, DetailedMetric: fl.detailed, ValueToMetric: fl.valueToMetric, QuotaMode: fl.quota}
+		ShadowMode: fl.shadow, DetailedMetric: fl.detailed, ValueToMetric: fl.valueToMetric, QuotaMode: fl.quota,
+		Metadata: fl.metadata}
 	if f, ok := fields["unlimited"]; ok {
 		r.Unlimited, _ = l.bool(file, path, "unlimited", f)
+		if r.Unlimited && listed {
+			l.errorf(file, f.key.Line, path, "unlimited is not allowed in rate_limits; use rate_limit: {unlimited: true}")
+			return nil
+		}
 	}
 	if f, ok := fields["name"]; ok {
 		r.Name, _ = l.str(file, path, "name", f)
@@ -691,4 +778,125 @@ func quoteOrNone(s string) string {
 		return "no value"
 	}
 	return strconv.Quote(s)
+}
+
+// metadata reads a descriptor's metadata: a mapping of anything, as
+// envoyproxy/ratelimit's yaml.v2 reads it into a google.protobuf.Struct.
+// Values become JSON-like Go values: map[string]any, []any, string,
+// float64 (every number), bool and nil. Unquoted yes/no/on/off are
+// booleans and timestamps stay strings, as in yaml.v2. Infinite and NaN
+// numbers, which JSON cannot carry, stay strings as written. nil when the
+// metadata is null or invalid.
+func (l *loader) metadata(file, path string, n *yaml.Node) map[string]any {
+	n = resolve(n)
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		l.errorf(file, n.Line, path, "metadata: want a mapping, got %s", describe(n))
+		return nil
+	}
+	nerr := len(l.errs)
+	v := l.metaValue(file, path, n, 0)
+	if len(l.errs) > nerr {
+		return nil
+	}
+	m, _ := v.(map[string]any)
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+func (l *loader) metaValue(file, path string, n *yaml.Node, depth int) any {
+	n = resolve(n)
+	if l.budget--; l.budget < 0 {
+		if l.budget == -1 {
+			l.errorf(file, n.Line, path, "metadata: YAML aliases expand to too many values")
+		}
+		return nil
+	}
+	if depth > maxDepth {
+		l.errorf(file, n.Line, path, "metadata nested deeper than %d levels", maxDepth)
+		return nil
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		m := make(map[string]any, len(n.Content)/2)
+		var merged []*yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := resolve(n.Content[i]), n.Content[i+1]
+			if k.ShortTag() == "!!merge" {
+				merged = append(merged, resolve(v))
+				continue
+			}
+			if k.Kind != yaml.ScalarNode {
+				l.errorf(file, k.Line, path, "metadata: keys must be strings, got %s", describe(k))
+				continue
+			}
+			m[k.Value] = l.metaValue(file, path, v, depth+1)
+		}
+		// Merge keys (<<: *anchor), as yaml.v2 expands them: explicit
+		// keys win, then earlier merged mappings.
+		for _, v := range merged {
+			maps := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				maps = v.Content
+			}
+			for _, mm := range maps {
+				mv, ok := l.metaValue(file, path, mm, depth+1).(map[string]any)
+				if !ok {
+					l.errorf(file, mm.Line, path, "metadata: a merge key (<<) needs a mapping, got %s", describe(resolve(mm)))
+					continue
+				}
+				for k, v := range mv {
+					if _, set := m[k]; !set {
+						m[k] = v
+					}
+				}
+			}
+		}
+		return m
+	case yaml.SequenceNode:
+		s := make([]any, 0, len(n.Content))
+		for _, c := range n.Content {
+			s = append(s, l.metaValue(file, path, c, depth+1))
+		}
+		return s
+	case yaml.ScalarNode:
+		return metaScalar(n)
+	}
+	return nil
+}
+
+// metaScalar converts a scalar as yaml.v2 decodes it into an interface{}
+// and structpb.NewValue then converts it.
+func metaScalar(n *yaml.Node) any {
+	if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) != 0 {
+		return n.Value
+	}
+	switch n.ShortTag() {
+	case "!!null":
+		return nil
+	case "!!int":
+		if i, err := strconv.ParseInt(strings.ReplaceAll(n.Value, "_", ""), 0, 64); err == nil {
+			return float64(i)
+		}
+		if u, err := strconv.ParseUint(strings.ReplaceAll(n.Value, "_", ""), 0, 64); err == nil {
+			return float64(u)
+		}
+	case "!!float":
+		if f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+			return f
+		}
+	case "!!bool":
+		return n.Value == "true" || n.Value == "True" || n.Value == "TRUE"
+	}
+	switch n.Value {
+	case "yes", "Yes", "YES", "on", "On", "ON", "y", "Y":
+		return true
+	case "no", "No", "NO", "off", "Off", "OFF", "n", "N":
+		return false
+	}
+	return n.Value
 }

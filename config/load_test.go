@@ -216,9 +216,9 @@ descriptors:
   - key: c
     rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 9}
 `)
-	want := "s.a: unit=MINUTE requests_per_unit=10, shadow_mode: true\n" +
-		"s.b: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, unlimited: true\n" +
-		"s.c: unit=SECOND requests_per_unit=5, shadow_mode: false, algorithm: token_bucket, burst: 9\n"
+	want := "s.a: unit=MINUTE requests_per_unit=10, shadow_mode: true, quota_mode: false\n" +
+		"s.b: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false, unlimited: true\n" +
+		"s.c: unit=SECOND requests_per_unit=5, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 9\n"
 	if got := tbl.String(); got != want {
 		t.Errorf("String() =\n%s\nwant\n%s", got, want)
 	}

@@ -56,6 +56,13 @@ type Rule struct {
 	QuotaMode      bool
 	// Replaces lists the names of rules this rule's match drops.
 	Replaces []string
+	// Metadata is the descriptor's metadata as JSON-like values
+	// (map[string]any, []any, string, float64, bool, nil); nil when it has
+	// none. The limits of one descriptor share it. Never modify it.
+	Metadata map[string]any
+	// Index is the limit's position in its descriptor's rate_limits list;
+	// 0 for a rate_limit.
+	Index int
 	// Limit is the compiled store rule; nil when Unlimited.
 	Limit *store.Rule
 	// File and Line locate the descriptor that defines the rule; for a
@@ -63,10 +70,27 @@ type Rule struct {
 	File string
 	Line int
 
-	suffix     string // the end of the counter key, see keySuffix
-	desc       string // the descriptor's path, for errors found after parsing
-	replacesAt []int  // the line of each Replaces entry
+	group      []*Rule // the descriptor's limits, this one included
+	suffix     string  // the end of the counter key, see keySuffix
+	desc       string  // the descriptor's path, for errors found after parsing
+	replacesAt []int   // the line of each Replaces entry
 }
+
+// Limits lists the limits of the rule's descriptor in file order: the
+// rule itself for a rate_limit, every limit of a rate_limits list (which
+// Path tells apart as "path[i]"). A request matching the descriptor
+// consumes from all of them at once. The slice is shared: do not modify
+// it.
+func (r *Rule) Limits() []*Rule {
+	if r.group == nil {
+		return []*Rule{r}
+	}
+	return r.group
+}
+
+// KeySuffix is the end of the rule's counter keys, after the descriptor's
+// entries. The limits of one descriptor have different suffixes.
+func (r *Rule) KeySuffix() string { return r.suffix }
 
 // String describes the rule in one line for logs and `sluice check`.
 func (r *Rule) String() string {
@@ -163,7 +187,7 @@ func (t *Table) String() string {
 	var b strings.Builder
 	for _, r := range t.rules {
 		unit := strings.ToUpper(r.Unit.String())
-		fmt.Fprintf(&b, "%s.%s: unit=%s requests_per_unit=%d, shadow_mode: %t", r.Domain, r.Path, unit, r.RequestsPerUnit, r.ShadowMode)
+		fmt.Fprintf(&b, "%s.%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t", r.Domain, r.Path, unit, r.RequestsPerUnit, r.ShadowMode, r.QuotaMode)
 		if r.Unlimited {
 			b.WriteString(", unlimited: true")
 		}
@@ -180,6 +204,10 @@ func (t *Table) String() string {
 // and value, else the first wildcard value (file order) that matches, else
 // the descriptor with the key only; there is no backtracking. The rule
 // applies only if its descriptor is reached at the last entry.
+//
+// rule is the descriptor's first limit and key its counter key; with
+// rate_limits the descriptor has several (rule.Limits()), whose keys are
+// key with rule.KeySuffix() replaced by theirs.
 //
 // rule is nil when no rule applies (unknown domain, no entries, no match,
 // or the level rule); key is then dst unchanged. Match allocates nothing

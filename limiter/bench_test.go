@@ -3,9 +3,12 @@ package limiter_test
 import (
 	"context"
 	"testing"
+	"time"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
 )
 
 // allowStore grants every hit without state, so the limiter's own cost
@@ -41,6 +44,59 @@ func TestCheck_NoAllocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("Check allocates %.1f times per request, want 0", allocs)
+	}
+	// Several limits per descriptor, with an observer: still none.
+	lim = limiter.New(tables{loadTable(t, multiLimits)}, allowStore{}, limiter.Options{Observer: &countObserver{}})
+	req = &limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("user", "u"), desc("both", "x")}}
+	allocs = testing.AllocsPerRun(1000, func() {
+		if err := lim.Check(ctx, req, resp); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Check with several limits allocates %.1f times per request, want 0", allocs)
+	}
+}
+
+// countObserver counts observations without retaining anything.
+type countObserver struct{ n int }
+
+func (o *countObserver) Observe(string, []config.Entry, *config.Rule, *limiter.Status) { o.n++ }
+func (o *countObserver) StoreFailed(string, limiter.FailureMode, error)                {}
+
+const benchLimits = `
+domain: bench
+descriptors:
+  - key: one
+    rate_limit: {unit: second, requests_per_unit: 4000000000}
+  - key: three
+    rate_limits:
+      - {unit: second, requests_per_unit: 4000000000}
+      - {unit: minute, requests_per_unit: 4000000000}
+      - {unit: hour, requests_per_unit: 4000000000}
+`
+
+// BenchmarkCheckLimits compares a descriptor with one limit and one with
+// three (rate_limits) on the memory store, existing keys, a fixed
+// instant: the three-limit rule's target is at most 3× the one-limit one.
+func BenchmarkCheckLimits(b *testing.B) {
+	for _, key := range []string{"one", "three"} {
+		b.Run(key, func(b *testing.B) {
+			clock := &fakeClock{}
+			clock.now.Store(t0 + int64(time.Millisecond))
+			lim := limiter.New(tables{loadTable(b, benchLimits)}, memory.New(memory.Options{}), limiter.Options{Clock: clock})
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				req := &limiter.Request{Domain: "bench", Descriptors: []limiter.Descriptor{desc(key, "client")}}
+				resp := new(limiter.Response)
+				ctx := context.Background()
+				for pb.Next() {
+					if err := lim.Check(ctx, req, resp); err != nil || resp.Overall != limiter.OK {
+						b.Fatal(err, resp.Overall)
+					}
+				}
+			})
+		})
 	}
 }
 

@@ -106,6 +106,11 @@ type Options struct {
 	// ShadowMode answers every request OK overall while statuses keep
 	// their codes (the reference's SHADOW_MODE).
 	ShadowMode bool
+	// QuotaMode makes every descriptor a quota descriptor (the
+	// reference's QUOTA_MODE): a request is over only if all of its
+	// quota descriptors are over. Without it only the descriptors whose
+	// rule has quota_mode are.
+	QuotaMode bool
 	// SaturateDenied makes denied hits consume what is left up to the
 	// limit (--denied-hits=saturate) instead of nothing.
 	SaturateDenied bool
@@ -149,19 +154,40 @@ func New(tables Tables, st store.Store, opts Options) *Limiter {
 type scratch struct {
 	keys []byte      // every counter key, back to back
 	plan []planned   // per descriptor
-	hits []store.Hit // per limited descriptor
+	lims []planLimit // per limit of the matched rules and overrides, by descriptor
+	hits []store.Hit // per limit counted
 	out  []store.Decision
+	// quota rounds (see take): the hits of a round and their indexes
+	round    []store.Hit
+	roundOut []store.Decision
+	roundAt  []int
+	obs      Status // one limit's status for the observer
+	// replacing: a matched limit has replaces (else replace has nothing
+	// to do)
+	replacing bool
 }
 
 // planned is what a descriptor resolved to before the store is asked.
 type planned struct {
-	rule     *config.Rule // matched rule (nil: none, or replaced)
-	limit    *store.Rule  // what is counted; nil: nothing
+	rule     *config.Rule // matched rule's first limit (nil: none, or every limit replaced)
 	override bool
+	first, n int    // the descriptor's limits: s.lims[first:first+n]
+	cost     uint64 // the descriptor's hits_addend
+	over     bool   // a vetoing hit of the descriptor was denied
+	dropped  bool   // an unlimited rule replaced by another descriptor's
+	// unlimited: the matched rule is unlimited (even once replaced): the
+	// descriptor never counts toward the quota verdict.
+	unlimited bool
+}
+
+// planLimit is one limit of a descriptor: a rule's or an override's.
+type planLimit struct {
+	rule     *config.Rule // nil for an override
+	limit    *store.Rule  // what is counted
 	keyStart int
 	keyEnd   int
-	cost     uint64 // the descriptor's hits_addend
-	hit      int    // index into hits, -1 when none
+	dropped  bool // replaced by another descriptor's rule
+	hit      int  // index into hits, -1 when none
 }
 
 // Validate checks a request's shape: a domain, at least one descriptor,
@@ -218,6 +244,7 @@ func (l *Limiter) Check(ctx context.Context, req *Request, resp *Response) error
 		resp.Statuses = make([]Status, n)
 	}
 	resp.Statuses = resp.Statuses[:n]
+	resp.Limits = resp.Limits[:0]
 	resp.Overall = OK
 	for i := range resp.Statuses {
 		resp.Statuses[i] = Status{Code: OK}
@@ -234,9 +261,9 @@ func (l *Limiter) Check(ctx context.Context, req *Request, resp *Response) error
 		return err
 	}
 	l.replace(s)
-	l.build(req, s)
+	l.build(s)
 	if len(s.hits) > 0 {
-		if err := l.store.Take(ctx, l.clock.Now(), s.hits, s.out); err != nil {
+		if err := l.take(ctx, l.clock.Now(), s); err != nil {
 			return l.storeFailed(req, resp, s, err)
 		}
 	}
@@ -250,81 +277,158 @@ func (s *scratch) reset(n int) {
 		s.plan = make([]planned, n)
 	}
 	s.plan = s.plan[:n]
+	s.lims = s.lims[:0]
 	s.hits = s.hits[:0]
+	s.replacing = false
 }
 
-// plan matches every descriptor and writes its counter key.
+// plan matches every descriptor and writes the counter key of each of
+// its limits.
 func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		p := &s.plan[i]
-		*p = planned{hit: -1, keyStart: len(s.keys), cost: cost(req, d)}
+		*p = planned{first: len(s.lims), cost: cost(req, d)}
 		if d.Override != (Override{}) {
 			r, err := l.overrideRule(d.Override)
 			if err != nil {
 				return &InvalidError{Reason: fmt.Sprintf("descriptor %d: limit override: %v", i, err)}
 			}
-			p.override, p.limit = true, r
+			p.override = true
+			start := len(s.keys)
 			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit)
 			if m := d.Override.UnitMultiplier; m > 1 {
 				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
 			}
-			p.keyEnd = len(s.keys)
+			s.addPlanLimit(nil, r, start)
+			p.n = 1
 			continue
 		}
 		if len(d.Entries) == 0 {
 			continue
 		}
-		var key []byte
-		p.rule, key = table.Match(req.Domain, d.Entries, s.keys)
-		if p.rule == nil {
+		start := len(s.keys)
+		rule, key := table.Match(req.Domain, d.Entries, s.keys)
+		if rule == nil {
 			continue
 		}
 		s.keys = key
-		p.keyEnd = len(s.keys)
-		p.limit = p.rule.Limit // nil for an unlimited rule
+		p.rule = rule
+		s.replacing = s.replacing || len(rule.Replaces) > 0
+		if rule.Unlimited {
+			p.unlimited = true
+			continue
+		}
+		s.addPlanLimit(rule, rule.Limit, start)
+		if limits := rule.Limits(); len(limits) > 1 {
+			// The other limits' keys: the same entries, their own suffix.
+			prefix := len(s.keys) - start - len(rule.KeySuffix())
+			for _, r := range limits[1:] {
+				s.replacing = s.replacing || len(r.Replaces) > 0
+				at := len(s.keys)
+				s.keys = append(s.keys, s.keys[start:start+prefix]...)
+				s.keys = append(s.keys, r.KeySuffix()...)
+				s.addPlanLimit(r, r.Limit, at)
+			}
+		}
+		p.n = len(s.lims) - p.first
 	}
 	return nil
 }
 
-// replace drops the rules named in the replaces list of another
-// descriptor's rule: those descriptors report "no rule" and count nothing.
+// addPlanLimit appends a limit whose key is s.keys[start:], field by field
+// (a composite literal costs a typed copy of the whole element).
+func (s *scratch) addPlanLimit(rule *config.Rule, limit *store.Rule, start int) {
+	n := len(s.lims)
+	if n < cap(s.lims) {
+		s.lims = s.lims[:n+1]
+	} else {
+		s.lims = append(s.lims, planLimit{})
+	}
+	lp := &s.lims[n]
+	lp.rule, lp.limit, lp.keyStart, lp.keyEnd, lp.dropped, lp.hit = rule, limit, start, len(s.keys), false, -1
+}
+
+// replace drops the limits named in the replaces list of a limit matched
+// by another descriptor (unlimited rules included), as the reference
+// does: the names are gathered from every match first. A descriptor whose
+// every limit is dropped reports "no rule" and counts nothing.
 func (l *Limiter) replace(s *scratch) {
+	if !s.replacing {
+		return
+	}
 	for i := range s.plan {
 		r := s.plan[i].rule
-		if r == nil || len(r.Replaces) == 0 {
+		if r == nil {
 			continue
 		}
-		for j := range s.plan {
-			q := &s.plan[j]
-			if j == i || q.rule == nil || q.rule.Name == "" {
-				continue
+		for _, lim := range r.Limits() {
+			for _, name := range lim.Replaces {
+				l.dropNamed(s, i, name)
 			}
-			for _, name := range r.Replaces {
-				if q.rule.Name == name {
-					q.rule, q.limit = nil, nil
-					break
-				}
+		}
+	}
+	for i := range s.plan {
+		p := &s.plan[i]
+		if p.rule == nil {
+			continue
+		}
+		if p.rule.Unlimited {
+			if p.dropped {
+				p.rule = nil
+			}
+			continue
+		}
+		kept := false
+		for j := p.first; j < p.first+p.n; j++ {
+			kept = kept || !s.lims[j].dropped
+		}
+		if !kept {
+			p.rule = nil
+		}
+	}
+}
+
+// dropNamed marks the limits named name of the descriptors other than i.
+func (l *Limiter) dropNamed(s *scratch, i int, name string) {
+	for j := range s.plan {
+		q := &s.plan[j]
+		if j == i || q.rule == nil || q.override {
+			continue
+		}
+		if q.rule.Unlimited {
+			q.dropped = q.dropped || q.rule.Name == name
+			continue
+		}
+		for k := q.first; k < q.first+q.n; k++ {
+			if s.lims[k].rule.Name == name {
+				s.lims[k].dropped = true
 			}
 		}
 	}
 }
 
-// build turns the plan into store hits.
-func (l *Limiter) build(req *Request, s *scratch) {
+// build turns the kept limits into store hits.
+func (l *Limiter) build(s *scratch) {
 	for i := range s.plan {
 		p := &s.plan[i]
-		if p.limit == nil {
+		if p.rule == nil && !p.override {
 			continue
 		}
-		p.hit = len(s.hits)
-		s.hits = append(s.hits, store.Hit{
-			Key:      keyString(s.keys[p.keyStart:p.keyEnd]),
-			Rule:     p.limit,
-			Cost:     p.cost,
-			Veto:     p.override || !p.rule.ShadowMode,
-			Saturate: l.opts.SaturateDenied,
-		})
+		for j := p.first; j < p.first+p.n; j++ {
+			lp := &s.lims[j]
+			if lp.dropped {
+				continue
+			}
+			lp.hit = len(s.hits)
+			s.hits = append(s.hits, store.Hit{
+				Key:      keyString(s.keys[lp.keyStart:lp.keyEnd]),
+				Rule:     lp.limit,
+				Cost:     p.cost,
+				Veto:     lp.rule == nil || !lp.rule.ShadowMode,
+				Saturate: l.opts.SaturateDenied,
+			})
+		}
 	}
 	if cap(s.out) < len(s.hits) {
 		s.out = make([]store.Decision, len(s.hits))
@@ -353,8 +457,155 @@ func keyString(b []byte) string {
 	return unsafe.String(&b[0], len(b))
 }
 
-// report writes the statuses and the overall code.
+// take asks the store for the hits. With quota descriptors (quota_mode,
+// --quota-mode) a request is over only if a non-quota descriptor is over
+// or all quota descriptors are; when only some quota descriptors are over,
+// the batch was denied and nothing consumed, so it is taken again without
+// them: the request consumes from every other descriptor at once, and
+// the over quota descriptors consume nothing. Each round drops at least
+// one descriptor, so there are at most as many rounds as quota
+// descriptors. With SaturateDenied every hit is charged anyway: one round.
+func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
+	if err := l.store.Take(ctx, now, s.hits, s.out); err != nil {
+		return err
+	}
+	denied := false
+	for i := range s.out {
+		if !s.out[i].Allowed && s.hits[i].Veto {
+			denied = true
+			break
+		}
+	}
+	if !denied {
+		return nil // no descriptor is over (plan left over false)
+	}
+	s.markOver()
+	for denied && !l.opts.SaturateDenied && l.quotaRetry(s) {
+		s.round, s.roundAt = s.round[:0], s.roundAt[:0]
+		for i := range s.plan {
+			p := &s.plan[i]
+			if p.over {
+				continue
+			}
+			for j := p.first; j < p.first+p.n; j++ {
+				if h := s.lims[j].hit; h >= 0 {
+					s.round = append(s.round, s.hits[h])
+					s.roundAt = append(s.roundAt, h)
+				}
+			}
+		}
+		if len(s.round) == 0 {
+			return nil
+		}
+		if cap(s.roundOut) < len(s.round) {
+			s.roundOut = make([]store.Decision, len(s.round))
+		}
+		s.roundOut = s.roundOut[:len(s.round)]
+		if err := l.store.Take(ctx, now, s.round, s.roundOut); err != nil {
+			return err
+		}
+		denied = false
+		for k, h := range s.roundAt {
+			s.out[h] = s.roundOut[k]
+			denied = denied || s.round[k].Veto && !s.roundOut[k].Allowed
+		}
+		s.markOver()
+	}
+	return nil
+}
+
+// markOver sets each descriptor's over from the decisions.
+func (s *scratch) markOver() {
+	for i := range s.plan {
+		p := &s.plan[i]
+		p.over = false
+		for j := p.first; j < p.first+p.n; j++ {
+			if h := s.lims[j].hit; h >= 0 && s.hits[h].Veto && !s.out[h].Allowed {
+				p.over = true
+			}
+		}
+	}
+}
+
+// isQuota reports whether descriptor p counts as a quota descriptor, as
+// in the reference: every descriptor but an unlimited one under
+// --quota-mode, else one whose matched rule has quota_mode.
+func (l *Limiter) isQuota(p *planned) bool {
+	return !p.unlimited && (l.opts.QuotaMode || p.rule != nil && p.rule.QuotaMode)
+}
+
+// overLimit is the reference's verdict: a non-quota descriptor is over,
+// or there are quota descriptors and all of them are over.
+func (l *Limiter) overLimit(s *scratch) bool {
+	quota, quotaOver := 0, 0
+	for i := range s.plan {
+		p := &s.plan[i]
+		switch {
+		case l.isQuota(p):
+			quota++
+			if p.over {
+				quotaOver++
+			}
+		case p.over:
+			return true
+		}
+	}
+	return quota > 0 && quota == quotaOver
+}
+
+// quotaRetry reports whether a denied batch was denied only by some of
+// the quota descriptors, so that the rest of the request still goes.
+func (l *Limiter) quotaRetry(s *scratch) bool {
+	for i := range s.plan {
+		if p := &s.plan[i]; p.over && !l.isQuota(p) {
+			return false
+		}
+	}
+	return !l.overLimit(s)
+}
+
+// deciding returns the index in s.lims of the limit that decided p's
+// status: among the enforced (non-shadow) limits if p has any, a denied
+// one (the longest retry first), else the one with the least remaining
+// (the longest reset first); -1 if every limit was dropped.
+func (s *scratch) deciding(p *planned) int {
+	if p.n == 1 {
+		return p.first
+	}
+	best := -1
+	var bVeto bool
+	var b *store.Decision
+	for j := p.first; j < p.first+p.n; j++ {
+		lp := &s.lims[j]
+		if lp.hit < 0 {
+			continue
+		}
+		veto, d := s.hits[lp.hit].Veto, &s.out[lp.hit]
+		switch {
+		case best < 0:
+		case veto != bVeto:
+			if !veto {
+				continue
+			}
+		case d.Allowed != b.Allowed:
+			if d.Allowed {
+				continue
+			}
+		case !d.Allowed:
+			if d.RetryAfter <= b.RetryAfter {
+				continue
+			}
+		case d.Remaining > b.Remaining || d.Remaining == b.Remaining && d.ResetAfter <= b.ResetAfter:
+			continue
+		}
+		best, bVeto, b = j, veto, d
+	}
+	return best
+}
+
+// report writes the statuses, the limits and the overall code.
 func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
+	anyOver := false
 	for i := range s.plan {
 		p := &s.plan[i]
 		st := &resp.Statuses[i]
@@ -363,6 +614,7 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 			d := req.Descriptors[i].Override
 			st.Limited = true
 			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = d.RequestsPerUnit, d.Unit, d.UnitMultiplier
+			st.Decision, st.Hits = s.out[s.lims[p.first].hit], p.cost
 		case p.rule == nil:
 			continue
 		case p.rule.Unlimited:
@@ -370,23 +622,51 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 			l.observe(req, i, p.rule, st)
 			continue
 		default:
-			st.Rule, st.Limited = p.rule, true
-			st.Name, st.RequestsPerUnit, st.Unit = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit
+			lp := &s.lims[s.deciding(p)]
+			st.Rule, st.Limited = lp.rule, true
+			st.Name, st.RequestsPerUnit, st.Unit = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit
+			st.Decision, st.Hits = s.out[lp.hit], p.cost
 		}
-		st.Decision, st.Hits = s.out[p.hit], p.cost
-		if !st.Decision.Allowed && (p.override || !p.rule.ShadowMode) {
+		if p.over {
 			st.Code = OverLimit
-			resp.Overall = OverLimit
+			anyOver = true
 		}
-		if p.override {
-			l.observe(req, i, nil, st)
-		} else {
-			l.observe(req, i, p.rule, st)
+		if p.n == 1 {
+			l.observe(req, i, st.Rule, st)
+			continue
+		}
+		for j := p.first; j < p.first+p.n; j++ {
+			lp := &s.lims[j]
+			if lp.hit < 0 {
+				continue
+			}
+			resp.addLimit(i, lp.rule, &s.out[lp.hit])
+			s.obs = *st
+			s.obs.Rule, s.obs.Decision = lp.rule, s.out[lp.hit]
+			s.obs.Name, s.obs.RequestsPerUnit, s.obs.Unit = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit
+			s.obs.Code = OK
+			if !s.obs.Decision.Allowed && s.hits[lp.hit].Veto {
+				s.obs.Code = OverLimit
+			}
+			l.observe(req, i, lp.rule, &s.obs)
 		}
 	}
-	if l.opts.ShadowMode {
-		resp.Overall = OK
+	if anyOver && l.overLimit(s) && !l.opts.ShadowMode {
+		resp.Overall = OverLimit
 	}
+}
+
+// addLimit appends one limit's outcome to r.Limits, field by field (a
+// composite literal costs a typed copy of the whole element).
+func (r *Response) addLimit(desc int, rule *config.Rule, d *store.Decision) {
+	n := len(r.Limits)
+	if n < cap(r.Limits) {
+		r.Limits = r.Limits[:n+1]
+	} else {
+		r.Limits = append(r.Limits, Limit{})
+	}
+	lm := &r.Limits[n]
+	lm.Descriptor, lm.Rule, lm.Decision = desc, rule, *d
 }
 
 func (l *Limiter) observe(req *Request, i int, rule *config.Rule, st *Status) {
@@ -405,29 +685,46 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 	}
 	for i := range s.plan {
 		p := &s.plan[i]
-		if p.hit < 0 {
-			if p.rule != nil && p.rule.Unlimited {
-				resp.Statuses[i].Rule, resp.Statuses[i].Unlimited, resp.Statuses[i].Hits = p.rule, true, p.cost
-			}
+		st := &resp.Statuses[i]
+		if p.rule != nil && p.rule.Unlimited {
+			st.Rule, st.Unlimited, st.Hits = p.rule, true, p.cost
 			continue
 		}
-		st := &resp.Statuses[i]
+		if p.rule == nil && !p.override {
+			continue
+		}
+		first := -1
+		p.over = false
+		for j := p.first; j < p.first+p.n; j++ {
+			lp := &s.lims[j]
+			if lp.hit < 0 {
+				continue
+			}
+			if first < 0 {
+				first = j
+			}
+			if p.n > 1 {
+				d := store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: lp.limit.Capacity()}
+				resp.addLimit(i, lp.rule, &d)
+			}
+			p.over = p.over || l.opts.FailureMode == FailDeny && s.hits[lp.hit].Veto
+		}
+		lp := &s.lims[first]
 		st.Limited, st.Hits = true, p.cost
 		if p.override {
 			o := req.Descriptors[i].Override
 			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier
 		} else {
-			st.Rule = p.rule
-			st.Name, st.RequestsPerUnit, st.Unit = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit
+			st.Rule = lp.rule
+			st.Name, st.RequestsPerUnit, st.Unit = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit
 		}
-		st.Decision = store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: p.limit.Capacity()}
-		if l.opts.FailureMode == FailDeny && s.hits[p.hit].Veto {
+		st.Decision = store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: lp.limit.Capacity()}
+		if p.over {
 			st.Code = OverLimit
-			resp.Overall = OverLimit
 		}
 	}
-	if l.opts.ShadowMode {
-		resp.Overall = OK
+	if l.overLimit(s) && !l.opts.ShadowMode {
+		resp.Overall = OverLimit
 	}
 	return nil
 }

@@ -93,7 +93,11 @@ func (c Code) String() string {
 	return "OK"
 }
 
-// Status is the outcome for one descriptor.
+// Status is the outcome for one descriptor. For a descriptor with several
+// limits (rate_limits) it describes the limit that decided: among the
+// enforced (non-shadow) ones if there are any, a denied one (the longest
+// retry first), else the one with the least remaining (the longest reset
+// first), so that Envoy's X-RateLimit-* headers stay meaningful.
 type Status struct {
 	Code Code
 	// Rule is the matched rule, nil when none applied (no match, unknown
@@ -170,6 +174,43 @@ func ceilSecond(d time.Duration) time.Duration {
 type Response struct {
 	Overall  Code
 	Statuses []Status
+	// Limits lists the limits of the descriptors that have several (a
+	// rate_limits list), in descriptor order, each with its own outcome;
+	// the descriptor's status reports the one that decided. A descriptor
+	// with one limit is described by its status alone. EachLimit walks
+	// both.
+	Limits []Limit
+}
+
+// EachLimit calls fn for every limit the request was counted against, in
+// descriptor order: each limit of a matched rule (rate_limits gives
+// several) and each override, with its rule (nil for an override, which
+// the status describes) and its decision.
+func (r *Response) EachLimit(fn func(desc int, rule *config.Rule, d *store.Decision)) {
+	k := 0
+	for i := range r.Statuses {
+		st := &r.Statuses[i]
+		if !st.Limited {
+			continue
+		}
+		if k < len(r.Limits) && r.Limits[k].Descriptor == i {
+			for ; k < len(r.Limits) && r.Limits[k].Descriptor == i; k++ {
+				fn(i, r.Limits[k].Rule, &r.Limits[k].Decision)
+			}
+			continue
+		}
+		fn(i, st.Rule, &st.Decision)
+	}
+}
+
+// Limit is the outcome of one limit of a descriptor.
+type Limit struct {
+	// Descriptor is the index of the descriptor in the request.
+	Descriptor int
+	// Rule is the limit's rule; nil for an override (the descriptor's
+	// status then describes it).
+	Rule     *config.Rule
+	Decision store.Decision
 }
 
 // MostRestrictive returns the index of the limited status with the least

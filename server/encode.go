@@ -23,6 +23,7 @@ const (
 	respOverallCode     protowire.Number = 1 // enum Code
 	respStatuses        protowire.Number = 2 // repeated DescriptorStatus
 	respResponseHeaders protowire.Number = 3 // repeated config.core.v3.HeaderValue
+	respDynamicMetadata protowire.Number = 6 // google.protobuf.Struct
 
 	statusCode               protowire.Number = 1 // enum Code
 	statusCurrentLimit       protowire.Number = 2 // RateLimit
@@ -41,12 +42,14 @@ const (
 	durationSeconds protowire.Number = 1 // Duration.seconds
 )
 
-// appendResponse appends to b Envoy's RateLimitResponse for r, byte for
-// byte what proto.Marshal gives for that message: fields in number order,
-// zero scalars and empty strings left out, present sub-messages written
-// even when empty. Strings must be valid UTF-8 (rule names come from
-// YAML; NewRLS cleans header names).
-func (s *RLS) appendResponse(b []byte, r *limiter.Response) []byte {
+// appendResponse appends to b Envoy's RateLimitResponse for r, the
+// answer to req, byte for byte what proto.Marshal gives for that message:
+// fields in number order, zero scalars and empty strings left out,
+// present sub-messages written even when empty, and dynamic_metadata's
+// map entries in proto's deterministic order. Strings must be valid UTF-8
+// (rule names come from YAML; NewRLS cleans header names). req may be nil
+// when dynamic metadata is off.
+func (s *RLS) appendResponse(b []byte, req *limiter.Request, r *limiter.Response) []byte {
 	b = appendVarint(b, respOverallCode, uint64(r.Overall))
 	for i := range r.Statuses {
 		at := 0
@@ -56,6 +59,12 @@ func (s *RLS) appendResponse(b []byte, r *limiter.Response) []byte {
 	}
 	if s.opts.ResponseHeaders {
 		b = s.appendHeaders(b, r)
+	}
+	if s.opts.IETFHeaders {
+		b = s.appendIETFHeaders(b, r)
+	}
+	if s.opts.DynamicMetadata && req != nil {
+		b = appendMetadata(b, req, r)
 	}
 	return b
 }

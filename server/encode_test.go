@@ -87,11 +87,11 @@ func checkEncoding(t *testing.T, name string, s *RLS, r *limiter.Response) {
 		t.Fatalf("%s: marshal the reference: %v", name, err)
 	}
 	prefix := []byte("prefix")
-	got := s.appendResponse(append([]byte(nil), prefix...), r)
+	got := s.appendResponse(append([]byte(nil), prefix...), nil, r)
 	if !bytes.HasPrefix(got, prefix) || !bytes.Equal(got[len(prefix):], want) {
 		t.Fatalf("%s: appendResponse\n got %x\nwant %x", name, got, append(prefix, want...))
 	}
-	if msg := s.response(r); !proto.Equal(msg, ref) {
+	if msg := s.response(nil, r); !proto.Equal(msg, ref) {
 		t.Fatalf("%s: response\n got %s\nwant %s", name, protojson.Format(msg), protojson.Format(ref))
 	}
 }
@@ -143,7 +143,7 @@ func TestAppendResponse(t *testing.T) {
 func TestNewRLS_HeaderNamesValidUTF8(t *testing.T) {
 	s := NewRLS(nil, Options{ResponseHeaders: true, HeaderNames: Headers{Remaining: "X-\xffLeft"}})
 	r := limiter.Response{Overall: limiter.OK, Statuses: []limiter.Status{limited(limiter.OK, "", 1, config.Unit(1), store.Decision{Allowed: true})}}
-	got := s.response(&r)
+	got := s.response(nil, &r)
 	if len(got.ResponseHeadersToAdd) != 3 || got.ResponseHeadersToAdd[1].Key != "X-\uFFFDLeft" {
 		t.Errorf("headers %v, want X-\uFFFDLeft second", got.ResponseHeadersToAdd)
 	}

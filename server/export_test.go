@@ -53,7 +53,9 @@ func NewCall(s *RLS, wire []byte, interceptor grpc.UnaryServerInterceptor, out f
 }
 
 // AppendResponse is the encoder of Envoy's response.
-func (s *RLS) AppendResponse(b []byte, r *limiter.Response) []byte { return s.appendResponse(b, r) }
+func (s *RLS) AppendResponse(b []byte, r *limiter.Response) []byte {
+	return s.appendResponse(b, nil, r)
+}
 
 // BuildResponse is the message builder appendResponse is checked against.
 var BuildResponse = buildResponse

@@ -28,6 +28,7 @@ type HTTP struct {
 	api     *API
 	health  *Health
 	headers Headers
+	ietf    bool
 	mux     *http.ServeMux
 }
 
@@ -42,7 +43,7 @@ var (
 // /healthcheck; opts names the RateLimit-* headers of /v1/check.
 func NewHTTP(lim *limiter.Limiter, health *Health, opts Options) *HTTP {
 	h := &HTTP{rls: NewRLS(lim, opts), api: NewAPI(lim), health: health,
-		headers: opts.HeaderNames.withDefaults(), mux: http.NewServeMux()}
+		headers: opts.HeaderNames.withDefaults(), ietf: opts.IETFHeaders, mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /healthcheck", h.healthcheck)
 	h.mux.HandleFunc("POST /json", h.json)
 	h.mux.HandleFunc("GET /v1/check", h.checkQuery)
@@ -82,7 +83,7 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	if c.resp.Overall == limiter.OverLimit {
 		code = http.StatusTooManyRequests
 	}
-	writeProto(w, code, marshalRLS, h.rls.response(&c.resp))
+	writeProto(w, code, marshalRLS, h.rls.response(&c.req, &c.resp))
 }
 
 // checkQuery is GET /v1/check?domain=D&key=K&value=V[&cost=N].
@@ -132,6 +133,12 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		hd.Set(h.headers.Limit, strconv.FormatUint(st.Decision.Limit, 10))
 		hd.Set(h.headers.Remaining, strconv.FormatUint(st.Decision.Remaining, 10))
 		hd.Set(h.headers.Reset, strconv.FormatInt(int64(st.ResetAfter().Seconds()), 10))
+	}
+	if h.ietf {
+		if policy, limits := ietfFields(resp); len(policy) > 0 {
+			w.Header().Set(ietfPolicyHeader, string(policy))
+			w.Header().Set(ietfHeader, string(limits))
+		}
 	}
 	if resp.Overall == limiter.OverLimit {
 		code = http.StatusTooManyRequests

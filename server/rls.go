@@ -43,6 +43,16 @@ type Options struct {
 	ResponseHeaders bool
 	// HeaderNames renames those headers.
 	HeaderNames Headers
+	// IETFHeaders adds the RateLimit-Policy and RateLimit fields of the
+	// IETF httpapi draft (one item per limit the request was counted
+	// against) to response_headers_to_add and to /v1/check answers, and
+	// Retry-After when over the limit.
+	IETFHeaders bool
+	// DynamicMetadata fills RateLimitResponse.dynamic_metadata as the
+	// reference does with RESPONSE_DYNAMIC_METADATA: the domain, the
+	// descriptors, the hits addend and the merged metadata of the rules
+	// of the descriptors that passed.
+	DynamicMetadata bool
 }
 
 // RLS serves Envoy's envoy.service.ratelimit.v3.RateLimitService. It
@@ -99,7 +109,7 @@ func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, err
 	if err := s.lim.Check(ctx, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
-	return s.response(&c.resp), nil
+	return s.response(&c.req, &c.resp), nil
 }
 
 // reply answers c's request with a *reply, the response's wire form,
@@ -109,7 +119,7 @@ func (s *RLS) reply(ctx context.Context, c *call) (any, error) {
 		return nil, grpcError(err)
 	}
 	r := s.replies.Get().(*reply)
-	r.data = s.appendResponse(r.data[:0], &c.resp)
+	r.data = s.appendResponse(r.data[:0], &c.req, &c.resp)
 	return r, nil
 }
 
@@ -138,11 +148,11 @@ func fillRequest(r *limiter.Request, in *rlspb.RateLimitRequest) {
 	}
 }
 
-// response is Envoy's response as a message: appendResponse's bytes,
-// unmarshalled, for the paths that need the message.
-func (s *RLS) response(r *limiter.Response) *rlspb.RateLimitResponse {
+// response is Envoy's response to req as a message: appendResponse's
+// bytes, unmarshalled, for the paths that need the message.
+func (s *RLS) response(req *limiter.Request, r *limiter.Response) *rlspb.RateLimitResponse {
 	out := new(rlspb.RateLimitResponse)
-	if err := proto.Unmarshal(s.appendResponse(nil, r), out); err != nil {
+	if err := proto.Unmarshal(s.appendResponse(nil, req, r), out); err != nil {
 		// appendResponse writes valid UTF-8 and well-formed fields only.
 		panic("server: unmarshal an encoded response: " + err.Error())
 	}

@@ -68,6 +68,17 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100, replaces: [{name: small_rule}]}
   - key: tokens
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+  - key: tier
+    metadata: {plan: {name: gold, seats: 3}, region: eu}
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, name: tier_second}
+      - {unit: minute, requests_per_unit: 3, name: tier_minute}
+  - key: extra
+    metadata: {plan: {extra: true}, region: us}
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: quota_rule}
 `
 
 // t0 is a minute boundary: a minute window resets 60 s after it.

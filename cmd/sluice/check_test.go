@@ -25,7 +25,11 @@ func TestCheck_ExampleConfigs(t *testing.T) {
 		t.Fatalf("check examples/config: exit %d, stderr %q", code, errOut)
 	}
 	for _, want := range []string{
-		"../../examples/config: OK, 2 domains, 13 rules\n",
+		"../../examples/config: OK, 3 domains, 17 rules\n",
+		"\ndomain plans\n",
+		"  customer[0]  20/second     fixed_window  name=per_second\n",
+		"  customer[2]  5000/day      fixed_window  name=per_day_next shadow_mode\n",
+		"  feature      100000/month  fixed_window  quota_mode\n",
 		"\ndomain edge\n",
 		"\ndomain internal\n",
 		"  remote_address                 100/second  fixed_window\n",

@@ -41,6 +41,9 @@ type serveFlags struct {
 	logFormat        string
 	logLevel         string
 	shadowMode       bool
+	quotaMode        bool
+	dynamicMetadata  bool
+	ietfHeaders      bool
 	deniedHits       string
 	failureMode      string
 	maxDescriptors   int
@@ -71,12 +74,15 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text|json")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug (logs every gRPC call) | info | warn | error")
 	fs.BoolVar(&f.shadowMode, "shadow-mode", false, "global shadow mode: count and report, but answer every request OK")
+	fs.BoolVar(&f.quotaMode, "quota-mode", false, "global quota mode: every descriptor is a quota descriptor; a request is over only if all of them are")
+	fs.BoolVar(&f.dynamicMetadata, "response-dynamic-metadata", false, "fill Envoy's dynamic_metadata with the domain, descriptors, hits addend and the matched rules' metadata")
 	fs.StringVar(&f.deniedHits, "denied-hits", "drop", "what a denied hit consumes: drop (nothing) | saturate (up to the limit)")
 	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
 	fs.IntVar(&f.maxDescriptors, "max-descriptors", limiter.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&f.maxEntries, "max-entries", limiter.DefaultMaxEntries, "most entries in one descriptor")
 	fs.IntVar(&f.maxValueBytes, "max-value-bytes", config.DefaultMaxValueBytes, "longer descriptor values are hashed in counter keys")
 	fs.BoolVar(&f.responseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset (and Retry-After) to Envoy's response_headers_to_add")
+	fs.BoolVar(&f.ietfHeaders, "ietf-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to Envoy's response_headers_to_add and to /v1/check answers")
 	fs.StringVar(&f.headers.Limit, "header-limit", "RateLimit-Limit", "name of the limit response header")
 	fs.StringVar(&f.headers.Remaining, "header-remaining", "RateLimit-Remaining", "name of the remaining response header")
 	fs.StringVar(&f.headers.Reset, "header-reset", "RateLimit-Reset", "name of the reset response header")
@@ -234,7 +240,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 
 // limiterOptions checks the policy flags.
 func (f *serveFlags) limiterOptions() (limiter.Options, error) {
-	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode}
+	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode}
 	switch f.deniedHits {
 	case "drop":
 	case "saturate":
@@ -302,7 +308,8 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	lim := limiter.New(reloader, st, lopts)
 	x.Limiter = lim
 
-	sopts := server.Options{ResponseHeaders: f.responseHeaders, HeaderNames: f.headers}
+	sopts := server.Options{ResponseHeaders: f.responseHeaders, HeaderNames: f.headers,
+		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata}
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions}

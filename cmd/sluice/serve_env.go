@@ -168,6 +168,8 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 	}
 	for ref, fl := range map[string]string{
 		"SHADOW_MODE":                    "shadow-mode",
+		"QUOTA_MODE":                     "quota-mode",
+		"RESPONSE_DYNAMIC_METADATA":      "response-dynamic-metadata",
 		"MERGE_DOMAIN_CONFIG":            "merge-domains",
 		"LIMIT_RESPONSE_HEADERS_ENABLED": "response-headers",
 		"LIMIT_LIMIT_HEADER":             "header-limit",
@@ -271,7 +273,6 @@ var ignoredRefEnv = []struct{ name, why string }{
 	{"LOCAL_CACHE_SIZE_IN_BYTES", "the memory store holds all counters; see --memory-max-keys"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "not needed by Sluice's stores"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "Sluice never counts denied hits (see --denied-hits)"},
-	{"RESPONSE_DYNAMIC_METADATA", "Sluice adds no dynamic metadata"},
 	{"TRACING_ENABLED", "tracing is not implemented"},
 	{"TRACING_EXPORTER_PROTOCOL", "tracing is not implemented"},
 	{"TRACING_SERVICE_NAME", "tracing is not implemented"},
