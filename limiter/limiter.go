@@ -371,7 +371,7 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 			continue
 		default:
 			st.Rule, st.Limited = p.rule, true
-			st.Name, st.RequestsPerUnit, st.Unit = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit
+			st.Name, st.RequestsPerUnit, st.Unit, st.UnitMultiplier = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit, p.rule.UnitMultiplier
 		}
 		st.Decision, st.Hits = s.out[p.hit], p.cost
 		if !st.Decision.Allowed && (p.override || !p.rule.ShadowMode) {
@@ -418,7 +418,7 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier
 		} else {
 			st.Rule = p.rule
-			st.Name, st.RequestsPerUnit, st.Unit = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit
+			st.Name, st.RequestsPerUnit, st.Unit, st.UnitMultiplier = p.rule.Name, p.rule.RequestsPerUnit, p.rule.Unit, p.rule.UnitMultiplier
 		}
 		st.Decision = store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: p.limit.Capacity()}
 		if l.opts.FailureMode == FailDeny && s.hits[p.hit].Veto {
