@@ -123,7 +123,7 @@ func TestTake_Expiry(t *testing.T) {
 	srv := redistest.Start(t)
 	s := open(t, Options{URL: "redis://" + srv.Addr})
 	fw := must(store.NewFixedWindow(5, time.Minute))
-	tb := must(store.NewTokenBucket(1, time.Hour, 3)) // 2 taken: full in 2h
+	tb := must(store.NewTokenBucket(1, time.Hour, 3))  // 2 taken: full in 2h
 	sw := must(store.NewSlidingWindow(4, time.Minute)) // 8 buckets of 7.5 s
 	now := int64(1_800_000_000)*int64(time.Second) + 15*int64(time.Second)
 	out := make([]store.Decision, 3)
