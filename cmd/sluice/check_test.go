@@ -25,7 +25,7 @@ func TestCheck_ExampleConfigs(t *testing.T) {
 		t.Fatalf("check examples/config: exit %d, stderr %q", code, errOut)
 	}
 	for _, want := range []string{
-		"../../examples/config: OK, 2 domains, 13 rules\n",
+		"../../examples/config: OK, 2 domains, 15 rules\n",
 		"\ndomain edge\n",
 		"\ndomain internal\n",
 		"  remote_address                 100/second  fixed_window\n",
@@ -33,6 +33,8 @@ func TestCheck_ExampleConfigs(t *testing.T) {
 		"  plan_premium.path_/v1/search*  600/minute  fixed_window           replaces=search\n",
 		"  path_/healthz                  unlimited   -\n",
 		"  user_agent_*bot*               30/minute   fixed_window           shadow_mode\n",
+		"  password_reset                    3/15*minute   sliding_window\n",
+		"  export                            20/30*second  fixed_window\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
