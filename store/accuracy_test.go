@@ -34,7 +34,10 @@ func (l *exactLog) take(now int64) bool {
 // (never above 1 in total, since it never admits more in any window), for
 // each bucket layout and for Poisson arrivals at the limit's rate and at
 // twice it, and for bursts of the whole limit at random gaps around the
-// window. The figures are in docs/STORE.md.
+// window. For comparison, fixed-vs-exact is the same for a fixed window of
+// the same size, and fixed-worst the most it admits in one window of
+// length T, per limit (the sliding window's is at most 1, which
+// FuzzSlidingWindow checks). The figures are in docs/STORE.md.
 func BenchmarkSlidingWindowAccuracy(b *testing.B) {
 	const window = time.Minute
 	for _, limit := range []uint64{5, 20, 50, 500, 5000} {
@@ -44,23 +47,36 @@ func BenchmarkSlidingWindowAccuracy(b *testing.B) {
 		}
 		for _, traffic := range []string{"poisson_1x", "poisson_2x", "bursts"} {
 			b.Run(fmt.Sprintf("limit_%d_buckets_%d/%s", limit, r.g, traffic), func(b *testing.B) {
-				var ratio float64
+				fw, err := NewFixedWindow(limit, window)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ratio, fixedRatio, fixedWorst float64
 				for b.Loop() {
 					rng := rand.New(rand.NewPCG(limit, 1))
 					exact := &exactLog{limit: int(limit), window: int64(window)}
-					var s uint64
+					fixedLog := &exactLog{limit: 1 << 30, window: int64(window)} // what the fixed window admitted
+					var s, f uint64
 					now := t0
-					var got, want int
+					var got, want, fixed, worst int
+					take := func() {
+						var d Decision
+						s, d = TakeSliding(s, r, now, 1)
+						got += b2i(d.Allowed)
+						want += b2i(exact.take(now))
+						if f, d = TakeWindow(f, fw, now, 1); d.Allowed {
+							fixed++
+							fixedLog.take(now)
+							worst = max(worst, len(fixedLog.at))
+						}
+					}
 					for range 200_000 / int(min(limit, 50)) * 10 {
 						switch traffic {
 						case "bursts":
 							// A whole limit at once, every 0.5 to 2 windows.
 							now += int64(window/2) + rng.Int64N(int64(3*window/2))
 							for range limit {
-								var d Decision
-								s, d = TakeSliding(s, r, now, 1)
-								got += b2i(d.Allowed)
-								want += b2i(exact.take(now))
+								take()
 							}
 							continue
 						case "poisson_1x":
@@ -68,14 +84,15 @@ func BenchmarkSlidingWindowAccuracy(b *testing.B) {
 						case "poisson_2x":
 							now += int64(rng.ExpFloat64() * float64(window) / float64(2*limit))
 						}
-						var d Decision
-						s, d = TakeSliding(s, r, now, 1)
-						got += b2i(d.Allowed)
-						want += b2i(exact.take(now))
+						take()
 					}
 					ratio = float64(got) / float64(want)
+					fixedRatio = float64(fixed) / float64(want)
+					fixedWorst = float64(worst) / float64(limit)
 				}
 				b.ReportMetric(ratio, "vs-exact")
+				b.ReportMetric(fixedRatio, "fixed-vs-exact")
+				b.ReportMetric(fixedWorst, "fixed-worst")
 			})
 		}
 	}
