@@ -217,3 +217,28 @@ func TestTake_ClockStepsBack(t *testing.T) {
 		}
 	}
 }
+
+// TestTake_SlidingWindowOneCall: a request with a sliding window, alone or
+// beside fixed windows and token buckets, is one script call to Redis.
+func TestTake_SlidingWindowOneCall(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+	sw := must(store.NewSlidingWindow(100, time.Minute))
+	fw := must(store.NewFixedWindow(100, time.Minute))
+	tb := must(store.NewTokenBucket(10, time.Second, 100))
+	now := int64(1_800_000_000) * int64(time.Second)
+	for i, batch := range [][]store.Hit{
+		{{Key: "s", Rule: sw, Cost: 1, Veto: true}},
+		{{Key: "s", Rule: sw, Cost: 1, Veto: true}, {Key: "f", Rule: fw, Cost: 1, Veto: true}, {Key: "t", Rule: tb, Cost: 1, Veto: true}},
+		{{Key: "s", Rule: sw, Cost: 200, Veto: true}, {Key: "f", Rule: fw, Cost: 1, Veto: true}},
+	} {
+		before := scriptCalls(t, srv)
+		out := make([]store.Decision, len(batch))
+		if err := s.Take(context.Background(), now, batch, out); err != nil {
+			t.Fatal(err)
+		}
+		if got := scriptCalls(t, srv) - before; got != 1 {
+			t.Errorf("batch %d: %d script calls, want 1", i, got)
+		}
+	}
+}
