@@ -40,7 +40,7 @@ func (l *exactLog) take(now int64) bool {
 // FuzzSlidingWindow checks). The figures are in docs/STORE.md.
 func BenchmarkSlidingWindowAccuracy(b *testing.B) {
 	const window = time.Minute
-	for _, limit := range []uint64{5, 20, 50, 500, 5000} {
+	for _, limit := range []uint64{5, 20, 50, 100, 500, 5000} {
 		r, err := NewSlidingWindow(limit, window)
 		if err != nil {
 			b.Fatal(err)

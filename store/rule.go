@@ -64,7 +64,7 @@ type Rule struct {
 	// sliding window only
 	g      uint64 // buckets per window (G); the state counts G+1
 	bw     uint64 // bits per bucket's count
-	bucket uint64 // bucket length in ns: period/G, whole milliseconds
+	bucket uint64 // bucket length in ns: period/G exactly
 	mask   uint64 // the (G+1)*bw bits of the counts
 }
 
@@ -113,19 +113,18 @@ func NewTokenBucket(rate uint64, period time.Duration, burst uint64) (*Rule, err
 		k: k, rk: rate * k, tol: burst * k}, nil
 }
 
-// slidingLayouts are the sliding window's bucket counts G, finest first,
-// with the widest count each leaves room for in 32 bits ((G+1)*bits ≤ 32).
-// Each G divides 1000, so a bucket of a window of whole seconds is a
-// whole number of milliseconds.
-var slidingLayouts = [...]struct{ g, bits uint64 }{{8, 3}, {5, 5}, {4, 6}, {2, 10}, {1, 16}}
+// maxSlidingBuckets bounds G: a take sums G+1 counts.
+const maxSlidingBuckets = 8
 
 // NewSlidingWindow returns a sliding-window rule: at most limit requests
 // in any window of length window ending now. The window is a whole number
-// of seconds; it is counted in G buckets of window/G, the most that leave
-// room for limit's counts (G = 8 up to 7 requests, 5 up to 31, 4 up to
-// 63, 2 up to 1023, 1 up to MaxSlidingWindowLimit), so a hit stays counted
-// for at most window/G longer than the window. A limit of 0 denies every
-// request.
+// of seconds; it is counted in G buckets of window/G, the most (up to 8)
+// whose G+1 counts of limit's width fit in 32 bits and that divide the
+// window into whole nanoseconds: G = 8 up to 7 requests, 5 (6 for windows
+// of a multiple of 3 s) up to 15, 5 up to 31, 4 up to 63, 2 (3 for windows
+// of a multiple of 3 s) up to 255, 2 up to 1023, 1 up to
+// MaxSlidingWindowLimit. A hit stays counted for at most window/G longer
+// than the window. A limit of 0 denies every request.
 func NewSlidingWindow(limit uint64, window time.Duration) (*Rule, error) {
 	if window < time.Second || window%time.Second != 0 {
 		return nil, fmt.Errorf("store: sliding window of %v: must be a whole number of seconds", window)
@@ -136,16 +135,13 @@ func NewSlidingWindow(limit uint64, window time.Duration) (*Rule, error) {
 	if limit > MaxSlidingWindowLimit {
 		return nil, fmt.Errorf("store: sliding window limit %d exceeds %d", limit, MaxSlidingWindowLimit)
 	}
-	need := uint64(max(bits.Len64(limit), 1))
-	l := slidingLayouts[len(slidingLayouts)-1]
-	for _, c := range slidingLayouts {
-		if c.bits >= need {
-			l = c
-			break
-		}
+	bw := uint64(max(bits.Len64(limit), 1))
+	g := min(32/bw-1, maxSlidingBuckets)
+	for uint64(window)%g != 0 {
+		g--
 	}
 	return &Rule{alg: SlidingWindow, limit: limit, period: window,
-		g: l.g, bw: l.bits, bucket: uint64(window) / l.g, mask: 1<<((l.g+1)*l.bits) - 1}, nil
+		g: g, bw: bw, bucket: uint64(window) / g, mask: 1<<((g+1)*bw) - 1}, nil
 }
 
 // Algorithm reports how the rule counts.
