@@ -18,11 +18,14 @@ const DefaultMaxValueBytes = 256
 //
 //	domain|key=value|key2=value2|fw:60s
 //	domain|key=value|tb:10/60s:20
+//	domain|key=value|sw:10/60s
 //
 // The domain comes first, then one key=value part per descriptor entry, then
 // the algorithm with its window (fw:<seconds>s) or, for a token bucket, its
-// rate, period and burst (tb:<rate>/<seconds>s:<burst>), because a bucket's
-// stored state is only meaningful for those parameters. '%', '|', '=' and
+// rate, period and burst (tb:<rate>/<seconds>s:<burst>), for a sliding
+// window its limit and window (sw:<limit>/<seconds>s), because a bucket's
+// or a sliding window's stored state is only meaningful for those
+// parameters (a sliding window's buckets depend on the limit). '%', '|', '=' and
 // '#' inside the domain, keys and values are written as %25, %7C, %3D and
 // %23, so a key splits back unambiguously. A part longer than the maximum is
 // written as '#' and the first 16 bytes of its SHA-256 in hex.
@@ -58,9 +61,12 @@ func keySuffix(r *Rule) string {
 		return "|unlimited"
 	}
 	secs := strconv.FormatInt(int64(r.Limit.Period()/time.Second), 10)
-	if r.Algorithm == store.TokenBucket {
+	switch r.Algorithm {
+	case store.TokenBucket:
 		return "|tb:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + secs + "s:" +
 			strconv.FormatUint(r.Limit.Burst(), 10)
+	case store.SlidingWindow:
+		return "|sw:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + secs + "s"
 	}
 	return "|fw:" + secs + "s"
 }

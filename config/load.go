@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -390,7 +391,7 @@ type flags struct {
 	metadata                               map[string]any
 }
 
-var rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst"}
+var rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier"}
 
 // listedLimitFields are the fields of one limit of a rate_limits list:
 // a rate_limit's, and its own shadow_mode.
@@ -515,8 +516,24 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 		case a == "fixed_window":
 		case a == "token_bucket":
 			r.Algorithm = store.TokenBucket
+		case a == "sliding_window":
+			r.Algorithm = store.SlidingWindow
 		default:
-			l.errorf(file, f.val.Line, path, "unknown algorithm %q (want fixed_window or token_bucket)", a)
+			l.errorf(file, f.val.Line, path, "unknown algorithm %q (want fixed_window, sliding_window or token_bucket)", a)
+		}
+	}
+	r.UnitMultiplier = 1
+	if f, ok := fields["unit_multiplier"]; ok {
+		switch v, ok := l.uint(file, path, "unit_multiplier", f); {
+		case !ok:
+		case r.Unlimited:
+			l.errorf(file, f.key.Line, path, "an unlimited rate_limit takes no unit_multiplier")
+		case v == 0 || v > math.MaxUint32:
+			l.errorf(file, f.val.Line, path, "unit_multiplier: %d is not between 1 and %d", v, uint64(math.MaxUint32))
+		case uint64(r.Unit.Duration()/time.Second)*v > math.MaxUint32:
+			l.errorf(file, f.val.Line, path, "unit_multiplier: %d %ss is too long (at most %d seconds)", v, r.Unit, uint64(math.MaxUint32))
+		default:
+			r.UnitMultiplier = uint32(v)
 		}
 	}
 	r.Burst = uint64(r.RequestsPerUnit)
@@ -538,10 +555,14 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 	}
 	if !r.Unlimited {
 		var err error
-		if r.Algorithm == store.TokenBucket {
-			r.Limit, err = store.NewTokenBucket(uint64(r.RequestsPerUnit), r.Unit.Duration(), r.Burst)
-		} else {
-			r.Limit, err = store.NewFixedWindow(uint64(r.RequestsPerUnit), r.Unit.Duration())
+		period := r.Period()
+		switch r.Algorithm {
+		case store.TokenBucket:
+			r.Limit, err = store.NewTokenBucket(uint64(r.RequestsPerUnit), period, r.Burst)
+		case store.SlidingWindow:
+			r.Limit, err = store.NewSlidingWindow(uint64(r.RequestsPerUnit), period)
+		default:
+			r.Limit, err = store.NewFixedWindow(uint64(r.RequestsPerUnit), period)
 		}
 		if err != nil {
 			l.errorf(file, n.Line, path, "rate_limit: %s", strings.TrimPrefix(err.Error(), "store: "))

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/store"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/errors")
@@ -241,5 +244,52 @@ func TestLoad_AliasBombIsBounded(t *testing.T) {
 	var es *Errors
 	if !errors.As(err, &es) || len(es.List) != 1 || !strings.Contains(es.List[0].Msg, "aliases expand to too many descriptors") {
 		t.Fatalf("Load(alias bomb) = %v, want one budget error", err)
+	}
+}
+
+func TestLoad_SlidingWindowAndUnitMultiplier(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: m
+descriptors:
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: sliding_window}
+  - key: half_minute
+    rate_limit: {unit: second, requests_per_unit: 10, unit_multiplier: 30}
+  - key: sliding_5m
+    rate_limit: {unit: minute, requests_per_unit: 7, algorithm: sliding_window, unit_multiplier: 5}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket, burst: 6, unit_multiplier: 10}
+`)
+	cases := []struct {
+		key    string
+		alg    store.Algorithm
+		period time.Duration
+		suffix string
+		str    string
+	}{
+		{"sliding", store.SlidingWindow, time.Minute, "|sw:100/60s", "m.sliding: 100/minute sliding_window"},
+		{"half_minute", store.FixedWindow, 30 * time.Second, "|fw:30s", "m.half_minute: 10/30*second fixed_window"},
+		{"sliding_5m", store.SlidingWindow, 5 * time.Minute, "|sw:7/300s", "m.sliding_5m: 7/5*minute sliding_window"},
+		{"bucket", store.TokenBucket, 10 * time.Minute, "|tb:3/600s:6", "m.bucket: 3/10*minute token_bucket burst 6"},
+	}
+	for _, c := range cases {
+		r, key := tbl.Match("m", entries(c.key+"=x"), nil)
+		if r == nil {
+			t.Errorf("%s: no rule", c.key)
+			continue
+		}
+		if r.Algorithm != c.alg || r.Limit.Algorithm() != c.alg || r.Period() != c.period || r.Limit.Period() != c.period {
+			t.Errorf("%s: %v, period %v (store %v %v), want %v %v", c.key, r.Algorithm, r.Period(), r.Limit.Algorithm(), r.Limit.Period(), c.alg, c.period)
+		}
+		if !strings.HasSuffix(string(key), c.suffix) || r.String() != c.str {
+			t.Errorf("%s: key %q, String %q; want key ending %q, %q", c.key, key, r, c.suffix, c.str)
+		}
+	}
+	want := "m.sliding: unit=MINUTE requests_per_unit=100, shadow_mode: false, algorithm: sliding_window\n" +
+		"m.half_minute: unit=SECOND requests_per_unit=10, shadow_mode: false, unit_multiplier: 30\n" +
+		"m.sliding_5m: unit=MINUTE requests_per_unit=7, shadow_mode: false, unit_multiplier: 5, algorithm: sliding_window\n" +
+		"m.bucket: unit=MINUTE requests_per_unit=3, shadow_mode: false, unit_multiplier: 10, algorithm: token_bucket, burst: 6\n"
+	if got := tbl.String(); got != want {
+		t.Errorf("String() =\n%s\nwant\n%s", got, want)
 	}
 }

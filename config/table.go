@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/store"
 )
@@ -41,8 +42,11 @@ type Rule struct {
 	Path            string
 	Unit            Unit
 	RequestsPerUnit uint32
+	// UnitMultiplier makes the window (or a token bucket's refill period)
+	// that many units long: rate_limit.unit_multiplier, 1 by default.
+	UnitMultiplier uint32
 	// Algorithm is store.FixedWindow unless rate_limit.algorithm says
-	// token_bucket (a Sluice extension).
+	// token_bucket or sliding_window (Sluice extensions).
 	Algorithm store.Algorithm
 	// Burst is a token bucket's capacity (rate_limit.burst, default
 	// RequestsPerUnit); for a fixed window it equals RequestsPerUnit.
@@ -100,9 +104,9 @@ func (r *Rule) String() string {
 	case r.Unlimited:
 		b.WriteString("unlimited")
 	case r.Algorithm == store.TokenBucket:
-		fmt.Fprintf(&b, "%d/%s token_bucket burst %d", r.RequestsPerUnit, r.Unit, r.Burst)
+		fmt.Fprintf(&b, "%d/%s token_bucket burst %d", r.RequestsPerUnit, r.Per(), r.Burst)
 	default:
-		fmt.Fprintf(&b, "%d/%s fixed_window", r.RequestsPerUnit, r.Unit)
+		fmt.Fprintf(&b, "%d/%s %s", r.RequestsPerUnit, r.Per(), r.Algorithm)
 	}
 	if r.Name != "" {
 		fmt.Fprintf(&b, " name=%s", r.Name)
@@ -119,6 +123,20 @@ func (r *Rule) String() string {
 		}
 	}
 	return b.String()
+}
+
+// Period is the rule's window or refill period: UnitMultiplier units.
+func (r *Rule) Period() time.Duration {
+	return r.Unit.Duration() * time.Duration(max(r.UnitMultiplier, 1))
+}
+
+// Per spells the rule's period: the unit, or "30*second" with a
+// multiplier.
+func (r *Rule) Per() string {
+	if r.UnitMultiplier > 1 {
+		return fmt.Sprintf("%d*%s", r.UnitMultiplier, r.Unit)
+	}
+	return r.Unit.String()
 }
 
 // node is one descriptor of the compiled tree.
@@ -191,8 +209,14 @@ func (t *Table) String() string {
 		if r.Unlimited {
 			b.WriteString(", unlimited: true")
 		}
-		if r.Algorithm == store.TokenBucket {
+		if r.UnitMultiplier > 1 {
+			fmt.Fprintf(&b, ", unit_multiplier: %d", r.UnitMultiplier)
+		}
+		switch r.Algorithm {
+		case store.TokenBucket:
 			fmt.Fprintf(&b, ", algorithm: token_bucket, burst: %d", r.Burst)
+		case store.SlidingWindow:
+			b.WriteString(", algorithm: sliding_window")
 		}
 		b.WriteByte('\n')
 	}

@@ -624,7 +624,7 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 		default:
 			lp := &s.lims[s.deciding(p)]
 			st.Rule, st.Limited = lp.rule, true
-			st.Name, st.RequestsPerUnit, st.Unit = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit
+			st.Name, st.RequestsPerUnit, st.Unit, st.UnitMultiplier = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit, lp.rule.UnitMultiplier
 			st.Decision, st.Hits = s.out[lp.hit], p.cost
 		}
 		if p.over {
@@ -716,7 +716,7 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier
 		} else {
 			st.Rule = lp.rule
-			st.Name, st.RequestsPerUnit, st.Unit = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit
+			st.Name, st.RequestsPerUnit, st.Unit, st.UnitMultiplier = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit, lp.rule.UnitMultiplier
 		}
 		st.Decision = store.Decision{Allowed: l.opts.FailureMode == FailAllow, Limit: lp.limit.Capacity()}
 		if p.over {

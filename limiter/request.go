@@ -113,7 +113,8 @@ type Status struct {
 	Name            string
 	RequestsPerUnit uint32
 	Unit            config.Unit
-	// UnitMultiplier is an override's; 0 otherwise.
+	// UnitMultiplier is the override's or the rule's (rate_limit's
+	// unit_multiplier): the window is that many Units; 0 or 1 means one.
 	UnitMultiplier uint32
 	// Hits is the descriptor's cost, its own hits_addend or the
 	// request's (0 there meaning 1), whenever a rule (unlimited included)

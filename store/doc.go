@@ -8,6 +8,9 @@
 //     epoch; a denied hit consumes nothing.
 //   - TakeTokens: a token bucket as GCRA in exact time quanta; rounding
 //     never favours the caller.
+//   - TakeSliding: at most N in any window of length T ending now,
+//     counted in epoch-aligned buckets of T/G: never more than N in any
+//     window, a hit counted for at most T/G longer than T.
 //
 // Take dispatches on the rule; Refund, Saturate and Fresh support stores'
 // batch rollback, saturating hits and lossless sweeping. WallClock is the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -16,15 +17,21 @@ const (
 	FixedWindow Algorithm = iota + 1
 	// TokenBucket refills Rate tokens per Period up to Burst.
 	TokenBucket
+	// SlidingWindow admits at most Limit in any window of length Period
+	// ending now, counted in buckets of Period/G (see TakeSliding).
+	SlidingWindow
 )
 
-// String returns the config spelling: "fixed_window" or "token_bucket".
+// String returns the config spelling: "fixed_window", "token_bucket" or
+// "sliding_window".
 func (a Algorithm) String() string {
 	switch a {
 	case FixedWindow:
 		return "fixed_window"
 	case TokenBucket:
 		return "token_bucket"
+	case SlidingWindow:
+		return "sliding_window"
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
@@ -53,6 +60,12 @@ type Rule struct {
 	k   uint64 // quanta per token
 	rk  uint64 // rate * k: quanta per period (≤ period in ns)
 	tol uint64 // burst * k: capacity in quanta
+
+	// sliding window only
+	g      uint64 // buckets per window (G); the state counts G+1
+	bw     uint64 // bits per bucket's count
+	bucket uint64 // bucket length in ns: period/G exactly
+	mask   uint64 // the (G+1)*bw bits of the counts
 }
 
 // NewFixedWindow returns a fixed-window rule of limit requests per window.
@@ -100,6 +113,37 @@ func NewTokenBucket(rate uint64, period time.Duration, burst uint64) (*Rule, err
 		k: k, rk: rate * k, tol: burst * k}, nil
 }
 
+// maxSlidingBuckets bounds G: a take sums G+1 counts.
+const maxSlidingBuckets = 8
+
+// NewSlidingWindow returns a sliding-window rule: at most limit requests
+// in any window of length window ending now. The window is a whole number
+// of seconds; it is counted in G buckets of window/G, the most (up to 8)
+// whose G+1 counts of limit's width fit in 32 bits and that divide the
+// window into whole nanoseconds: G = 8 up to 7 requests, 5 (6 for windows
+// of a multiple of 3 s) up to 15, 5 up to 31, 4 up to 63, 2 (3 for windows
+// of a multiple of 3 s) up to 255, 2 up to 1023, 1 up to
+// MaxSlidingWindowLimit. A hit stays counted for at most window/G longer
+// than the window. A limit of 0 denies every request.
+func NewSlidingWindow(limit uint64, window time.Duration) (*Rule, error) {
+	if window < time.Second || window%time.Second != 0 {
+		return nil, fmt.Errorf("store: sliding window of %v: must be a whole number of seconds", window)
+	}
+	if window/time.Second > math.MaxUint32 {
+		return nil, fmt.Errorf("store: sliding window of %v is too long", window)
+	}
+	if limit > MaxSlidingWindowLimit {
+		return nil, fmt.Errorf("store: sliding window limit %d exceeds %d", limit, MaxSlidingWindowLimit)
+	}
+	bw := uint64(max(bits.Len64(limit), 1))
+	g := min(32/bw-1, maxSlidingBuckets)
+	for uint64(window)%g != 0 {
+		g--
+	}
+	return &Rule{alg: SlidingWindow, limit: limit, period: window,
+		g: g, bw: bw, bucket: uint64(window) / g, mask: 1<<((g+1)*bw) - 1}, nil
+}
+
 // Algorithm reports how the rule counts.
 func (r *Rule) Algorithm() Algorithm { return r.alg }
 
@@ -110,16 +154,16 @@ func (r *Rule) Limit() uint64 { return r.limit }
 // Period is the window length or the refill period.
 func (r *Rule) Period() time.Duration { return r.period }
 
-// Burst is a token bucket's capacity; for a fixed window it equals Limit.
+// Burst is a token bucket's capacity; for a window it equals Limit.
 func (r *Rule) Burst() uint64 {
-	if r.alg == FixedWindow {
+	if r.alg != TokenBucket {
 		return r.limit
 	}
 	return r.burst
 }
 
-// Capacity is the most a single hit can ever take: Limit for a fixed
-// window, Burst for a token bucket.
+// Capacity is the most a single hit can ever take: Limit for a window,
+// Burst for a token bucket.
 func (r *Rule) Capacity() uint64 { return r.Burst() }
 
 // Quanta describes a token bucket's time base, for stores that run the
@@ -127,10 +171,20 @@ func (r *Rule) Capacity() uint64 { return r.Burst() }
 // Period is perPeriod quanta, the capacity is capacity quanta.
 func (r *Rule) Quanta() (perToken, perPeriod, capacity uint64) { return r.k, r.rk, r.tol }
 
+// Buckets describes a sliding window's counting, for stores that run the
+// algorithm elsewhere (Redis scripts): the window is g buckets of length
+// bucket, and the state holds g+1 counts of bits bits each.
+func (r *Rule) Buckets() (g uint64, bucket time.Duration, bits uint64) {
+	return r.g, time.Duration(r.bucket), r.bw
+}
+
 // String describes the rule for logs and errors.
 func (r *Rule) String() string {
-	if r.alg == TokenBucket {
+	switch r.alg {
+	case TokenBucket:
 		return fmt.Sprintf("token_bucket %d per %v burst %d", r.limit, r.period, r.burst)
+	case SlidingWindow:
+		return fmt.Sprintf("sliding_window %d per %v", r.limit, r.period)
 	}
 	return fmt.Sprintf("fixed_window %d per %v", r.limit, r.period)
 }

@@ -16,14 +16,16 @@ type Decision struct {
 	// denied as a whole, hits that fitted still report Allowed with the
 	// Remaining they had before the batch (nothing was consumed).
 	Allowed bool
-	// Limit is the rule's size: requests per window for a fixed window,
-	// the capacity (burst) for a token bucket.
+	// Limit is the rule's size: requests per window for a fixed or a
+	// sliding window, the capacity (burst) for a token bucket.
 	Limit uint64
 	// Remaining is what is left after this hit: requests in the window,
 	// or whole tokens in the bucket.
 	Remaining uint64
-	// ResetAfter is the time until the window ends, or until the bucket
-	// is full again. Zero only for a full bucket.
+	// ResetAfter is the time until the window ends, until the bucket is
+	// full again, or until a sliding window's oldest counted bucket
+	// leaves it (when Remaining next grows). Zero only for a full bucket
+	// or a sliding window that counts nothing.
 	ResetAfter time.Duration
 	// RetryAfter is zero when allowed. When denied it is the exact time
 	// until the same cost could succeed, or Never.

@@ -4,8 +4,9 @@ import "math"
 
 // Tombstone is a state no algorithm ever produces: a fixed-window count
 // never exceeds MaxFixedWindowLimit (< 2^32-1, so the low half is never
-// all ones) and a token bucket's TAT stays below 2^63 + 2^62 + 1. Stores
-// use it to mark a state as removed.
+// all ones), a sliding window's counts sum to at most its limit (so its
+// fields are never all ones) and a token bucket's TAT stays below 2^63 +
+// 2^62 + 1. Stores use it to mark a state as removed.
 const Tombstone uint64 = math.MaxUint64
 
 // clampNow treats instants before the Unix epoch as the epoch.
@@ -17,10 +18,14 @@ func clampNow(now int64) uint64 {
 }
 
 // Take applies cost at now (Unix nanoseconds) to state s by the rule's
-// algorithm (TakeWindow or TakeTokens). The zero state is fresh.
+// algorithm (TakeWindow, TakeTokens or TakeSliding). The zero state is
+// fresh.
 func Take(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
-	if r.alg == TokenBucket {
+	switch r.alg {
+	case TokenBucket:
 		return TakeTokens(s, r, now, cost)
+	case SlidingWindow:
+		return TakeSliding(s, r, now, cost)
 	}
 	return TakeWindow(s, r, now, cost)
 }
@@ -31,8 +36,11 @@ func Take(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 // later instant). Other takes may have changed the state since. It never
 // leaves more capacity than the state would have without that take.
 func Refund(s, after uint64, r *Rule, now int64, cost uint64) uint64 {
-	if r.alg == TokenBucket {
+	switch r.alg {
+	case TokenBucket:
 		return refundTokens(s, after, r, now, cost)
+	case SlidingWindow:
+		return refundSliding(s, after, r, cost)
 	}
 	return refundWindow(s, after, r, cost)
 }
@@ -45,9 +53,12 @@ func Saturate(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 	if d.Allowed {
 		return n, d
 	}
-	if r.alg == TokenBucket {
+	switch r.alg {
+	case TokenBucket:
 		n = saturateTokens(s, r, now, cost)
-	} else {
+	case SlidingWindow:
+		n = saturateSliding(s, r, now, cost)
+	default:
 		n = saturateWindow(s, r, now, cost)
 	}
 	_, d = Take(n, r, now, cost)
@@ -58,8 +69,11 @@ func Saturate(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
 // or empty window, a full bucket. Dropping a fresh state changes no
 // decision at now or later.
 func Fresh(s uint64, r *Rule, now int64) bool {
-	if r.alg == TokenBucket {
+	switch r.alg {
+	case TokenBucket:
 		return freshTokens(s, r, now)
+	case SlidingWindow:
+		return freshSliding(s, r, now)
 	}
 	return freshWindow(s, now)
 }

@@ -77,7 +77,7 @@ func printSummary(w io.Writer, path string, tbl *config.Table) {
 			}
 			limit, alg := "unlimited", "-"
 			if !r.Unlimited {
-				limit = fmt.Sprintf("%d/%s", r.RequestsPerUnit, r.Unit)
+				limit = fmt.Sprintf("%d/%s", r.RequestsPerUnit, r.Per())
 				alg = r.Algorithm.String()
 				if r.Algorithm == store.TokenBucket {
 					alg += fmt.Sprintf(" burst %d", r.Burst)

@@ -25,7 +25,7 @@ func TestCheck_ExampleConfigs(t *testing.T) {
 		t.Fatalf("check examples/config: exit %d, stderr %q", code, errOut)
 	}
 	for _, want := range []string{
-		"../../examples/config: OK, 3 domains, 17 rules\n",
+		"../../examples/config: OK, 3 domains, 19 rules\n",
 		"\ndomain plans\n",
 		"  customer[0]  20/second     fixed_window  name=per_second\n",
 		"  customer[2]  5000/day      fixed_window  name=per_day_next shadow_mode\n",
@@ -37,6 +37,8 @@ func TestCheck_ExampleConfigs(t *testing.T) {
 		"  plan_premium.path_/v1/search*  600/minute  fixed_window           replaces=search\n",
 		"  path_/healthz                  unlimited   -\n",
 		"  user_agent_*bot*               30/minute   fixed_window           shadow_mode\n",
+		"  password_reset                    3/15*minute   sliding_window\n",
+		"  export                            20/30*second  fixed_window\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)

@@ -167,7 +167,7 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 			t.Fatalf("request %d: %v %v, want %v under the pushed limit of 3", i, r, err, c.want)
 		}
 	}
-	const rule = "default/eg/http.httproute/default/backend/rule/0/match/0/example_httproute/default/backend/rule/0/match/0/example.rule-0-match-0: unit=MINUTE requests_per_unit=3, shadow_mode: false\n"
+	const rule = "default/eg/http.httproute/default/backend/rule/0/match/0/example_httproute/default/backend/rule/0/match/0/example.rule-0-match-0: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false\n"
 	if got := rlconfig(); got != rule {
 		t.Errorf("/rlconfig after the push:\n%q\nwant\n%q", got, rule)
 	}

@@ -335,6 +335,7 @@ type RuleInfo struct {
 	Unit            string   `json:"unit,omitempty"`
 	RequestsPerUnit uint32   `json:"requests_per_unit"`
 	Burst           uint64   `json:"burst,omitempty"`
+	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
 	Unlimited       bool     `json:"unlimited"`
 	Shadow          bool     `json:"shadow_mode"`
 	Replaces        []string `json:"replaces,omitempty"`
@@ -395,6 +396,10 @@ func ruleInfo(r *config.Rule) RuleInfo {
 	}
 	i.Algorithm, i.Unit, i.RequestsPerUnit = r.Algorithm.String(), r.Unit.String(), r.RequestsPerUnit
 	i.Limit = fmt.Sprintf("%d per %s", r.RequestsPerUnit, r.Unit)
+	if r.UnitMultiplier > 1 {
+		i.UnitMultiplier = r.UnitMultiplier
+		i.Limit = fmt.Sprintf("%d per %d %ss", r.RequestsPerUnit, r.UnitMultiplier, r.Unit)
+	}
 	if r.Algorithm == store.TokenBucket {
 		i.Burst = r.Burst
 		i.Limit += fmt.Sprintf(", burst %d", r.Burst)

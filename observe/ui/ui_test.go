@@ -356,3 +356,18 @@ func TestDemo(t *testing.T) {
 		t.Errorf("the demo counted on the real limiter: %+v", v.Rules)
 	}
 }
+
+// TestLimits_Period: a sliding window of several units reads as its
+// period in words.
+func TestLimits_Period(t *testing.T) {
+	r := newRig(t)
+	write(t, r.dir, "limits.yaml", "domain: web\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 20, algorithm: sliding_window}\n")
+	if err := r.reload.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	var v ui.LimitsView
+	getJSON(t, r.url+"/ui/api/limits", &v)
+	if len(v.Rules) != 1 || v.Rules[0].Limit != "20 per 30 seconds" || v.Rules[0].Algorithm != "sliding_window" || v.Rules[0].UnitMultiplier != 30 {
+		t.Fatalf("rules %+v, want one sliding window of 20 per 30 seconds", v.Rules)
+	}
+}

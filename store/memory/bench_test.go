@@ -71,6 +71,41 @@ func BenchmarkTake(b *testing.B) {
 	}
 }
 
+// BenchmarkTakeSliding compares a take on an existing sliding-window key
+// with one on a fixed window, uncontended, the clock read included. Each
+// take moves now by step, so that the window keeps granting (and with 8
+// buckets every take moves the state to a later bucket, the dearest case).
+func BenchmarkTakeSliding(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		r    *store.Rule
+		step time.Duration
+	}{
+		{"fixed_window", storetest.Window(b, store.MaxFixedWindowLimit, time.Hour), 40 * time.Microsecond},
+		{"sliding_window/1_bucket", storetest.Sliding(b, store.MaxSlidingWindowLimit, time.Second), 40 * time.Microsecond},
+		{"sliding_window/2_buckets", storetest.Sliding(b, 1000, time.Minute), 150 * time.Millisecond},
+		{"sliding_window/8_buckets", storetest.Sliding(b, 7, time.Second), 175 * time.Millisecond},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := New(Options{})
+			clock := store.NewWallClock()
+			ctx := context.Background()
+			hits := []store.Hit{{Key: "domain|path_value|sw:7/1s", Rule: c.r, Cost: 1, Veto: true}}
+			out := make([]store.Decision, 1)
+			now := clock.Now()
+			s.Take(ctx, now, hits, out)
+			b.ReportAllocs()
+			for b.Loop() {
+				now += int64(c.step) + clock.Now()&1 // (the clock read, as a server pays it)
+				s.Take(ctx, now, hits, out)
+				if !out[0].Allowed {
+					b.Fatal("denied: the benchmark measures the wrong path")
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkTakeParallel takes under RunParallel, with and without the
 // clock read: all callers on one key, each on its own key, and spread
 // over a million keys.

@@ -192,13 +192,20 @@ func TestTakeAllocations(t *testing.T) {
 		{Key: "d", Rule: b, Cost: 1, Veto: true, Saturate: true},
 	}
 	denied := append(hits[:2:2], store.Hit{Key: "e", Rule: storetest.Window(t, 0, time.Hour), Cost: 1, Veto: true})
+	sw := storetest.Sliding(t, store.MaxSlidingWindowLimit, time.Hour)
+	sliding := []store.Hit{{Key: "s", Rule: sw, Cost: 1, Veto: true}, {Key: "a", Rule: w, Cost: 1, Veto: true}}
+	full := []store.Hit{{Key: "f", Rule: storetest.Sliding(t, 7, time.Second), Cost: 8, Veto: true}}
 	out := make([]store.Decision, len(hits))
 	ctx := context.Background()
 	s.Take(ctx, t0, hits, out)
+	s.Take(ctx, t0, sliding, out[:2])
 	for name, f := range map[string]func(){
-		"one hit":      func() { s.Take(ctx, t0, hits[:1], out[:1]) },
-		"four hits":    func() { s.Take(ctx, t0, hits, out) },
-		"denied batch": func() { s.Take(ctx, t0, denied, out[:3]) },
+		"one hit":                   func() { s.Take(ctx, t0, hits[:1], out[:1]) },
+		"four hits":                 func() { s.Take(ctx, t0, hits, out) },
+		"denied batch":              func() { s.Take(ctx, t0, denied, out[:3]) },
+		"sliding window":            func() { s.Take(ctx, t0, sliding[:1], out[:1]) },
+		"sliding window in a batch": func() { s.Take(ctx, t0, sliding, out[:2]) },
+		"sliding window denied":     func() { s.Take(ctx, t0, full, out[:1]) },
 	} {
 		if n := testing.AllocsPerRun(1000, f); n != 0 {
 			t.Errorf("%s: %v allocations per Take on existing keys", name, n)

@@ -94,9 +94,16 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 				continue
 			}
 			amount, end := h.Cost, ""
-			if h.Rule.Algorithm() == store.TokenBucket {
+			switch h.Rule.Algorithm() {
+			case store.TokenBucket:
 				amount = owed[k]
-			} else {
+			case store.SlidingWindow:
+				// The bucket the take counted in (the key's after the
+				// batch: every take of a batch has its now), its count's
+				// width and the buckets per window.
+				g, _, bits := h.Rule.Buckets()
+				end = "s" + strconv.FormatUint(r.final[k]>>32, 10) + ":" + strconv.FormatUint(bits, 10) + ":" + strconv.FormatUint(g, 10)
+			default:
 				end = strconv.FormatUint(windowEnd(h.Rule, now), 10)
 			}
 			rkeys = append(rkeys, b.keys[k])

@@ -117,15 +117,16 @@ func TestNew_UnixSocket(t *testing.T) {
 }
 
 // TestTake_Expiry: keys expire a second after they are fresh again: a
-// fixed window at its end, a token bucket when full; alone (the script's
-// fast paths) or in a batch.
+// fixed window at its end, a sliding window when now's bucket has left it,
+// a token bucket when full; alone (the script's fast paths) or in a batch.
 func TestTake_Expiry(t *testing.T) {
 	srv := redistest.Start(t)
 	s := open(t, Options{URL: "redis://" + srv.Addr})
 	fw := must(store.NewFixedWindow(5, time.Minute))
-	tb := must(store.NewTokenBucket(1, time.Hour, 3)) // 2 taken: full in 2h
+	tb := must(store.NewTokenBucket(1, time.Hour, 3))  // 2 taken: full in 2h
+	sw := must(store.NewSlidingWindow(4, time.Minute)) // 8 buckets of 7.5 s
 	now := int64(1_800_000_000)*int64(time.Second) + 15*int64(time.Second)
-	out := make([]store.Decision, 2)
+	out := make([]store.Decision, 3)
 	pttl := func(key string) time.Duration {
 		ms, err := strconv.ParseInt(srv.CLI("pttl", s.opt.KeyPrefix+key), 10, 64)
 		if err != nil {
@@ -144,16 +145,33 @@ func TestTake_Expiry(t *testing.T) {
 		{{Key: "fw1", Rule: fw, Cost: 1, Veto: true}},
 		{{Key: "tb1", Rule: tb, Cost: 2, Veto: true}},
 		{{Key: "fw2", Rule: fw, Cost: 1, Veto: true}, {Key: "tb2", Rule: tb, Cost: 2, Veto: true}},
+		{{Key: "sw1", Rule: sw, Cost: 1, Veto: true}},
+		{{Key: "fw3", Rule: fw, Cost: 1, Veto: true}, {Key: "sw2", Rule: sw, Cost: 2, Veto: true}, {Key: "tb3", Rule: tb, Cost: 2, Veto: true}},
 	} {
 		if err := s.Take(context.Background(), now, batch, out[:len(batch)]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, k := range []string{"fw1", "fw2"} {
+	for _, k := range []string{"fw1", "fw2", "fw3"} {
 		check(k, 45*time.Second+time.Second)
 	}
-	for _, k := range []string{"tb1", "tb2"} {
+	for _, k := range []string{"tb1", "tb2", "tb3"} {
 		check(k, 2*time.Hour+time.Second)
+	}
+	// now is bucket 2's start; it leaves the window at bucket 11's.
+	for _, k := range []string{"sw1", "sw2"} {
+		check(k, 9*7500*time.Millisecond+time.Second)
+	}
+	// A write in a later bucket moves the expiry with it; one from a
+	// clock stepped back into an earlier bucket keeps it.
+	for _, c := range []struct {
+		at   time.Duration
+		pttl time.Duration
+	}{{10 * time.Second, 66 * time.Second}, {-20 * time.Second, 66 * time.Second}} {
+		if err := s.Take(context.Background(), now+int64(c.at), []store.Hit{{Key: "sw1", Rule: sw, Cost: 1, Veto: true}}, out[:1]); err != nil {
+			t.Fatal(err)
+		}
+		check("sw1", c.pttl)
 	}
 	// A later write in the same window keeps the expiry the window's first
 	// write set (Redis's clock has not moved, the caller's has); the next

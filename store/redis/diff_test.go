@@ -20,14 +20,18 @@ func randomRules(rng *rand.Rand, n int) []*store.Rule {
 	periods := []time.Duration{time.Nanosecond, 3 * time.Nanosecond, time.Microsecond, time.Second, time.Minute, 7 * time.Hour, 1000 * time.Hour}
 	rates := []uint64{1, 3, 7, 1000, 1e9}
 	bursts := []uint64{1, 2, 10, 1 << 20, 1 << 40, 1 << 62}
+	slidingLimits := []uint64{0, 1, 5, 31, 60, 1000, store.MaxSlidingWindowLimit} // every bucket layout
 	var rules []*store.Rule
 	for len(rules) < n {
 		var r *store.Rule
 		var err error
-		if rng.IntN(2) == 0 {
+		switch rng.IntN(3) {
+		case 0:
 			r, err = store.NewFixedWindow(limits[rng.IntN(len(limits))], windows[rng.IntN(len(windows))])
-		} else {
+		case 1:
 			r, err = store.NewTokenBucket(rates[rng.IntN(len(rates))], periods[rng.IntN(len(periods))], bursts[rng.IntN(len(bursts))])
+		default:
+			r, err = store.NewSlidingWindow(slidingLimits[rng.IntN(len(slidingLimits))], windows[rng.IntN(len(windows))])
 		}
 		if err == nil {
 			rules = append(rules, r)
@@ -177,6 +181,7 @@ func TestTake_ClockStepsBack(t *testing.T) {
 	w := must(store.NewFixedWindow(5, time.Second))
 	zero := must(store.NewFixedWindow(0, time.Second))
 	tb := must(store.NewTokenBucket(1, time.Second, 3))
+	sw := must(store.NewSlidingWindow(3, time.Second))
 	t0 := int64(1_800_000_000) * int64(time.Second)
 	steps := []struct {
 		at   time.Duration
@@ -188,6 +193,13 @@ func TestTake_ClockStepsBack(t *testing.T) {
 		{500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w, Cost: 1, Veto: true}, {Key: "t", Rule: tb, Cost: 1, Veto: true}}},
 		{1500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w}, {Key: "t", Rule: tb}}},
 		{2500 * time.Millisecond, []store.Hit{{Key: "a", Rule: w, Cost: 5, Veto: true}, {Key: "t", Rule: tb, Cost: 3, Veto: true}}},
+		// A sliding window counts in the later bucket it holds, and its
+		// key keeps the expiry that bucket set.
+		{2500 * time.Millisecond, []store.Hit{{Key: "s", Rule: sw, Cost: 1, Veto: true}}},
+		{1 * time.Second, []store.Hit{{Key: "s", Rule: sw, Cost: 1, Veto: true}}},
+		{1 * time.Second, []store.Hit{{Key: "s", Rule: sw, Cost: 1, Veto: true}, {Key: "a", Rule: w, Cost: 9, Veto: true}}},
+		{1 * time.Second, []store.Hit{{Key: "s", Rule: sw, Cost: 2, Veto: true}}},
+		{3625 * time.Millisecond, []store.Hit{{Key: "s", Rule: sw, Cost: 3, Veto: true}}},
 	}
 	for i, st := range steps {
 		got := make([]store.Decision, len(st.hits))
@@ -202,6 +214,31 @@ func TestTake_ClockStepsBack(t *testing.T) {
 			if got[j] != want[j] {
 				t.Errorf("step %d hit %d: got %+v, memory store %+v", i, j, got[j], want[j])
 			}
+		}
+	}
+}
+
+// TestTake_SlidingWindowOneCall: a request with a sliding window, alone or
+// beside fixed windows and token buckets, is one script call to Redis.
+func TestTake_SlidingWindowOneCall(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, NoLocalCache: true})
+	sw := must(store.NewSlidingWindow(100, time.Minute))
+	fw := must(store.NewFixedWindow(100, time.Minute))
+	tb := must(store.NewTokenBucket(10, time.Second, 100))
+	now := int64(1_800_000_000) * int64(time.Second)
+	for i, batch := range [][]store.Hit{
+		{{Key: "s", Rule: sw, Cost: 1, Veto: true}},
+		{{Key: "s", Rule: sw, Cost: 1, Veto: true}, {Key: "f", Rule: fw, Cost: 1, Veto: true}, {Key: "t", Rule: tb, Cost: 1, Veto: true}},
+		{{Key: "s", Rule: sw, Cost: 200, Veto: true}, {Key: "f", Rule: fw, Cost: 1, Veto: true}},
+	} {
+		before := scriptCalls(t, srv)
+		out := make([]store.Decision, len(batch))
+		if err := s.Take(context.Background(), now, batch, out); err != nil {
+			t.Fatal(err)
+		}
+		if got := scriptCalls(t, srv) - before; got != 1 {
+			t.Errorf("batch %d: %d script calls, want 1", i, got)
 		}
 	}
 }

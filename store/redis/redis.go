@@ -254,6 +254,16 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		return append(args, "f", flags, strconv.FormatUint(cost, 10), strconv.FormatUint(r.Limit(), 10),
 			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), "", "")
 	}
+	if r.Algorithm() == store.SlidingWindow {
+		g, bucket, bits := r.Buckets()
+		j := clampNow(now) / uint64(bucket)
+		// The key expires a second after now's bucket has left the
+		// window, when a take at now counts in it (a later bucket the key
+		// holds keeps the key's expiry).
+		ttl := ((j+g+1)*uint64(bucket)-clampNow(now))/uint64(time.Millisecond) + 1000
+		return append(args, "s", flags, strconv.FormatUint(min(h.Cost, r.Limit()+1), 10), strconv.FormatUint(r.Limit(), 10),
+			strconv.FormatUint(uint64(uint32(j)), 10), strconv.FormatUint(g, 10), strconv.FormatUint(bits, 10), strconv.FormatUint(ttl, 10))
+	}
 	k, rk, tol := r.Quanta()
 	ck := strconv.FormatUint(min(h.Cost, r.Burst())*k, 10) // at most tol < 2^62
 	ms := strconv.FormatFloat(float64(r.Period())/float64(rk)/float64(time.Millisecond), 'g', 17, 64)

@@ -10,11 +10,15 @@
 --          (see below).
 -- ARGV[2+8(i-1) ...] are the 8 fields of hit i, on KEYS[i]:
 --   "f", flags, cost (at most limit+1), limit, e, ttl, "", ""
+--   "s", flags, cost (at most limit+1), limit, j, g, bits, ttl
 --   "t", flags, ck, a, b, c, d, m
 -- flags is a digit, the sum of 1 for veto, 2 for saturate and 4 for a
 -- token-bucket cost beyond the burst (never allowed). For a fixed window,
 -- e is the end (Unix seconds) of the window holding now and ttl the
--- milliseconds until a second after it. For a token bucket, ck is the cost
+-- milliseconds until a second after it. For a sliding window, j is the
+-- index of the bucket holding now modulo 2^32, g the buckets per window,
+-- bits the width of each bucket's count and ttl the milliseconds until a
+-- second after now's bucket leaves the window. For a token bucket, ck is the cost
 -- (at most the burst) in quanta, m milliseconds per quantum (for the key's
 -- expiry), and a, b, c, d are floor(now), ceil(now), floor(now)+capacity
 -- and ceil(now)+capacity in quanta, or with the server clock quanta per
@@ -200,11 +204,23 @@ local ZERO, ONE = {0}, {1}
 -- Refunds (Cluster, when another slot denied the batch): ARGV[1] is "r",
 -- then two fields per key: the amount to take back (requests, or quanta:
 -- cost*k) and, for a fixed window, the end of the window of the take (""
--- for a token bucket). They are store.Refund; the expiry stays.
+-- for a token bucket; for a sliding window "s" then the bucket of the
+-- take, the width of a count and the buckets per window, joined by ":").
+-- They are store.Refund; the expiry stays.
 if ARGV[1] == 'r' then
   for i = 1, #KEYS do
     local v, a, e = redis.call('GET', KEYS[i]), ARGV[2 * i], ARGV[2 * i + 1]
-    if v and e ~= '' then
+    local sb, sbits, sg = string.match(e, '^s(%d+):(%d+):(%d+)$')
+    if v and sb then
+      local si, sc = string.match(v, '^(%d+):(%d+)$')
+      si, sc, sb, sbits, sg = tonumber(si), tonumber(sc), tonumber(sb), tonumber(sbits), tonumber(sg)
+      local d = (si - sb) % 4294967296
+      if sc > 0 and d <= sg then
+        local p = 2 ^ (d * sbits)
+        local c = sc - math.min(tonumber(a), math.floor(sc / p) % 2 ^ sbits) * p
+        redis.call('SET', KEYS[i], si .. ':' .. string.format('%d', c), 'KEEPTTL')
+      end
+    elseif v and e ~= '' then
       local we, c = string.match(v, '^(%d+):(%d+)$')
       if we == e then
         c = math.max(tonumber(c) - tonumber(a), 0)
@@ -240,6 +256,11 @@ for i = 1, #KEYS do
     h = {key = KEYS[i], alg = 'f', veto = f % 2 == 1, sat = f % 4 >= 2,
       cost = tonumber(ARGV[o + 2]), limit = tonumber(ARGV[o + 3]),
       e = tonumber(ARGV[o + 4]), ttl = ARGV[o + 5]}
+  elseif ARGV[o] == 's' then
+    h = {key = KEYS[i], alg = 's', veto = f % 2 == 1, sat = f % 4 >= 2,
+      cost = tonumber(ARGV[o + 2]), limit = tonumber(ARGV[o + 3]),
+      j = tonumber(ARGV[o + 4]), g = tonumber(ARGV[o + 5]), bits = tonumber(ARGV[o + 6]),
+      ttl = ARGV[o + 7]}
   else
     h = {key = KEYS[i], alg = 't', veto = f % 2 == 1, sat = f % 4 >= 2,
       never = f >= 4, zero = ARGV[o + 2] == '0', ck = num(ARGV[o + 2]),
@@ -259,9 +280,11 @@ for i = 1, #KEYS do
 end
 
 -- The state of each key: for a fixed window the end of the window it
--- counts (Unix seconds) and its count, stored as "end:count"; for a token
--- bucket the theoretical arrival time (TAT) in quanta. orig holds them as
--- read, before the batch.
+-- counts (Unix seconds) and its count, stored as "end:count"; for a
+-- sliding window the index of its newest bucket (modulo 2^32) and the
+-- bucket counts packed as the store package packs them, "index:counts",
+-- held in the same fields; for a token bucket the theoretical arrival
+-- time (TAT) in quanta. orig holds them as read, before the batch.
 local orig, distinct = {}, {}
 for i = 1, #hits do
   local k = hits[i].key
@@ -278,7 +301,7 @@ for i = 1, #hits do
     for j = 1, #distinct do
       if distinct[j] == h.key then v = vals[j] break end
     end
-    if h.alg == 'f' then
+    if h.alg ~= 't' then
       local e, c = 0, 0
       if v then
         local a, b = string.match(v, '^(%d+):(%d+)$')
@@ -302,8 +325,38 @@ local function window(h, s)
   return e, 0
 end
 
+-- slide returns the newest bucket a sliding-window hit counts in (the one
+-- holding now, or the later one s holds if the clock stepped back) and the
+-- counts of s shifted to it. Every value stays below 2^32: exact.
+local function slide(h, s)
+  if s.e == 0 and s.c == 0 then return h.j, 0 end
+  local d = (h.j - s.e) % 4294967296
+  if d >= 2147483648 then return s.e, s.c end
+  if d > h.g then return h.j, 0 end
+  return h.j, (s.c % 2 ^ ((h.g + 1 - d) * h.bits)) * 2 ^ (d * h.bits)
+end
+
+-- used is the sum of the bucket counts c.
+local function used(h, c)
+  local sum, m = 0, 2 ^ h.bits
+  for _ = 0, h.g do
+    sum = sum + c % m
+    c = math.floor(c / m)
+  end
+  return sum
+end
+
 -- take returns the state after hit h on s and whether h is allowed.
 local function take(h, s)
+  if h.alg == 's' then
+    local n, c = slide(h, s)
+    local u = used(h, c)
+    if h.limit > 0 and u <= h.limit and h.cost <= h.limit - u then
+      if h.cost == 0 then return s, true end
+      return {e = n, c = c + h.cost}, true
+    end
+    return s, false
+  end
   if h.alg == 'f' then
     local e, c = window(h, s)
     if h.limit > 0 and c <= h.limit and h.cost <= h.limit - c then
@@ -327,6 +380,12 @@ end
 local function saturate(h, s)
   local n, ok = take(h, s)
   if ok then return n, ok end
+  if h.alg == 's' then
+    local e, c = slide(h, s)
+    local u = used(h, c)
+    if u >= h.limit or h.cost == 0 then return s, false end
+    return {e = e, c = c + math.min(h.cost, h.limit - u)}, false
+  end
   if h.alg == 'f' then
     local e, c = window(h, s)
     if c >= h.limit or h.cost == 0 then return s, false end
@@ -340,8 +399,14 @@ local function saturate(h, s)
   return n, false
 end
 
--- refund rolls back an allowed take of h.
-local function refund(h, s)
+-- refund rolls back an allowed take of h that left the state after.
+local function refund(h, s, after)
+  if h.alg == 's' then
+    local d = (s.e - after.e) % 4294967296
+    if h.cost > h.limit or s.c == 0 or d > h.g then return s end
+    local p = 2 ^ (d * h.bits)
+    return {e = s.e, c = s.c - math.min(h.cost, math.floor(s.c / p) % 2 ^ h.bits) * p}
+  end
   if h.alg == 'f' then
     if s.e ~= h.e then return s end
     if h.cost >= s.c then return {e = h.e, c = 0} end
@@ -352,7 +417,7 @@ local function refund(h, s)
 end
 
 local function same(h, a, b)
-  if h.alg == 'f' then return a.e == b.e and a.c == b.c end
+  if h.alg ~= 't' then return a.e == b.e and a.c == b.c end
   return cmp(a, b) == 0
 end
 
@@ -387,7 +452,7 @@ if denied then
   for i = #hits, 1, -1 do
     local t, h = taken[i], hits[i]
     if t then
-      if same(h, st[h.key], t[2]) then st[h.key] = t[1] else st[h.key] = refund(h, st[h.key]) end
+      if same(h, st[h.key], t[2]) then st[h.key] = t[1] else st[h.key] = refund(h, st[h.key], t[2]) end
     end
   end
 end
@@ -395,17 +460,23 @@ local committed = not denied
 
 -- Write the keys whose state changed, expiring when the state is fresh
 -- again, plus a second of slack since Redis counts by its own clock: a
--- fixed window at its end, a token bucket when full.
+-- fixed window at its end, a sliding window when now's bucket leaves it
+-- (a later bucket the key holds keeps its expiry), a token bucket when
+-- full.
 local out, done = {committed and 1 or 0, tsec, tusec}, {}
 local n = #hits
 for i = 1, n do
   local h = hits[i]
   local v, o = st[h.key], orig[h.key]
-  if h.alg == 'f' then
+  if h.alg ~= 't' then
     if not done[h.key] and not same(h, v, o) then
-      local ttl = h.ttl
-      if v.e > h.e then ttl = tonumber(ttl) + (v.e - h.e) * 1000 end
-      redis.call('SET', h.key, v.e .. ':' .. v.c, 'PX', ttl)
+      if h.alg == 's' and v.e ~= h.j then
+        redis.call('SET', h.key, v.e .. ':' .. v.c, 'KEEPTTL')
+      else
+        local ttl = h.ttl
+        if h.alg == 'f' and v.e > h.e then ttl = tonumber(ttl) + (v.e - h.e) * 1000 end
+        redis.call('SET', h.key, v.e .. ':' .. v.c, 'PX', ttl)
+      end
     end
     -- (numbers below 10^14 concatenate as plain integers)
     out[3 + i] = o.e .. ':' .. o.c

@@ -1,8 +1,8 @@
 // Package storetest is the conformance suite every store.Store passes,
 // and a fake clock for tests.
 //
-// Run(t, newStore) checks exact decisions (to the nanosecond) for both
-// algorithms at fixed instants, all-or-nothing batches, shadow and
+// Run(t, newStore) checks exact decisions (to the nanosecond) for every
+// algorithm at fixed instants, all-or-nothing batches, shadow and
 // saturating hits, checks of cost 0, duplicate keys in a batch, and
 // concurrent takes that must grant exactly the budget.
 package storetest
@@ -79,6 +79,8 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 		{"FixedWindowSteps", testFixedWindowSteps},
 		{"TokenBucketSteps", testTokenBucketSteps},
 		{"TokenBucketRetryAfterExact", testTokenBucketRetryAfterExact},
+		{"SlidingWindowSteps", testSlidingWindowSteps},
+		{"SlidingWindowBatches", testSlidingWindowBatches},
 		{"CostZeroChecks", testCostZero},
 		{"KeysIndependent", testKeysIndependent},
 		{"BatchAllOrNothing", testBatchAllOrNothing},
@@ -92,7 +94,7 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 			c.run(t, newTester(t, newStore(t)))
 		})
 	}
-	for _, alg := range []store.Algorithm{store.FixedWindow, store.TokenBucket} {
+	for _, alg := range []store.Algorithm{store.FixedWindow, store.TokenBucket, store.SlidingWindow} {
 		t.Run("ConcurrentOneKey/"+alg.String(), func(t *testing.T) {
 			testConcurrentOneKey(t, newTester(t, newStore(t)), alg, opts)
 		})
@@ -141,6 +143,17 @@ func (x *tester) hit(key string, r *store.Rule, cost uint64) store.Hit {
 func Window(t testing.TB, limit uint64, w time.Duration) *store.Rule {
 	t.Helper()
 	r, err := store.NewFixedWindow(limit, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Sliding returns a sliding-window rule, failing t if the numbers are
+// invalid.
+func Sliding(t testing.TB, limit uint64, w time.Duration) *store.Rule {
+	t.Helper()
+	r, err := store.NewSlidingWindow(limit, w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,6 +277,64 @@ func testTokenBucketRetryAfterExact(t *testing.T, x *tester) {
 	})
 }
 
+// testSlidingWindowSteps: 4 per minute counts in 8 buckets of 7.5 s; a hit
+// frees its slot when its bucket leaves the window.
+func testSlidingWindowSteps(t *testing.T, x *tester) {
+	const b = 7500 * time.Millisecond
+	x.steps("sw", Sliding(t, 4, time.Minute), []step{
+		{"check on a fresh key", 0, 0, allow(4, 4, 0)},
+		{"one in bucket 0", time.Second, 1, allow(4, 3, 9*b-time.Second)},
+		{"three in bucket 1", 10 * time.Second, 3, allow(4, 0, 9*b-10*time.Second)},
+		{"past the minute still denied", time.Minute + 2*time.Second, 1, deny(4, 0, 9*b-62*time.Second, 9*b-62*time.Second)},
+		{"over the limit never fits", time.Minute + 2*time.Second, 5, deny(4, 0, 9*b-62*time.Second, store.Never)},
+		{"1 ns before bucket 0 leaves", 9*b - 1, 1, deny(4, 0, 1, 1)},
+		{"two wait for bucket 1", 9 * b, 2, deny(4, 1, b, b)},
+		{"bucket 0 has left", 9 * b, 1, allow(4, 0, b)},
+		{"clock back 30 s counts in the newer bucket", 9*b - 30*time.Second, 0, allow(4, 0, b+30*time.Second)},
+		{"bucket 1 has left", 10 * b, 3, allow(4, 0, 8*b)},
+		{"50 days idle", 50 * 24 * time.Hour, 4, allow(4, 0, 9*b)},
+	})
+	x.steps("zero", Sliding(t, 0, time.Second), []step{
+		{"limit 0 denies checks", 0, 0, deny(0, 0, 0, store.Never)},
+	})
+	max := uint64(store.MaxSlidingWindowLimit)
+	x.steps("max", Sliding(t, max, time.Hour), []step{
+		{"cost 2^64-1", 0, 1<<64 - 1, deny(max, max, 0, store.Never)},
+		{"cost limit-1", 30 * time.Minute, max - 1, allow(max, 1, 90*time.Minute)},
+		{"the last one", 90 * time.Minute, 1, allow(max, 0, 30*time.Minute)},
+		{"2 wait for the first bucket", 90 * time.Minute, 2, deny(max, 0, 30*time.Minute, 30*time.Minute)},
+	})
+}
+
+// testSlidingWindowBatches: sliding windows in batches with the other
+// algorithms, duplicate keys, shadow and saturating hits.
+func testSlidingWindowBatches(t *testing.T, x *tester) {
+	s := Sliding(t, 5, time.Second) // 8 buckets of 125 ms
+	w := Window(t, 5, time.Minute)
+	b := Bucket(t, 1, time.Second, 5)
+	const q = 125 * time.Millisecond
+	at := func(n int) int64 { return T0 + int64(n)*int64(q) }
+	x.expect("three algorithms", x.take(at(0), x.hit("s", s, 2), x.hit("w", w, 2), x.hit("b", b, 2)),
+		allow(5, 3, 9*q), allow(5, 3, time.Minute), allow(5, 3, 2*time.Second))
+	x.expect("the sliding window denies", x.take(at(1), x.hit("w", w, 1), x.hit("s", s, 4), x.hit("b", b, 1)),
+		allow(5, 3, time.Minute-q), deny(5, 3, 8*q, 8*q), allow(5, 3, 2*time.Second-q))
+	x.expect("nothing consumed", x.take(at(1), x.hit("s", s, 0), x.hit("w", w, 0), x.hit("b", b, 0)),
+		allow(5, 3, 8*q), allow(5, 3, time.Minute-q), allow(5, 3, 2*time.Second-q))
+	x.expect("duplicates see each other, second denied", x.take(at(1), x.hit("s", s, 2), x.hit("s", s, 2)),
+		allow(5, 3, 8*q), deny(5, 1, 8*q, 8*q))
+	x.expect("rolled back", x.take(at(1), x.hit("s", s, 0)), allow(5, 3, 8*q))
+	x.expect("a second bucket", x.take(at(1), x.hit("s", s, 1), x.hit("w", w, 0)), allow(5, 2, 8*q), allow(5, 3, time.Minute-q))
+
+	sat := x.hit("s", s, 4)
+	sat.Saturate, sat.Veto = true, false
+	shadow := x.hit("t", s, 6)
+	shadow.Veto = false
+	x.expect("denied batch drains a saturating sliding hit", x.take(at(2), x.hit("w", w, 4), sat, shadow),
+		deny(5, 3, time.Minute-2*q, time.Minute-2*q), deny(5, 0, 7*q, 9*q), deny(5, 5, 0, store.Never))
+	x.expect("drained", x.take(at(2), x.hit("s", s, 0)), allow(5, 0, 7*q))
+	x.expect("bucket 0 has left", x.take(at(9), x.hit("s", s, 2)), allow(5, 0, q))
+}
+
 func testCostZero(t *testing.T, x *tester) {
 	w := Window(t, 3, time.Minute)
 	b := Bucket(t, 1, time.Second, 3)
@@ -359,8 +430,11 @@ func testDecisionCount(t *testing.T, x *tester) {
 }
 
 func rule(t testing.TB, alg store.Algorithm, budget int) *store.Rule {
-	if alg == store.FixedWindow {
+	switch alg {
+	case store.FixedWindow:
 		return Window(t, uint64(budget), 24*time.Hour)
+	case store.SlidingWindow:
+		return Sliding(t, uint64(budget), 24*time.Hour)
 	}
 	return Bucket(t, 1, 24*time.Hour, uint64(budget))
 }

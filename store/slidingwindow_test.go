@@ -1,0 +1,277 @@
+package store
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func mustSliding(t testing.TB, limit uint64, w time.Duration) *Rule {
+	t.Helper()
+	r, err := NewSlidingWindow(limit, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestNewSlidingWindow_Layout(t *testing.T) {
+	for _, c := range []struct {
+		limit  uint64
+		window time.Duration
+		g      uint64
+		bucket time.Duration
+	}{
+		{0, time.Second, 8, 125 * time.Millisecond},
+		{7, time.Second, 8, 125 * time.Millisecond},
+		{8, time.Second, 5, 200 * time.Millisecond},
+		{8, time.Minute, 6, 10 * time.Second},
+		{31, time.Minute, 5, 12 * time.Second},
+		{63, time.Hour, 4, 15 * time.Minute},
+		{64, time.Second, 2, 500 * time.Millisecond},
+		{100, time.Minute, 3, 20 * time.Second},
+		{255, 7 * time.Second, 2, 3500 * time.Millisecond},
+		{1023, 30 * time.Second, 2, 15 * time.Second},
+		{1024, time.Second, 1, time.Second},
+		{MaxSlidingWindowLimit, 24 * time.Hour, 1, 24 * time.Hour},
+	} {
+		r := mustSliding(t, c.limit, c.window)
+		if g, b, bits := r.Buckets(); g != c.g || b != c.bucket || (g+1)*bits > 32 || c.limit >= 1<<bits {
+			t.Errorf("limit %d per %v: %d buckets of %v, %d bits; want %d of %v", c.limit, c.window, g, b, bits, c.g, c.bucket)
+		}
+	}
+	for _, c := range []struct {
+		limit  uint64
+		window time.Duration
+	}{{10, 0}, {10, 1500 * time.Millisecond}, {MaxSlidingWindowLimit + 1, time.Second}, {1, (math.MaxUint32 + 1) * time.Second}} {
+		if _, err := NewSlidingWindow(c.limit, c.window); err == nil {
+			t.Errorf("NewSlidingWindow(%d, %v) accepted", c.limit, c.window)
+		}
+	}
+}
+
+// TestSlidingWindow_NoBurstAcrossBoundary: 4 per minute counted in 8
+// buckets of 7.5 s. A fixed window would allow 4 at the end of a minute
+// and 4 more at the start of the next; the sliding window frees each hit's
+// slot when its bucket leaves the window.
+func TestSlidingWindow_NoBurstAcrossBoundary(t *testing.T) {
+	r := mustSliding(t, 4, time.Minute)
+	const b = 7500 * time.Millisecond
+	runSteps(t, r, t0, []step{
+		{"check on the fresh state", 0, 0, ok(4, 4, 0)},
+		{"first hit in bucket 0", 1 * time.Second, 1, ok(4, 3, 9*b-time.Second)},
+		{"three more in bucket 1", 10 * time.Second, 3, ok(4, 0, 9*b-10*time.Second)},
+		{"denied until bucket 0 leaves", 20 * time.Second, 1, deny(4, 0, 9*b-20*time.Second, 9*b-20*time.Second)},
+		{"past the minute still denied", time.Minute + 2*time.Second, 1, deny(4, 0, 9*b-62*time.Second, 9*b-62*time.Second)},
+		{"1 ns before bucket 0 leaves", 9*b - 1, 1, deny(4, 0, 1, 1)},
+		{"two do not fit before bucket 1 leaves", 9 * b, 2, deny(4, 1, 10*b-9*b, 10*b-9*b)},
+		{"bucket 0 has left", 9 * b, 1, ok(4, 0, b)},
+		{"check on the full window", 10*b - 1, 0, ok(4, 0, 1)},
+		{"bucket 1 has left", 10 * b, 3, ok(4, 0, 8*b)}, // bucket 9's hit is the oldest now
+		{"idle for 50 days", 50 * 24 * time.Hour, 4, ok(4, 0, 9*b)},
+	})
+}
+
+func TestSlidingWindow_DeniedConsumesNothing(t *testing.T) {
+	r := mustSliding(t, 10, time.Second) // 5 buckets of 200 ms
+	const b = 200 * time.Millisecond
+	runSteps(t, r, t0, []step{
+		{"take 6", 0, 6, ok(10, 4, 6*b)},
+		{"11 never fits", 0, 11, deny(10, 4, 6*b, Never)},
+		{"7 does not fit now", 0, 7, deny(10, 4, 6*b, 6*b)},
+		{"4 still fits", 0, 4, ok(10, 0, 6*b)},
+	})
+}
+
+func TestSlidingWindow_LimitZeroDeniesAll(t *testing.T) {
+	r := mustSliding(t, 0, time.Second)
+	runSteps(t, r, t0, []step{
+		{"check", 0, 0, deny(0, 0, 0, Never)},
+		{"take", time.Second, 1, deny(0, 0, 0, Never)},
+	})
+}
+
+func TestSlidingWindow_ClockBackwards(t *testing.T) {
+	r := mustSliding(t, 2, time.Second) // 8 buckets of 125 ms
+	const b = 125 * time.Millisecond
+	runSteps(t, r, t0, []step{
+		{"take 1 in bucket 8", 8 * b, 1, ok(2, 1, 9*b)},
+		{"clock back 5 s: counts in bucket 8", 8*b - 5*time.Second, 1, ok(2, 0, 9*b+5*time.Second)},
+		{"still full", 8*b - 5*time.Second, 1, deny(2, 0, 9*b+5*time.Second, 9*b+5*time.Second)},
+		{"both leave together", 17 * b, 2, ok(2, 0, 9*b)},
+	})
+}
+
+func TestSlidingWindow_WideCounts(t *testing.T) {
+	r := mustSliding(t, MaxSlidingWindowLimit, time.Hour) // 1 bucket: 2 of an hour
+	runSteps(t, r, t0, []step{
+		{"all but one", 30 * time.Minute, MaxSlidingWindowLimit - 1, ok(MaxSlidingWindowLimit, 1, 90*time.Minute)},
+		{"the last one, next bucket", 90 * time.Minute, 1, ok(MaxSlidingWindowLimit, 0, 30*time.Minute)},
+		{"full until the first bucket leaves", 90 * time.Minute, 2, deny(MaxSlidingWindowLimit, 0, 30*time.Minute, 30*time.Minute)},
+		{"room for all but one", 2 * time.Hour, MaxSlidingWindowLimit - 1, ok(MaxSlidingWindowLimit, 0, time.Hour)},
+		{"beyond the limit", 2 * time.Hour, math.MaxUint64, deny(MaxSlidingWindowLimit, 0, time.Hour, Never)},
+	})
+}
+
+func TestSlidingWindow_RefundSaturateFresh(t *testing.T) {
+	r := mustSliding(t, 10, time.Second) // 5 buckets of 200 ms
+	const b = int64(200 * time.Millisecond)
+	s0, _ := Take(0, r, t0, 3)
+	s1, _ := Take(s0, r, t0+b, 4)
+	other, _ := Take(s1, r, t0+2*b, 2)
+	if got, want := Refund(other, s1, r, t0+2*b, 4), func() uint64 { s, _ := Take(s0, r, t0+2*b, 2); return s }(); got != want {
+		t.Fatalf("refund after an interleaved take in a later bucket: %#x, want %#x", got, want)
+	}
+	if got := Refund(s1, s1, r, t0, 11); got != s1 {
+		t.Fatalf("refund of a cost over the limit changed the state")
+	}
+	// A bucket that has left the window is not refunded into.
+	late, _ := Take(s1, r, t0+7*b, 1)
+	if got := Refund(late, s1, r, t0+7*b, 4); got != late {
+		t.Fatalf("refund into a bucket that left: %#x, want %#x", got, late)
+	}
+
+	s, d := Saturate(s1, r, t0+b, 5)
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Duration(6*b) {
+		t.Fatalf("saturate: %+v", d)
+	}
+	if _, d = Take(s, r, t0+b, 1); d.Allowed {
+		t.Fatal("not drained by saturate")
+	}
+
+	if Fresh(s1, r, t0+6*b-1) || !Fresh(s1, r, t0+7*b) || !Fresh(0, r, t0) {
+		t.Error("fresh: wrong around the last bucket's exit")
+	}
+	if Fresh(s1, r, t0-int64(time.Hour)) {
+		t.Error("a state ahead of a backwards clock reported fresh")
+	}
+	if Fresh(Tombstone, r, math.MaxInt64) {
+		t.Error("tombstone reported fresh")
+	}
+}
+
+// slidingModel is the sliding window without packing: a count per bucket.
+type slidingModel struct {
+	r      *Rule
+	n      uint64 // newest bucket taken into
+	counts map[uint64]uint64
+}
+
+func (m *slidingModel) take(now int64, cost uint64) Decision {
+	r := m.r
+	t := clampNow(now)
+	w := r.bucket
+	n := t / w
+	sum := func(from, to uint64) (s uint64) {
+		for i := from; i <= to; i++ {
+			s += m.counts[i]
+		}
+		return s
+	}
+	n = max(n, m.n)
+	used := sum(n-r.g, n)
+	d := Decision{Limit: r.limit}
+	switch {
+	case r.limit > 0 && used+cost <= r.limit && cost <= r.limit:
+		d.Allowed = true
+		if cost > 0 {
+			m.counts[n] += cost
+			m.n = n
+			used += cost
+		}
+	case r.limit == 0 || cost > r.limit:
+		d.RetryAfter = Never
+	default:
+		for k := uint64(1); ; k++ {
+			if sum(n+k-r.g, n)+cost <= r.limit {
+				d.RetryAfter = time.Duration((n+k)*w - t)
+				break
+			}
+		}
+	}
+	if used < r.limit {
+		d.Remaining = r.limit - used
+	}
+	for i := n - r.g; i <= n; i++ {
+		if m.counts[i] > 0 {
+			d.ResetAfter = time.Duration((i+r.g+1)*w - t)
+			break
+		}
+	}
+	return d
+}
+
+// FuzzSlidingWindow checks every decision against an unpacked model, and
+// that no window of length T ever admits more than the limit: each
+// admitted hit is placed at its instant, or at the start of the later
+// bucket it counted in when the clock had stepped back, and every window
+// ending at an admitted hit is summed.
+func FuzzSlidingWindow(f *testing.F) {
+	f.Add(uint64(4), uint8(1), []byte{0, 1, 0, 10, 3, 0, 11, 250, 0, 9, 1, 0, 8, 1, 0})
+	f.Add(uint64(10), uint8(0), []byte{8, 6, 0, 0, 11, 0, 8, 4, 1, 14, 5, 0, 14, 5, 0, 11, 250, 0})
+	f.Add(uint64(0), uint8(0), []byte{0, 0, 0, 0, 1, 0})
+	f.Add(uint64(MaxSlidingWindowLimit), uint8(2), []byte{0, 250, 0, 11, 254, 1, 12, 252, 0})
+	f.Add(uint64(1000), uint8(4), []byte{11, 254, 0, 12, 254, 0, 15, 9, 0, 10, 250, 0})
+	f.Fuzz(func(t *testing.T, limit uint64, window uint8, prog []byte) {
+		w := periods[int(window)%len(periods)]
+		r, err := NewSlidingWindow(limit, w)
+		if err != nil || len(prog) > 3*200 {
+			t.Skip() // (the window check is cubic in the program's length)
+		}
+		m := &slidingModel{r: r, counts: map[uint64]uint64{}}
+		now := t0 + int64(limit%1_000_000_007)
+		var s uint64
+		type hit struct {
+			at   uint64
+			cost uint64
+		}
+		var admitted []hit
+		for i := 0; i+2 < len(prog); i += 3 {
+			now += int64(steps[prog[i]%byte(len(steps))])
+			cost := fuzzCost(prog[i+1], limit)
+			s0 := s
+			var d Decision
+			s, d = TakeSliding(s, r, now, cost)
+			if want := m.take(now, cost); d != want {
+				t.Fatalf("op %d: TakeSliding(%#x, %d, %d) = %+v, model %+v", i/3, s0, now, cost, d, want)
+			}
+			if !d.Allowed && s != s0 {
+				t.Fatalf("op %d: a denial consumed", i/3)
+			}
+			if d.Allowed && cost > 0 {
+				if prog[i+2]&1 == 1 {
+					s = Refund(s, s, r, now, cost)
+					_, before := TakeSliding(s0, r, now, 0)
+					if _, after := TakeSliding(s, r, now, 0); after.Remaining != before.Remaining {
+						t.Fatalf("op %d: refund left remaining %d, before the take %d", i/3, after.Remaining, before.Remaining)
+					}
+					m.counts[m.n] -= cost
+					continue
+				}
+				admitted = append(admitted, hit{max(uint64(now), m.n*r.bucket), cost})
+				for _, x := range admitted {
+					var sum uint64
+					for _, h := range admitted {
+						if h.at <= x.at && h.at+uint64(r.period) > x.at {
+							sum += h.cost
+						}
+					}
+					if sum > limit {
+						t.Fatalf("op %d: %d admitted in the window of %v ending at %d, limit %d", i/3, sum, r.period, x.at, limit)
+					}
+				}
+			}
+		}
+	})
+}
+
+func TestSlidingWindow_Allocations(t *testing.T) {
+	r := mustSliding(t, 10, time.Second)
+	var s uint64
+	if n := testing.AllocsPerRun(100, func() {
+		s, _ = Take(s, r, t0, 1)
+		s = Refund(s, s, r, t0, 1)
+	}); n != 0 {
+		t.Fatalf("%v allocations per take", n)
+	}
+}
