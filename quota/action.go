@@ -71,13 +71,14 @@ func (a *Action) same(b *Action) bool {
 const minFill = time.Millisecond
 
 // assign returns the strategy that grants share requests per period of r.
-// A share of 0 denies everything.
-func assign(r *config.Rule, share uint64) Action {
+// A share of 0 denies everything. Fixed-window rules get RequestsPerUnit
+// unless fwAsTB (or their unit is a week, which Envoy cannot name).
+func assign(r *config.Rule, share uint64, fwAsTB bool) Action {
 	lim := r.Limit
 	if share == 0 {
 		return Action{Kind: DenyAll}
 	}
-	if lim.Algorithm() == store.FixedWindow && r.Unit != config.Week {
+	if lim.Algorithm() == store.FixedWindow && r.Unit != config.Week && !fwAsTB {
 		return Action{Kind: RequestsPerUnit, Requests: share, Unit: r.Unit}
 	}
 	period := lim.Period()

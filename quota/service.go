@@ -67,6 +67,11 @@ type Options struct {
 	// MaxBucketsPerStream bounds the buckets of one stream; a report that
 	// would go past it ends the stream with ErrTooManyBuckets.
 	MaxBucketsPerStream int
+	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
+	// (the share per unit, refilled evenly, holding at most the share)
+	// instead of requests_per_time_unit, which Envoy's filter does not
+	// enforce yet (it lets every request through).
+	FixedWindowAsTokenBucket bool
 	// Fleet, if not nil, shares demand with the other replicas.
 	Fleet Fleet
 	// Logger receives Fleet failures. nil discards.
@@ -422,7 +427,7 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	free := max(limit-b.g.assigned, 0)
 	b.share = min(free/2, limit/float64(len(b.g.subs)))
 	b.g.assigned += b.share
-	s.queue(now, b, assign(b.g.rule, uint64(b.share)))
+	s.queue(now, b, assign(b.g.rule, uint64(b.share), s.o.FixedWindowAsTokenBucket))
 	s.pushed[b.sent.Kind].Add(1)
 }
 
@@ -559,7 +564,7 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			rs.Demand += demands[i]
 			rs.Share += float64(whole[i])
 			b.share = shares[i]
-			a := assign(g.rule, whole[i])
+			a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
 			if s.due(now, b, &a) {
 				s.queue(now, b, a)
 				s.pushed[a.Kind].Add(1)

@@ -389,3 +389,16 @@ func TestService_FleetDividesGlobally(t *testing.T) {
 		t.Errorf("FleetErrors = %d, want 1", got)
 	}
 }
+
+func TestService_FixedWindowAsTokenBucket(t *testing.T) {
+	s, _ := newTestService(t, Options{Reserve: -1, FixedWindowAsTokenBucket: true})
+	st, _ := s.Open("d")
+	mustReport(t, st, at(0), use("tenant", "x", 5000, 0))
+	st.Pending()
+	s.Tick(context.Background(), at(1))
+	// 1000 per second: one token a millisecond, holding at most 1000.
+	if a := only(t, st, "fixed window as a token bucket"); a.Kind != TokenBucket || a.TokensPerFill != 1 ||
+		a.FillInterval != time.Millisecond || a.MaxTokens != 1000 {
+		t.Errorf("got %+v", a)
+	}
+}
