@@ -177,6 +177,7 @@ type sub struct {
 	// demand is requests per rule period in the last report; interval is
 	// that report's elapsed time.
 	demand   float64
+	measured bool // demand comes from a report after the first
 	interval time.Duration
 	seen     time.Time // last report
 	busy     time.Time // last report with traffic
@@ -352,6 +353,10 @@ func (b *sub) record(now time.Time, u *Usage) {
 		}
 	}
 	b.interval = el
+	// A bucket's first report counts the requests since the proxy
+	// created it, a moment ago: no rate. Until the next one its demand
+	// is unknown and it is treated as wanting an equal share.
+	b.measured = !b.seen.IsZero()
 	if b.rule != nil && b.rule.Limit != nil {
 		b.demand = float64(n) * float64(b.rule.Limit.Period()) / float64(el)
 	}
@@ -589,18 +594,22 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	return err
 }
 
-// currentDemand is b's last reported demand, or 0 once its reports have
-// stopped for staleAfter of its intervals.
+// currentDemand is b's last reported demand, infinite (an equal share)
+// after only its first report, or 0 once its reports have stopped for
+// staleAfter of its intervals.
 func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
-	if now.Sub(b.seen) > staleAfter*max(b.interval, interval) {
+	switch {
+	case now.Sub(b.seen) > staleAfter*max(b.interval, interval):
 		return 0
+	case !b.measured:
+		return math.Inf(1)
 	}
 	return b.demand
 }
 
 // due reports whether a should be sent for b: nothing was sent yet, the
-// strategy kind changed, the amount moved by more than the threshold, or
-// the last one sent expires within two intervals.
+// strategy kind changed, the amount fell or rose by more than the
+// threshold, or the last one sent expires within two intervals.
 func (s *Service) due(now time.Time, b *sub, a *Action) bool {
 	if !b.hasSent || b.sent.Kind != a.Kind {
 		return true
@@ -611,7 +620,10 @@ func (s *Service) due(now time.Time, b *sub, a *Action) bool {
 	if b.sent.same(a) {
 		return false
 	}
-	return moved(amount(&b.sent), amount(a), s.o.Threshold)
+	// Any decrease is sent, so that what the proxies hold never sums
+	// above the limit; an increase only past the threshold.
+	was, next := amount(&b.sent), amount(a)
+	return next < was || moved(was, next, s.o.Threshold)
 }
 
 // amount is an action's rate in requests per unit time, for comparing two

@@ -125,7 +125,9 @@ func TestService_FairShares(t *testing.T) {
 	// Demands 100, 1000 and 2000 per second on a limit of 1000/s.
 	demand := []uint64{100, 1000, 2000}
 	for i, st := range sts {
-		mustReport(t, st, at(0), use("tenant", "shared", demand[i]/2, demand[i]/2))
+		// The first report subscribes; the second measures demand.
+		mustReport(t, st, at(0), use("tenant", "shared", 1, 0))
+		mustReport(t, st, at(0.5), use("tenant", "shared", demand[i]/2, demand[i]/2))
 		st.Pending()
 	}
 	if err := s.Tick(ctx, at(1)); err != nil {
@@ -210,6 +212,27 @@ func TestService_NewcomerFromReserve(t *testing.T) {
 		if got := only(t, st, "rebalanced"); got.Requests != 300 {
 			t.Errorf("stream %d after the tick: %+v, want 300", i, got)
 		}
+	}
+}
+
+func TestService_FirstReportWantsAnEqualShare(t *testing.T) {
+	s, _ := newTestService(t, Options{Reserve: -1})
+	light, _ := s.Open("d")
+	heavy, _ := s.Open("d")
+	mustReport(t, heavy, at(0), use("tenant", "x", 1, 0))
+	mustReport(t, heavy, at(0.5), use("tenant", "x", 5000, 0))
+	// light's first report counts one request: not a rate of 1/s.
+	mustReport(t, light, at(0.6), use("tenant", "x", 1, 0))
+	light.Pending()
+	heavy.Pending()
+	s.Tick(context.Background(), at(1))
+	if a := only(t, light, "light"); a.Requests != 500 {
+		t.Errorf("a proxy with one report: %+v, want an equal share (500)", a)
+	}
+	mustReport(t, light, at(1.6), use("tenant", "x", 10, 0))
+	s.Tick(context.Background(), at(2))
+	if a := only(t, light, "light measured"); a.Requests != 10 {
+		t.Errorf("light after its second report: %+v, want 10", a)
 	}
 }
 
