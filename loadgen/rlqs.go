@@ -208,7 +208,7 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 			}
 		})
 	}
-	res := &RLQSResult{Settle: int(math.Ceil((2*o.ReportInterval).Seconds())) + 1}
+	res := &RLQSResult{Settle: int(math.Ceil((2 * o.ReportInterval).Seconds())) + 1}
 	var prev metricsSample
 	if len(o.MetricsURLs) > 0 {
 		prev = readMetrics(ctx, o.MetricsURLs)
