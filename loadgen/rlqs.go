@@ -193,9 +193,16 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 		conns[i] = cc
 	}
 	secs := int(o.Duration / time.Second)
-	ctx, cancel := context.WithTimeout(ctx, o.Duration+time.Second)
+	ctx, cancel := context.WithTimeout(ctx, o.Duration+2*time.Second)
 	defer cancel()
-	start := time.Now()
+	// Seconds of the run are whole wall-clock seconds, as the windows of
+	// requests_per_time_unit are: a second then holds exactly one window.
+	start := time.Now().Truncate(time.Second).Add(time.Second)
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(time.Until(start)):
+	}
 	proxies := make([]*simProxy, o.Proxies)
 	var wg sync.WaitGroup
 	errc := make(chan error, o.Proxies)
