@@ -371,7 +371,8 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 		select {
 		case <-ctx.Done():
 			return nil
-		case now = <-tick.C:
+		case <-tick.C:
+			now = time.Now()
 		}
 		t := now.Sub(start).Seconds()
 		rate := o.rate(p.i, t, d)
@@ -427,11 +428,11 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 		}
 		// Arrivals over the time since the last step: a late tick (a busy
 		// machine) brings more at once, not fewer overall.
-		if !lastStep.IsZero() {
-			acc += rate * now.Sub(lastStep).Seconds()
+		if el := now.Sub(lastStep); !lastStep.IsZero() && el > 0 {
+			acc += rate * min(el, time.Second).Seconds()
 		}
 		lastStep = now
-		n := uint64(acc)
+		n := uint64(max(acc, 0))
 		acc -= float64(n)
 		sec := int(t)
 		if sec >= len(p.offered) {

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -139,6 +140,7 @@ type Service struct {
 	streams map[*Stream]struct{}
 	groups  map[string]*group
 	nsubs   int
+	nextID  uint64
 	remote  map[string][]float64 // the other replicas' demands
 	remAt   time.Time            // when remote was fetched
 	rules   []RuleStat           // as of the last Tick
@@ -182,8 +184,9 @@ type sub struct {
 	seen     time.Time // last report
 	busy     time.Time // last report with traffic
 	share    float64   // the unrounded share last computed
-	sent     Action
-	sentAt   time.Time
+	sent      Action
+	sentShare uint64 // the share sent, requests per period
+	sentAt    time.Time
 	hasSent  bool
 }
 
@@ -191,6 +194,7 @@ type sub struct {
 // stream's receiver, Pending by its sender; both may run concurrently.
 type Stream struct {
 	s      *Service
+	id     uint64 // in opening order
 	domain string
 	subs   map[string]*sub
 	out    []Action
@@ -209,7 +213,11 @@ func (s *Service) Open(domain string) (*Stream, error) {
 		s.rejected.Add(1)
 		return nil, fmt.Errorf("%w: domain longer than %d bytes", ErrInvalid, MaxValueBytes)
 	}
-	st := &Stream{s: s, domain: domain, subs: map[string]*sub{}, outIdx: map[string]int{}, notify: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.nextID++
+	id := s.nextID
+	s.mu.Unlock()
+	st := &Stream{s: s, id: id, domain: domain, subs: map[string]*sub{}, outIdx: map[string]int{}, notify: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.streams[st] = struct{}{}
 	s.mu.Unlock()
@@ -432,7 +440,8 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	free := max(limit-b.g.assigned, 0)
 	b.share = min(free/2, limit/float64(len(b.g.subs)))
 	b.g.assigned += b.share
-	s.queue(now, b, assign(b.g.rule, uint64(b.share), s.o.FixedWindowAsTokenBucket))
+	b.sentShare = uint64(b.share)
+	s.queue(now, b, assign(b.g.rule, b.sentShare, s.o.FixedWindowAsTokenBucket))
 	s.pushed[b.sent.Kind].Add(1)
 }
 
@@ -537,10 +546,20 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	var whole []uint64
 	stats := map[*config.Rule]*RuleStat{}
 	for _, g := range s.groups {
+		// In a stable order, so that the units rounding hands out go to
+		// the same proxies every interval.
 		subs := make([]*sub, 0, len(g.subs))
-		demands = demands[:0]
 		for b := range g.subs {
 			subs = append(subs, b)
+		}
+		slices.SortFunc(subs, func(x, y *sub) int {
+			if c := cmp.Compare(x.st.id, y.st.id); c != 0 {
+				return c
+			}
+			return strings.Compare(x.key, y.key)
+		})
+		demands = demands[:0]
+		for _, b := range subs {
 			demands = append(demands, b.currentDemand(now, s.o.Interval))
 		}
 		demands = append(demands, s.remote[g.key]...)
@@ -570,7 +589,8 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			rs.Share += float64(whole[i])
 			b.share = shares[i]
 			a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
-			if s.due(now, b, &a) {
+			if s.due(now, b, &a, whole[i], demands[i]) {
+				b.sentShare = whole[i]
 				s.queue(now, b, a)
 				s.pushed[a.Kind].Add(1)
 			}
@@ -581,7 +601,7 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			if b.g != nil {
 				continue
 			}
-			if a := answer(b); s.due(now, b, &a) {
+			if a := answer(b); s.due(now, b, &a, 0, 0) {
 				s.queue(now, b, a)
 				s.pushed[a.Kind].Add(1)
 			}
@@ -607,40 +627,25 @@ func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
 	return b.demand
 }
 
-// due reports whether a should be sent for b: nothing was sent yet, the
-// strategy kind changed, the amount fell or rose by more than the
-// threshold, or the last one sent expires within two intervals.
-func (s *Service) due(now time.Time, b *sub, a *Action) bool {
-	if !b.hasSent || b.sent.Kind != a.Kind {
+// due reports whether a, a share of share (requests per period), should
+// be sent for b whose demand is demand: nothing was sent yet, the strategy
+// kind changed, the share fell (so that what the proxies hold never sums
+// above the limit), it rose by more than the threshold or while the proxy
+// wants more than it holds, or the last one sent expires within two
+// intervals.
+func (s *Service) due(now time.Time, b *sub, a *Action, share uint64, demand float64) bool {
+	switch {
+	case !b.hasSent || b.sent.Kind != a.Kind:
 		return true
-	}
-	if now.Add(2 * s.o.Interval).After(b.sentAt.Add(s.o.TTL)) {
+	case now.Add(2 * s.o.Interval).After(b.sentAt.Add(s.o.TTL)):
 		return true
-	}
-	if b.sent.same(a) {
+	case b.sent.same(a) || b.g == nil:
 		return false
+	case share < b.sentShare:
+		return true
 	}
-	// Any decrease is sent, so that what the proxies hold never sums
-	// above the limit; an increase only past the threshold.
-	was, next := amount(&b.sent), amount(a)
-	return next < was || moved(was, next, s.o.Threshold)
-}
-
-// amount is an action's rate in requests per unit time, for comparing two
-// assignments.
-func amount(a *Action) float64 {
-	switch a.Kind {
-	case RequestsPerUnit:
-		return float64(a.Requests)
-	case TokenBucket:
-		return float64(a.TokensPerFill) / float64(a.FillInterval)
-	}
-	return 0
-}
-
-func moved(old, now, threshold float64) bool {
-	d := math.Abs(now - old)
-	return d > threshold*old || old == 0 && d > 0
+	was := float64(b.sentShare)
+	return float64(share)-was > s.o.Threshold*was || demand > was
 }
 
 func grow(s []float64, n int) []float64 {
