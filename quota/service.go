@@ -178,16 +178,16 @@ type sub struct {
 	g      *group       // nil when no limit is divided (see answer)
 	// demand is requests per rule period in the last report; interval is
 	// that report's elapsed time.
-	demand   float64
-	measured bool // demand comes from a report after the first
-	interval time.Duration
-	seen     time.Time // last report
-	busy     time.Time // last report with traffic
-	share    float64   // the unrounded share last computed
+	demand    float64
+	measured  bool // demand comes from a report after the first
+	interval  time.Duration
+	seen      time.Time // last report
+	busy      time.Time // last report with traffic
+	share     float64   // the unrounded share last computed
 	sent      Action
 	sentShare uint64 // the share sent, requests per period
 	sentAt    time.Time
-	hasSent  bool
+	hasSent   bool
 }
 
 // Stream is one proxy's stream. Report and Close are called by the
