@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -111,16 +112,24 @@ func Whole(shares []float64, out []uint64) {
 		whole += f
 	}
 	spare := int(math.Floor(sum+1e-9) - whole)
-	for ; spare > 0; spare-- {
-		best, bestRem := -1, 0.0
-		for i, s := range shares {
-			if rem := s - float64(out[i]); rem > bestRem && rem < 1 {
-				best, bestRem = i, rem
-			}
+	if spare <= 0 {
+		return
+	}
+	// The largest remainders first; ties to the lower index.
+	var buf [64]int
+	idx := buf[:0]
+	if len(shares) > len(buf) {
+		idx = make([]int, 0, len(shares))
+	}
+	for i, s := range shares {
+		if rem := s - float64(out[i]); rem > 0 && rem < 1 {
+			idx = append(idx, i)
 		}
-		if best < 0 {
-			return
-		}
-		out[best]++
+	}
+	slices.SortStableFunc(idx, func(a, b int) int {
+		return cmp.Compare(shares[b]-float64(out[b]), shares[a]-float64(out[a]))
+	})
+	for _, i := range idx[:min(spare, len(idx))] {
+		out[i]++
 	}
 }

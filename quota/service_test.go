@@ -6,6 +6,8 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -423,5 +425,84 @@ func TestService_FixedWindowAsTokenBucket(t *testing.T) {
 	if a := only(t, st, "fixed window as a token bucket"); a.Kind != TokenBucket || a.TokensPerFill != 1 ||
 		a.FillInterval != time.Millisecond || a.MaxTokens != 1000 {
 		t.Errorf("got %+v", a)
+	}
+}
+
+// TestService_RoundingIsStable: 40 proxies on 980 (1000 less 2 %) get 24
+// or 25, the same ones every interval, and nothing is pushed while
+// demands hold.
+func TestService_RoundingIsStable(t *testing.T) {
+	s, _ := newTestService(t, Options{})
+	var sts []*Stream
+	for range 40 {
+		st, _ := s.Open("d")
+		mustReport(t, st, at(0), use("tenant", "x", 1, 0))
+		sts = append(sts, st)
+	}
+	held := make([]uint64, len(sts))
+	for step := 1; step <= 6; step++ {
+		now := at(float64(step))
+		for _, st := range sts {
+			mustReport(t, st, now, use("tenant", "x", 40, 0))
+		}
+		s.Tick(context.Background(), now)
+		var sum uint64
+		for i, st := range sts {
+			for _, a := range st.Pending() {
+				if step > 2 {
+					t.Errorf("step %d: stream %d got %+v with steady demand", step, i, a)
+				}
+				held[i] = a.Requests
+			}
+			sum += held[i]
+		}
+		if step >= 2 && sum != 980 {
+			t.Errorf("step %d: shares sum to %d, want 980", step, sum)
+		}
+	}
+}
+
+// TestService_ConcurrentStreams reports, opens, closes and ticks from
+// many goroutines (run it with -race); after every tick the shares sent
+// to the streams of one limit never sum above it.
+func TestService_ConcurrentStreams(t *testing.T) {
+	s, _ := newTestService(t, Options{})
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st, _ := s.Open("d")
+				for j := range 5 {
+					_ = st.Report(at(float64(j)/10), []Usage{use("tenant", "x", uint64(10*g+j), 0), use("api", strconv.Itoa(i%3), 1, 0)})
+					st.Pending()
+				}
+				st.Close()
+			}
+		})
+	}
+	for i := range 200 {
+		s.Tick(context.Background(), at(float64(i)/100))
+		s.mu.Lock()
+		for _, g := range s.groups {
+			var sum uint64
+			for b := range g.subs {
+				sum += b.sentShare
+			}
+			if sum > g.rule.Limit.Limit() {
+				t.Errorf("tick %d: group %s holds %d > %d", i, g.key, sum, g.rule.Limit.Limit())
+			}
+		}
+		s.mu.Unlock()
+	}
+	close(stop)
+	wg.Wait()
+	if st := s.Stats(); st.Streams != 0 || st.Buckets != 0 {
+		t.Errorf("after every stream closed: %+v", st)
 	}
 }
