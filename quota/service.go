@@ -629,10 +629,12 @@ func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
 
 // due reports whether a, a share of share (requests per period), should
 // be sent for b whose demand is demand: nothing was sent yet, the strategy
-// kind changed, the share fell (so that what the proxies hold never sums
-// above the limit), it rose by more than the threshold or while the proxy
-// wants more than it holds, or the last one sent expires within two
-// intervals.
+// kind changed, or the last one sent expires within two intervals; else,
+// for requests per time unit, the share fell (so that what the proxies
+// hold never sums above the limit), or rose by more than the threshold or
+// while the proxy wants more than it holds. A token bucket is re-sent only
+// when its share moved by more than the threshold either way: Envoy
+// rebuilds a changed bucket full, so every push grants a burst.
 func (s *Service) due(now time.Time, b *sub, a *Action, share uint64, demand float64) bool {
 	switch {
 	case !b.hasSent || b.sent.Kind != a.Kind:
@@ -641,11 +643,12 @@ func (s *Service) due(now time.Time, b *sub, a *Action, share uint64, demand flo
 		return true
 	case b.sent.same(a) || b.g == nil:
 		return false
-	case share < b.sentShare:
-		return true
 	}
-	was := float64(b.sentShare)
-	return float64(share)-was > s.o.Threshold*was || demand > was
+	was, next := float64(b.sentShare), float64(share)
+	if a.Kind == TokenBucket {
+		return math.Abs(next-was) > s.o.Threshold*was
+	}
+	return next < was || next-was > s.o.Threshold*was || demand > was
 }
 
 func grow(s []float64, n int) []float64 {
