@@ -428,8 +428,11 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 		}
 		// Arrivals over the time since the last step: a late tick (a busy
 		// machine) brings more at once, not fewer overall.
-		if el := now.Sub(lastStep); !lastStep.IsZero() && el > 0 {
-			acc += rate * min(el, time.Second).Seconds()
+		from, el := lastStep, min(now.Sub(lastStep), time.Second)
+		if !lastStep.IsZero() && el > 0 {
+			acc += rate * el.Seconds()
+		} else {
+			from, el = now, 0
 		}
 		lastStep = now
 		n := uint64(max(acc, 0))
@@ -438,9 +441,11 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 		if sec >= len(p.offered) {
 			continue
 		}
+		// The step's arrivals are spread evenly over it, as real traffic
+		// is, even when the step ran late.
 		var ok uint64
-		for range n {
-			if b.allow(now) {
+		for k := range n {
+			if b.allow(from.Add(el * time.Duration(k+1) / time.Duration(n))) {
 				ok++
 			}
 		}

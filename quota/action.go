@@ -66,6 +66,14 @@ func (a *Action) same(b *Action) bool {
 		a.MaxTokens == b.MaxTokens && a.TokensPerFill == b.TokensPerFill && a.FillInterval == b.FillInterval
 }
 
+// A fixed-window rule's token bucket holds share/fixedWindowBurstDivisor
+// tokens, and at least fixedWindowMinBurst (or the whole share if less),
+// enough to absorb the jitter of arrivals at a small share.
+const (
+	fixedWindowBurstDivisor = 10
+	fixedWindowMinBurst     = 10
+)
+
 // minFill is the shortest token-bucket fill interval assigned: finer fills
 // cost the proxy timer wake-ups for nothing.
 const minFill = time.Millisecond
@@ -94,8 +102,13 @@ func assign(r *config.Rule, share uint64, fwAsTB bool) Action {
 	q = min(q, math.MaxUint32)
 	fill := mulDivCeil(uint64(period), q, share)
 	// The proxy's burst is its share of the rule's burst, at least one
-	// fill.
+	// fill. A fixed window has no burst of its own: the bucket holds a
+	// tenth of the share (at least 10), because Envoy rebuilds a changed
+	// bucket full and every push would otherwise grant a whole window.
 	burst := mulDivCeil(lim.Burst(), share, max(lim.Limit(), 1))
+	if lim.Algorithm() == store.FixedWindow {
+		burst = max(mulDivCeil(share, 1, fixedWindowBurstDivisor), min(share, fixedWindowMinBurst))
+	}
 	burst = min(max(burst, q), math.MaxUint32)
 	return Action{Kind: TokenBucket, MaxTokens: uint32(burst), TokensPerFill: uint32(q), FillInterval: time.Duration(fill)}
 }

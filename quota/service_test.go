@@ -422,9 +422,9 @@ func TestService_FixedWindowAsTokenBucket(t *testing.T) {
 	mustReport(t, st, at(0), use("tenant", "x", 5000, 0))
 	st.Pending()
 	s.Tick(context.Background(), at(1))
-	// 1000 per second: one token a millisecond, holding at most 1000.
+	// 1000 per second: one token a millisecond, holding at most 100.
 	if a := only(t, st, "fixed window as a token bucket"); a.Kind != TokenBucket || a.TokensPerFill != 1 ||
-		a.FillInterval != time.Millisecond || a.MaxTokens != 1000 {
+		a.FillInterval != time.Millisecond || a.MaxTokens != 100 {
 		t.Errorf("got %+v", a)
 	}
 }
