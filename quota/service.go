@@ -69,7 +69,7 @@ type Options struct {
 	// would go past it ends the stream with ErrTooManyBuckets.
 	MaxBucketsPerStream int
 	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
-	// (the share per unit, refilled evenly, holding at most the share)
+	// (the share per unit, refilled evenly, holding a tenth of it, at least 10)
 	// instead of requests_per_time_unit, which Envoy's filter does not
 	// enforce yet (it lets every request through).
 	FixedWindowAsTokenBucket bool
@@ -156,9 +156,6 @@ func New(tables Tables, o Options) *Service {
 	return &Service{tables: tables, o: o, streams: map[*Stream]struct{}{}, groups: map[string]*group{}}
 }
 
-// Options returns the options in force, defaults filled in.
-func (s *Service) Options() Options { return s.o }
-
 // group is the buckets that share one limit: one rule and counter key.
 type group struct {
 	key  string
@@ -183,7 +180,6 @@ type sub struct {
 	interval  time.Duration
 	seen      time.Time // last report
 	busy      time.Time // last report with traffic
-	share     float64   // the unrounded share last computed
 	sent      Action
 	sentShare uint64 // the share sent, requests per period
 	sentAt    time.Time
@@ -438,9 +434,9 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	}
 	limit := float64(b.g.rule.Limit.Limit())
 	free := max(limit-b.g.assigned, 0)
-	b.share = min(free/2, limit/float64(len(b.g.subs)))
-	b.g.assigned += b.share
-	b.sentShare = uint64(b.share)
+	share := min(free/2, limit/float64(len(b.g.subs)))
+	b.g.assigned += share
+	b.sentShare = uint64(share)
 	s.queue(now, b, assign(b.g.rule, b.sentShare, s.o.FixedWindowAsTokenBucket))
 	s.pushed[b.sent.Kind].Add(1)
 }
@@ -587,7 +583,6 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			rs.Buckets++
 			rs.Demand += demands[i]
 			rs.Share += float64(whole[i])
-			b.share = shares[i]
 			a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
 			if s.due(now, b, &a, whole[i], demands[i]) {
 				b.sentShare = whole[i]
