@@ -193,8 +193,6 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 		conns[i] = cc
 	}
 	secs := int(o.Duration / time.Second)
-	ctx, cancel := context.WithTimeout(ctx, o.Duration+2*time.Second)
-	defer cancel()
 	// Seconds of the run are whole wall-clock seconds, as the windows of
 	// requests_per_time_unit are: a second then holds exactly one window.
 	start := time.Now().Truncate(time.Second).Add(time.Second)
@@ -203,6 +201,8 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 		return nil, ctx.Err()
 	case <-time.After(time.Until(start)):
 	}
+	ctx, cancel := context.WithDeadline(ctx, start.Add(o.Duration+10*time.Second))
+	defer cancel()
 	proxies := make([]*simProxy, o.Proxies)
 	var wg sync.WaitGroup
 	errc := make(chan error, o.Proxies)
@@ -217,8 +217,9 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 	}
 	res := &RLQSResult{Settle: int(math.Ceil((2 * o.ReportInterval).Seconds())) + 1}
 	var prev metricsSample
+	prevOK := false
 	if len(o.MetricsURLs) > 0 {
-		prev = readMetrics(ctx, o.MetricsURLs)
+		prev, prevOK = readMetrics(ctx, o.MetricsURLs)
 	}
 	demands, fair := make([]float64, 0, o.Proxies), make([]float64, o.Proxies)
 	for s := 0; s < secs; s++ {
@@ -257,13 +258,17 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 			sec.MeanDev /= float64(n)
 		}
 		if len(o.MetricsURLs) > 0 {
-			cur := readMetrics(ctx, o.MetricsURLs)
-			sec.ServerCores = cur.cpu - prev.cpu
-			sec.Reports = cur.reports - prev.reports
-			if sec.Reports > 0 {
-				sec.CPUPerReport = sec.ServerCores / sec.Reports * 1e6
+			// A second whose metrics (or the previous ones) could not be
+			// read has no server figures.
+			cur, ok := readMetrics(ctx, o.MetricsURLs)
+			if ok && prevOK {
+				sec.ServerCores = cur.cpu - prev.cpu
+				sec.Reports = cur.reports - prev.reports
+				if sec.Reports > 0 {
+					sec.CPUPerReport = sec.ServerCores / sec.Reports * 1e6
+				}
 			}
-			prev = cur
+			prev, prevOK = cur, ok
 		}
 		res.Seconds = append(res.Seconds, sec)
 		if o.Every != nil {
@@ -468,16 +473,19 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 type metricsSample struct{ cpu, reports float64 }
 
 // readMetrics sums process_cpu_seconds_total and
-// sluice_rlqs_bucket_reports_total over urls; failures read as 0.
-func readMetrics(ctx context.Context, urls []string) metricsSample {
-	var m metricsSample
+// sluice_rlqs_bucket_reports_total over urls; ok is false if any could
+// not be read.
+func readMetrics(ctx context.Context, urls []string) (m metricsSample, ok bool) {
+	ok = true
 	for _, u := range urls {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 		if err != nil {
+			ok = false
 			continue
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
+			ok = false
 			continue
 		}
 		sc := bufio.NewScanner(resp.Body)
@@ -501,5 +509,5 @@ func readMetrics(ctx context.Context, urls []string) metricsSample {
 		}
 		resp.Body.Close()
 	}
-	return m
+	return m, ok
 }

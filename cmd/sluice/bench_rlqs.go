@@ -83,10 +83,10 @@ func runBenchRLQS(ctx context.Context, f *benchFlags, domainSet bool, stdout, st
 	if !f.jsonOut {
 		fmt.Fprintf(stdout, "rlqs: %d proxies (%s) on %s, limit %g/s, report every %v, %v\n",
 			o.Proxies, o.Demand, strings.Join(o.Targets, ","), o.Limit, o.ReportInterval, o.Duration)
-		fmt.Fprintln(stdout, "   t  proxies  offered/s  admitted/s  admitted/L  mean|share-fair|  max|share-fair|  server cores  µs/report")
+		fmt.Fprintln(stdout, "   t  proxies  offered/s  admitted/s  admitted/L  mean|share-fair|  max|share-fair|  server cores  bucket reports/s  µs/report")
 		o.Every = func(s loadgen.Second) {
-			fmt.Fprintf(stdout, "%4d  %7d  %9.0f  %10.0f  %10.3f  %16.1f%%  %15.1f%%  %12.3f  %9.2f\n", s.T, s.Active, s.Offered, s.Admitted,
-				s.Admitted/s.Limit, 100*s.MeanDev, 100*s.MaxDev, s.ServerCores, s.CPUPerReport)
+			fmt.Fprintf(stdout, "%4d  %7d  %9.0f  %10.0f  %10.3f  %16.1f%%  %15.1f%%  %12.3f  %16.0f  %9.2f\n", s.T, s.Active, s.Offered, s.Admitted,
+				s.Admitted/s.Limit, 100*s.MeanDev, 100*s.MaxDev, s.ServerCores, s.Reports, s.CPUPerReport)
 		}
 	}
 	res, err := loadgen.RunRLQS(ctx, o)
