@@ -130,7 +130,9 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	}
 	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
 	if o.Quota != nil {
-		rlqspb.RegisterRateLimitQuotaServiceServer(s, NewRLQS(o.Quota))
+		rlqs := NewRLQS(o.Quota)
+		rlqs.draining = health.draining
+		rlqspb.RegisterRateLimitQuotaServiceServer(s, rlqs)
 	}
 	healthpb.RegisterHealthServer(s, health.service())
 	reflection.Register(s)

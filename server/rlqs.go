@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -27,17 +28,21 @@ const maxActionsPerMessage = 1000
 type RLQS struct {
 	rlqspb.UnimplementedRateLimitQuotaServiceServer
 	q *quota.Service
+	// draining, when done, ends every stream with UNAVAILABLE so that the
+	// proxies reconnect elsewhere (NewGRPC ties it to Health.Shutdown).
+	draining context.Context
 }
 
 // NewRLQS returns the RLQS adapter of q.
-func NewRLQS(q *quota.Service) *RLQS { return &RLQS{q: q} }
+func NewRLQS(q *quota.Service) *RLQS { return &RLQS{q: q, draining: context.Background()} }
 
 // StreamRateLimitQuotas serves one proxy's stream: the first message's
 // domain opens it, every message's usages are reported, and the actions
 // the quota service queues for the stream are sent as they come. A
 // malformed message ends the stream with INVALID_ARGUMENT, too many
-// buckets with RESOURCE_EXHAUSTED; the stream's buckets are released when
-// it ends.
+// buckets with RESOURCE_EXHAUSTED, and draining with UNAVAILABLE (Envoy
+// then reconnects, to another replica); the stream's buckets are released
+// when it ends.
 func (s *RLQS) StreamRateLimitQuotas(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -73,6 +78,8 @@ func (s *RLQS) StreamRateLimitQuotas(stream rlqspb.RateLimitQuotaService_StreamR
 			}
 		case err := <-recvErr:
 			return s.flush(stream, st, err)
+		case <-s.draining.Done():
+			return s.flush(stream, st, status.Error(codes.Unavailable, "rlqs: server draining, reconnect"))
 		}
 	}
 }

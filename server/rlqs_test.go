@@ -237,6 +237,22 @@ func TestRLQS_BadInput(t *testing.T) {
 	waitFor(t, "every stream's end", func() bool { return e.q.Stats().Streams == 0 && e.q.Stats().Buckets == 0 })
 }
 
+func TestRLQS_DrainEndsStreams(t *testing.T) {
+	e := newRLQSEnv(t, quota.Options{})
+	s, _ := openStream(t, e)
+	sendReports(t, s, reports("e2e", usage(1, 0, "path", "/x")))
+	recvAction(t, s)
+	e.health.Shutdown()
+	var err error
+	for err == nil {
+		_, err = s.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("stream ended with %v when draining, want UNAVAILABLE", err)
+	}
+	waitFor(t, "the stream's buckets released", func() bool { return e.q.Stats().Buckets == 0 })
+}
+
 func TestRLQS_HealthAndReflection(t *testing.T) {
 	e := newRLQSEnv(t, quota.Options{})
 	name := rlqspb.RateLimitQuotaService_ServiceDesc.ServiceName
