@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -120,4 +122,20 @@ func TestServeRLQS_BadSettings(t *testing.T) {
 			t.Errorf("%v: %v, want an error naming %s", c.args, err, c.want)
 		}
 	}
+}
+
+// TestServeRLQS_ReloadReassigns: a limits file edited under a running
+// serve re-assigns the proxies' shares within an interval or so.
+func TestServeRLQS_ReloadReassigns(t *testing.T) {
+	dir := writeConfig(t, "domain: q\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	addr, _, _ := startServe(t, nil, "--config", dir, "--rlqs-interval", "100ms", "--rlqs-ttl", "2s", "--rlqs-reserve", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := startFakeProxy(t, ctx, addr, 100, 100*time.Millisecond)
+	waitUntil(t, 10*time.Second, "the whole limit of 100", func() bool { return p.share.Load() == 100 })
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"),
+		[]byte("domain: q\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 40}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the new limit of 40", func() bool { return p.share.Load() == 40 })
 }
