@@ -523,7 +523,11 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	var err error
 	var remote map[string][]float64
 	if fleet != nil {
-		remote, err = fleet.Exchange(ctx, now, local)
+		// An exchange may take at most one interval: a slow Redis must not
+		// stall the division.
+		fctx, cancel := context.WithTimeout(ctx, s.o.Interval)
+		remote, err = fleet.Exchange(fctx, now, local)
+		cancel()
 		if err != nil {
 			s.fleetErrors.Add(1)
 		}
