@@ -267,14 +267,24 @@ func (st *Stream) Close() {
 func (st *Stream) Report(now time.Time, usages []Usage) error {
 	s := st.s
 	s.reports.Add(1)
-	keys := make([]string, len(usages))
+	// The usages' canonical keys, end to end in one buffer: looking a
+	// key up allocates nothing, only a new bucket copies its key.
+	var arena []byte
+	ends := make([]int, len(usages))
 	for i := range usages {
 		u := &usages[i]
 		if err := checkUsage(u); err != nil {
 			s.rejected.Add(1)
 			return fmt.Errorf("%w: bucket_quota_usages[%d]: %v", ErrInvalid, i, err)
 		}
-		keys[i] = bucketKey(u.Bucket)
+		arena = appendBucketKey(arena, u.Bucket)
+		ends[i] = len(arena)
+	}
+	key := func(i int) []byte {
+		if i == 0 {
+			return arena[:ends[0]]
+		}
+		return arena[ends[i-1]:ends[i]]
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -282,8 +292,8 @@ func (st *Stream) Report(now time.Time, usages []Usage) error {
 		return nil
 	}
 	added := 0
-	for _, k := range keys {
-		if st.subs[k] == nil {
+	for i := range usages {
+		if st.subs[string(key(i))] == nil {
 			added++
 		}
 	}
@@ -295,9 +305,9 @@ func (st *Stream) Report(now time.Time, usages []Usage) error {
 	t := s.current()
 	for i := range usages {
 		u := &usages[i]
-		b := st.subs[keys[i]]
+		b := st.subs[string(key(i))]
 		if b == nil {
-			b = &sub{st: st, key: keys[i], bucket: maps.Clone(u.Bucket), busy: now}
+			b = &sub{st: st, key: string(key(i)), bucket: maps.Clone(u.Bucket), busy: now}
 			st.subs[b.key] = b
 			s.subscribe(t, b)
 		}
@@ -329,20 +339,25 @@ func checkUsage(u *Usage) error {
 	return nil
 }
 
-// bucketKey is a bucket id in one canonical string: sorted keys, each key
-// and value length-prefixed.
-func bucketKey(m map[string]string) string {
-	ks := slices.Sorted(maps.Keys(m))
-	var b strings.Builder
-	for _, k := range ks {
-		b.WriteString(strconv.Itoa(len(k)))
-		b.WriteByte(':')
-		b.WriteString(k)
-		b.WriteString(strconv.Itoa(len(m[k])))
-		b.WriteByte(':')
-		b.WriteString(m[k])
+// appendBucketKey appends a bucket id in one canonical form: sorted keys,
+// each key and value length-prefixed.
+func appendBucketKey(b []byte, m map[string]string) []byte {
+	var buf [config.MaxBucketKeys]string
+	ks := buf[:0]
+	for k := range m {
+		ks = append(ks, k)
 	}
-	return b.String()
+	slices.Sort(ks)
+	for _, k := range ks {
+		v := m[k]
+		b = strconv.AppendInt(b, int64(len(k)), 10)
+		b = append(b, ':')
+		b = append(b, k...)
+		b = strconv.AppendInt(b, int64(len(v)), 10)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	return b
 }
 
 // record updates b's demand from a report.
