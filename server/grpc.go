@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
@@ -22,6 +23,7 @@ import (
 
 	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/quota"
 )
 
 // GRPCOptions configure the gRPC server. The zero value means defaults.
@@ -51,6 +53,9 @@ type GRPCOptions struct {
 	// store that waits on the network (Redis) wants about as many workers
 	// as requests it has in flight.
 	StreamWorkers int
+	// Quota, if not nil, serves Envoy's Rate Limit Quota Service
+	// (envoy.service.rate_limit_quota.v3) on the same server.
+	Quota *quota.Service
 	// ServerOptions are appended last: stats handlers, more interceptors.
 	// Unless Interceptors is set, what these see as the request and the
 	// response of Envoy's ShouldRateLimit are not proto messages but
@@ -63,8 +68,8 @@ type GRPCOptions struct {
 }
 
 // NewGRPC returns a gRPC server with Envoy's RateLimitService, our
-// sluice.v1.RateLimiter, grpc.health.v1 (from health) and server
-// reflection registered, behind panic recovery and request logging.
+// sluice.v1.RateLimiter, Envoy's RateLimitQuotaService (with o.Quota),
+// grpc.health.v1 (from health) and server reflection registered, behind panic recovery and request logging.
 func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	logger := o.Logger
 	if logger == nil {
@@ -124,6 +129,11 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 		rlspb.RegisterRateLimitServiceServer(s, rls)
 	}
 	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
+	if o.Quota != nil {
+		rlqs := NewRLQS(o.Quota)
+		rlqs.draining = health.draining
+		rlqspb.RegisterRateLimitQuotaServiceServer(s, rlqs)
+	}
 	healthpb.RegisterHealthServer(s, health.service())
 	reflection.Register(s)
 	return s

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -28,6 +29,7 @@ type Health struct {
 // healthServices are the names grpc.health.v1 answers for, besides "".
 var healthServices = []string{
 	rlspb.RateLimitService_ServiceDesc.ServiceName,
+	rlqspb.RateLimitQuotaService_ServiceDesc.ServiceName,
 	sluicev1.RateLimiter_ServiceDesc.ServiceName,
 }
 

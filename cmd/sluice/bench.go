@@ -38,6 +38,11 @@ Workloads (domain --domain, values spread over --keys):
   file      the request(s) in --request-file (JSON or YAML, the proto's JSON
             form: {"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}]}]})
 
+With --rlqs, simulates a fleet of Envoys on Rate Limit Quota Service streams
+(--rlqs-* flags) and prints per second the fleet's admitted rate against the
+limit, each proxy's share against its max-min fair share and the servers'
+CPU per bucket report (docs/RLQS.md).
+
 With --noop-listen, runs an RLS server that answers OK to everything until
 interrupted: the floor gRPC-go itself sets on this machine.
 
@@ -52,6 +57,7 @@ type benchFlags struct {
 	jsonOut                             bool
 	noopListen                          string
 	tls                                 tlsClientFlags
+	rlqs                                rlqsBenchFlags
 }
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -72,6 +78,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.StringVar(&f.noopListen, "noop-listen", "", "run a no-op RLS server on `address` instead of sending load")
 	f.tls.register(fs)
+	f.rlqs.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -84,6 +91,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	if f.noopListen != "" {
 		return runNoop(ctx, f.noopListen, stderr)
+	}
+	if f.rlqs.enabled {
+		domainSet := false
+		fs.Visit(func(fl *flag.Flag) { domainSet = domainSet || fl.Name == "domain" })
+		return runBenchRLQS(ctx, &f, domainSet, stdout, stderr)
 	}
 	opts, err := f.options()
 	if err != nil {

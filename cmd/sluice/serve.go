@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/quota"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
 )
@@ -142,6 +143,9 @@ type serveContext struct {
 	// Store is the backend's store and Clock the limiter's clock.
 	Store store.Store
 	Clock store.Clock
+	// Quota, if set, serves Envoy's Rate Limit Quota Service on the gRPC
+	// port.
+	Quota *quota.Service
 }
 
 // serving reports whether to serve with config table t: there is one and
@@ -312,7 +316,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata}
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
-		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions}
+		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions, Quota: x.Quota}
 	if b.waits {
 		gopts.StreamWorkers = blockingWorkers * runtime.GOMAXPROCS(0)
 	}

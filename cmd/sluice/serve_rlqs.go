@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sluicehq/sluice/observe"
+	"github.com/sluicehq/sluice/quota"
+	"github.com/sluicehq/sluice/store/redis"
+)
+
+// Envoy's Rate Limit Quota Service on the gRPC port: the quota service,
+// its metrics, and with --store redis the demand shared across replicas.
+func init() {
+	var f rlqsFlags
+	registerExtension(extension{name: "rlqs", flags: f.register, setup: f.setup})
+}
+
+type rlqsFlags struct {
+	enabled    bool
+	interval   time.Duration
+	ttl        time.Duration
+	threshold  float64
+	reserve    float64
+	idle       time.Duration
+	maxBuckets int
+	replica    string
+	fwStrategy string
+}
+
+func (f *rlqsFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&f.enabled, "rlqs", true, "serve Envoy's Rate Limit Quota Service (envoy.service.rate_limit_quota.v3) on the gRPC port")
+	fs.DurationVar(&f.interval, "rlqs-interval", quota.DefaultInterval, "RLQS: how often shares are recomputed (and demand shared through Redis)")
+	fs.DurationVar(&f.ttl, "rlqs-ttl", quota.DefaultTTL, "RLQS: assignment_time_to_live of every assignment (at least 3 intervals); re-sent before it ends")
+	fs.Float64Var(&f.threshold, "rlqs-threshold", quota.DefaultThreshold, "RLQS: push a share again only when it moves by more than this fraction")
+	fs.Float64Var(&f.reserve, "rlqs-reserve", quota.DefaultReserve, "RLQS: fraction of each limit kept back for proxies that just appeared (0: none)")
+	fs.DurationVar(&f.idle, "rlqs-idle-abandon", quota.DefaultIdleAbandon, "RLQS: abandon a bucket with no traffic reported for this long")
+	fs.IntVar(&f.maxBuckets, "rlqs-max-buckets-per-stream", quota.DefaultMaxBucketsPerStream, "RLQS: most buckets on one stream; more end it with RESOURCE_EXHAUSTED")
+	fs.StringVar(&f.fwStrategy, "rlqs-fixed-window-strategy", "requests_per_time_unit", "RLQS: strategy assigned for fixed-window rules: requests_per_time_unit | token_bucket (Envoy's filter does not enforce requests_per_time_unit yet)")
+	fs.StringVar(&f.replica, "rlqs-replica-id", "", "RLQS with --store redis: this replica's `name` in the shared demand (default host name and process id)")
+}
+
+func (f *rlqsFlags) options() (quota.Options, error) {
+	switch {
+	case f.interval <= 0:
+		return quota.Options{}, errors.New("--rlqs-interval must be positive")
+	case f.ttl < 3*f.interval:
+		return quota.Options{}, fmt.Errorf("--rlqs-ttl %v must be at least 3 × --rlqs-interval (%v)", f.ttl, 3*f.interval)
+	case !(f.threshold >= 0 && f.threshold < 1):
+		return quota.Options{}, errors.New("--rlqs-threshold must be in [0, 1)")
+	case !(f.reserve >= 0 && f.reserve <= 0.5):
+		return quota.Options{}, errors.New("--rlqs-reserve must be in [0, 0.5]")
+	case f.idle <= 0 || f.maxBuckets < 1:
+		return quota.Options{}, errors.New("--rlqs-idle-abandon must be positive and --rlqs-max-buckets-per-stream at least 1")
+	}
+	switch f.fwStrategy {
+	case "requests_per_time_unit", "token_bucket":
+	default:
+		return quota.Options{}, fmt.Errorf("--rlqs-fixed-window-strategy %q: want requests_per_time_unit or token_bucket", f.fwStrategy)
+	}
+	o := quota.Options{FixedWindowAsTokenBucket: f.fwStrategy == "token_bucket", Interval: f.interval, TTL: f.ttl, Threshold: f.threshold, Reserve: f.reserve,
+		IdleAbandon: f.idle, MaxBucketsPerStream: f.maxBuckets}
+	// quota.Options reads 0 as "the default"; the flags mean none.
+	if f.threshold == 0 {
+		o.Threshold = -1
+	}
+	if f.reserve == 0 {
+		o.Reserve = -1
+	}
+	return o, nil
+}
+
+func (f *rlqsFlags) setup(_ context.Context, x *serveContext) error {
+	if !f.enabled {
+		return nil
+	}
+	o, err := f.options()
+	if err != nil {
+		return err
+	}
+	o.Logger = x.Logger
+	fleet := "none (the memory store: limits are divided per replica)"
+	if st, ok := x.Store.(*redis.Store); ok {
+		replica := f.replica
+		if replica == "" {
+			host, _ := os.Hostname()
+			replica = fmt.Sprintf("%s-%d", host, os.Getpid())
+		}
+		o.Fleet = st.Demand(replica, 3*f.interval)
+		fleet = "redis, replica " + replica
+	}
+	q := quota.New(x.Config, o)
+	if err := observe.RegisterQuota(x.Registry, q); err != nil {
+		return err
+	}
+	x.Quota = q
+	x.Run = append(x.Run, q.Run)
+	x.Logger.Info("rlqs", "interval", o.Interval, "ttl", o.TTL, "fleet", fleet)
+	return nil
+}

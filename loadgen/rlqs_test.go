@@ -1,0 +1,135 @@
+package loadgen
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/quota"
+	"github.com/sluicehq/sluice/server"
+)
+
+func assignment(s *typepb.RateLimitStrategy, ttl time.Duration) *rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction {
+	return &rlqspb.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{RateLimitStrategy: s, AssignmentTimeToLive: durationpb.New(ttl)}
+}
+
+func tokenBucket(max, per uint32, fill time.Duration) *typepb.RateLimitStrategy {
+	return &typepb.RateLimitStrategy{Strategy: &typepb.RateLimitStrategy_TokenBucket{TokenBucket: &typepb.TokenBucket{
+		MaxTokens: max, TokensPerFill: wrapperspb.UInt32(per), FillInterval: durationpb.New(fill)}}}
+}
+
+func perUnit(n uint64, u typepb.RateLimitUnit) *typepb.RateLimitStrategy {
+	return &typepb.RateLimitStrategy{Strategy: &typepb.RateLimitStrategy_RequestsPerTimeUnit_{
+		RequestsPerTimeUnit: &typepb.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: n, TimeUnit: u}}}
+}
+
+// count is how many of n requests at now b allows.
+func count(b *localBucket, now time.Time, n int) int {
+	ok := 0
+	for range n {
+		if b.allow(now) {
+			ok++
+		}
+	}
+	return ok
+}
+
+func TestLocalBucket(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+	b := localBucket{noAssign: FallbackDeny, onExpired: FallbackReuse}
+	if got := count(&b, at(0), 5); got != 0 {
+		t.Errorf("no assignment, deny: %d allowed", got)
+	}
+	b.apply(at(0), assignment(tokenBucket(10, 1, 100*time.Millisecond), time.Second))
+	steps := []struct {
+		ms, n, want int
+	}{
+		{0, 20, 10},  // starts full
+		{250, 5, 2},  // two fills in 250 ms
+		{1500, 5, 5}, // expired: reuse keeps the bucket, refilled by then
+	}
+	for i, s := range steps {
+		if got := count(&b, at(s.ms), s.n); got != s.want {
+			t.Errorf("token bucket step %d: %d of %d allowed at %d ms, want %d", i, got, s.n, s.ms, s.want)
+		}
+	}
+	// The same bucket re-sent keeps its tokens; a changed one starts full.
+	b.apply(at(1500), assignment(tokenBucket(10, 1, 100*time.Millisecond), time.Second))
+	if got := count(&b, at(1500), 5); got != 5 {
+		t.Errorf("same assignment re-sent: %d allowed, want the 5 left", got)
+	}
+	b.apply(at(1500), assignment(tokenBucket(3, 1, time.Second), time.Second))
+	if got := count(&b, at(1500), 5); got != 3 {
+		t.Errorf("new assignment: %d allowed, want a full bucket of 3", got)
+	}
+
+	w := localBucket{onExpired: FallbackDeny}
+	w.apply(at(0), assignment(perUnit(3, typepb.RateLimitUnit_SECOND), 2*time.Second))
+	for i, s := range []struct{ ms, n, want int }{{0, 5, 3}, {900, 5, 0}, {1000, 5, 3}, {2500, 5, 0}} {
+		if got := count(&w, at(s.ms), s.n); got != s.want {
+			t.Errorf("requests per unit step %d: %d of %d allowed at %d ms, want %d", i, got, s.n, s.ms, s.want)
+		}
+	}
+}
+
+type staticTables struct{ t *config.Table }
+
+func (s staticTables) Current() *config.Table { return s.t }
+
+// TestRunRLQS runs a short simulation against a real RLQS server on
+// loopback and checks its bookkeeping (not its timing).
+func TestRunRLQS(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(p, []byte("domain: rlqs\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 200}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := config.Load(p, config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := quota.New(staticTables{tbl}, quota.Options{Interval: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go q.Run(ctx)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	rlqspb.RegisterRateLimitQuotaServiceServer(s, server.NewRLQS(q))
+	done := make(chan struct{})
+	go func() { defer close(done); s.Serve(lis) }()
+	defer func() { s.Stop(); <-done }()
+
+	var seen int
+	res, err := RunRLQS(ctx, RLQSOptions{Targets: []string{lis.Addr().String()}, Proxies: 10, Buckets: 3, Demand: DemandChurn,
+		Limit: 200, ReportInterval: 200 * time.Millisecond, Duration: 3 * time.Second, Every: func(Second) { seen++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Seconds) != 3 || seen != 3 {
+		t.Fatalf("%d seconds, %d callbacks; want 3", len(res.Seconds), seen)
+	}
+	// Churn: 8 proxies, then 10 in the middle second, then 8.
+	for i, want := range []int{8, 10, 8} {
+		s := res.Seconds[i]
+		if s.Active != want || s.Admitted > s.Offered || s.Offered == 0 {
+			t.Errorf("second %d: %+v, want %d proxies and admitted ≤ offered", i+1, s, want)
+		}
+	}
+	if st := q.Stats(); st.Usages == 0 || st.Pushed[quota.RequestsPerUnit] == 0 {
+		t.Errorf("server stats %+v: no reports or assignments", st)
+	}
+}

@@ -1,0 +1,74 @@
+package observe
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/quota"
+)
+
+// QuotaStatser reports the rate limit quota service's state;
+// *quota.Service is one.
+type QuotaStatser interface {
+	Stats() quota.Stats
+	Rules() []quota.RuleStat
+}
+
+// RegisterQuota registers the RLQS metrics, read from q at each scrape.
+// Per-rule series are labelled by domain and rule path only (one series
+// per configured rule at most).
+func RegisterQuota(reg prometheus.Registerer, q QuotaStatser) error {
+	return reg.Register(quotaCollector{q})
+}
+
+var (
+	rlqsStreamsDesc  = prometheus.NewDesc("sluice_rlqs_streams", "Open RLQS streams (proxies).", nil, nil)
+	rlqsBucketsDesc  = prometheus.NewDesc("sluice_rlqs_buckets", "Buckets the open RLQS streams are subscribed to.", nil, nil)
+	rlqsReportsDesc  = prometheus.NewDesc("sluice_rlqs_reports_total", "RLQS usage report messages received.", nil, nil)
+	rlqsUsagesDesc   = prometheus.NewDesc("sluice_rlqs_bucket_reports_total", "Bucket usage reports received (several per message).", nil, nil)
+	rlqsRejectedDesc = prometheus.NewDesc("sluice_rlqs_rejected_total",
+		"Malformed RLQS messages and reports past the per-stream bucket cap (each ends its stream).", nil, nil)
+	rlqsPushedDesc = prometheus.NewDesc("sluice_rlqs_assignments_total",
+		"Bucket actions sent to proxies, by strategy (allow_all, deny_all, requests_per_time_unit, token_bucket, abandon).", []string{"strategy"}, nil)
+	rlqsFleetDesc = prometheus.NewDesc("sluice_rlqs_fleet_errors_total",
+		"Failed exchanges of demand with the other replicas (Redis); shares then use the last known demand.", nil, nil)
+	rlqsRuleLabels     = []string{"domain", "rule"}
+	rlqsRuleBucketDesc = prometheus.NewDesc("sluice_rlqs_rule_buckets",
+		"This replica's RLQS buckets under the rule, as of the last interval.", rlqsRuleLabels, nil)
+	rlqsDemandDesc = prometheus.NewDesc("sluice_rlqs_rule_demand",
+		"Demand (allowed + denied) this replica's proxies reported for the rule, in requests per the rule's unit.", rlqsRuleLabels, nil)
+	rlqsShareDesc = prometheus.NewDesc("sluice_rlqs_rule_assigned",
+		"Quota this replica assigned its proxies under the rule, in requests per the rule's unit.", rlqsRuleLabels, nil)
+)
+
+type quotaCollector struct{ q QuotaStatser }
+
+func (c quotaCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsUsagesDesc, rlqsRejectedDesc,
+		rlqsPushedDesc, rlqsFleetDesc, rlqsRuleBucketDesc, rlqsDemandDesc, rlqsShareDesc} {
+		ch <- d
+	}
+}
+
+func (c quotaCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.q.Stats()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(rlqsStreamsDesc, float64(s.Streams))
+	gauge(rlqsBucketsDesc, float64(s.Buckets))
+	counter(rlqsReportsDesc, s.Reports)
+	counter(rlqsUsagesDesc, s.Usages)
+	counter(rlqsRejectedDesc, s.Rejected)
+	counter(rlqsFleetDesc, s.FleetErrors)
+	for k := quota.AllowAll; k <= quota.Abandon; k++ {
+		counter(rlqsPushedDesc, s.Pushed[k], k.String())
+	}
+	for _, r := range c.q.Rules() {
+		gauge(rlqsRuleBucketDesc, float64(r.Buckets), r.Rule.Domain, r.Rule.Path)
+		gauge(rlqsDemandDesc, r.Demand, r.Rule.Domain, r.Rule.Path)
+		gauge(rlqsShareDesc, r.Share, r.Rule.Domain, r.Rule.Path)
+	}
+}

@@ -1,0 +1,23 @@
+// Package quota is the policy of Envoy's Rate Limit Quota Service (RLQS):
+// Envoy proxies keep a stream open, report per bucket how many requests
+// they allowed and denied, and are assigned a share of each global limit
+// that they enforce locally.
+//
+// A Service holds the buckets that streams subscribe to by reporting them,
+// matches each bucket id to a rule of the current limits table
+// (config.Table.MatchBucket), and groups the buckets whose rule and counter
+// key are the same: one group shares one limit L. Every interval Tick
+// computes each proxy's share of L from the demands reported (allowed +
+// denied per period), max-min fairly (FairShares) after holding back a
+// small reserve for proxies that just appeared, and queues an assignment
+// for a stream only when its share moved by more than a threshold or its
+// last assignment nears its time to live. With a Fleet (Redis), replicas
+// exchange their proxies' demands once per interval and divide L over the
+// whole fleet.
+//
+// Time is a parameter: Report and Tick take now, so tests walk a fake
+// clock. The Service does no I/O itself besides calling its Fleet, speaks
+// no protobuf (server/ translates Actions into Envoy's messages), and
+// starts no goroutines: cmd/sluice calls Run. docs/RLQS.md describes the
+// behaviour for users.
+package quota

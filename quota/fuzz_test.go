@@ -1,0 +1,46 @@
+package quota
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// FuzzReport feeds arbitrary usages to a stream: Report never panics,
+// either applies the whole report or nothing (returning ErrInvalid or
+// ErrTooManyBuckets), answers every new bucket at once, and never holds
+// more buckets than the cap.
+func FuzzReport(f *testing.F) {
+	f.Add("tenant", "a", int64(time.Second), uint64(10), uint64(0), "api", "k")
+	f.Add("", "", int64(-1), uint64(1<<50), uint64(0), "x", "")
+	f.Add("tenant", "", int64(0), uint64(0), uint64(0), "tenant", "b")
+	f.Add("free", "1", int64(25*time.Hour), uint64(5), uint64(5), "closed", "z")
+	s, _ := newTestService(f, Options{MaxBucketsPerStream: 3})
+	f.Fuzz(func(t *testing.T, k1, v1 string, elapsed int64, allowed, denied uint64, k2, v2 string) {
+		st, err := s.Open("d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		us := []Usage{
+			{Bucket: map[string]string{k1: v1}, Elapsed: time.Duration(elapsed), Allowed: allowed, Denied: denied},
+			{Bucket: map[string]string{k1: v1, k2: v2}, Elapsed: time.Second, Allowed: 1},
+		}
+		for round := range 3 {
+			before := st.Buckets()
+			err := st.Report(at(float64(round)), us)
+			after := st.Buckets()
+			switch {
+			case err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooManyBuckets):
+				t.Fatalf("Report: unexpected error %v", err)
+			case err != nil && after != before:
+				t.Fatalf("a refused report changed the buckets: %d → %d", before, after)
+			case after > 3:
+				t.Fatalf("%d buckets past the cap of 3", after)
+			case err == nil && round == 0 && len(st.Pending()) != after:
+				t.Fatalf("%d new buckets, not all answered at once", after)
+			}
+			us[0].Bucket = map[string]string{k2: v1 + v2}
+		}
+	})
+}
