@@ -30,6 +30,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1}
   - key: closed
     rate_limit: {unit: second, requests_per_unit: 0}
+  - key: halfminute
+    rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 60}
+  - key: sliding
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: sliding_window}
 `
 
 // tables is a settable Tables.
@@ -97,6 +101,9 @@ func TestService_FirstReportAnsweredAtOnce(t *testing.T) {
 		{use("shadow", "x", 1, 0), AllowAll},
 		{use("closed", "x", 1, 0), DenyAll},
 		{use("nomatch", "x", 1, 0), AllowAll},
+		// Envoy names no period of several units, nor a sliding window.
+		{use("halfminute", "x", 1, 0), TokenBucket},
+		{use("sliding", "x", 1, 0), TokenBucket},
 	}
 	for i, c := range cases {
 		mustReport(t, st, at(0), c.u)
