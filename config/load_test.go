@@ -285,10 +285,10 @@ descriptors:
 			t.Errorf("%s: key %q, String %q; want key ending %q, %q", c.key, key, r, c.suffix, c.str)
 		}
 	}
-	want := "m.sliding: unit=MINUTE requests_per_unit=100, shadow_mode: false, algorithm: sliding_window\n" +
-		"m.half_minute: unit=SECOND requests_per_unit=10, shadow_mode: false, unit_multiplier: 30\n" +
-		"m.sliding_5m: unit=MINUTE requests_per_unit=7, shadow_mode: false, unit_multiplier: 5, algorithm: sliding_window\n" +
-		"m.bucket: unit=MINUTE requests_per_unit=3, shadow_mode: false, unit_multiplier: 10, algorithm: token_bucket, burst: 6\n"
+	want := "m.sliding: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: sliding_window\n" +
+		"m.half_minute: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, unit_multiplier: 30\n" +
+		"m.sliding_5m: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false, unit_multiplier: 5, algorithm: sliding_window\n" +
+		"m.bucket: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false, unit_multiplier: 10, algorithm: token_bucket, burst: 6\n"
 	if got := tbl.String(); got != want {
 		t.Errorf("String() =\n%s\nwant\n%s", got, want)
 	}
