@@ -20,13 +20,15 @@ import (
 	"testing"
 	"time"
 
-	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	ratelimitv3pb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sluicehq/sluice/config/xds/xdstest"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -132,8 +134,8 @@ func readOCI(t *testing.T, archive string) *ociImage {
 // entry point), its layout (a static /bin/sluice, /bin/ratelimit the same
 // binary, CA certificates, passwd; nothing else), and then runs its
 // /bin/ratelimit on this host, as Envoy Gateway's default Deployment
-// does, with that Deployment's environment (limits from files until the
-// xDS source lands) against a local Redis.
+// does, with that Deployment's environment against an xDS server and a
+// local Redis.
 func TestImage(t *testing.T) {
 	archive := os.Getenv("SLUICE_IMAGE_ARCHIVE")
 	if archive == "" {
@@ -193,8 +195,11 @@ func TestImage(t *testing.T) {
 }
 
 // runEnvoyGatewayDefault runs binary with no arguments and the
-// environment of Envoy Gateway's default Deployment, and checks that it
-// serves.
+// environment of Envoy Gateway's default Deployment, its certificates
+// where the variables say, against a go-control-plane xDS server that
+// requires the client certificate (xdstest), and checks that it takes the
+// pushed limits, serves them over TLS and reports them on
+// PROMETHEUS_ADDR with Envoy Gateway's mapping.
 func runEnvoyGatewayDefault(t *testing.T, binary string) {
 	b, err := os.ReadFile("../cmd/sluice/testdata/envoy-gateway/deployments.yaml")
 	if err != nil {
@@ -205,18 +210,20 @@ func runEnvoyGatewayDefault(t *testing.T, binary string) {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
-	for _, d := range []string{"certs", "data/ratelimit/config", "etc/statsd-exporter"} {
+	for _, d := range []string{"certs", "etc/statsd-exporter"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	ca := testcert.NewCA(t)
 	ca.WriteFile(t, filepath.Join(root, "certs"))
-	ca.Server(t).WriteFiles(t, filepath.Join(root, "certs"), "tls")
-	limits := "domain: eg\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
-	if err := os.WriteFile(filepath.Join(root, "data/ratelimit/config/limits.yaml"), []byte(limits), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// /certs/tls.crt serves gRPC and is the xDS client's certificate.
+	ca.Peer(t).WriteFiles(t, filepath.Join(root, "certs"), "tls")
+	xs := xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{ca.Peer(t).TLS(t)},
+		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	xs.Push(t, "envoy-ratelimit", "1", &ratelimitpb.RateLimitConfig{Name: "eg", Domain: "eg", Descriptors: []*ratelimitpb.RateLimitDescriptor{{
+		Key: "k", RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_HOUR, RequestsPerUnit: 1},
+	}}})
 	mapping, err := os.ReadFile("../observe/testdata/envoy-gateway-statsd.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -230,10 +237,10 @@ func runEnvoyGatewayDefault(t *testing.T, binary string) {
 	for _, kv := range deps["default"] {
 		k, v := kv[0], kv[1]
 		switch {
-		case strings.HasPrefix(k, "CONFIG_GRPC_XDS_") || k == "CONFIG_TYPE" || k == "FORCE_START_WITHOUT_INITIAL_CONFIG":
-			continue // the xDS config source is built apart (issue 19); files until then
-		case k == "RUNTIME_ROOT" || strings.HasPrefix(v, "/certs/") || strings.HasPrefix(v, "/etc/"):
+		case strings.HasPrefix(v, "/certs/") || strings.HasPrefix(v, "/etc/"):
 			v = root + v
+		case k == "CONFIG_GRPC_XDS_SERVER_URL":
+			v = xs.Addr
 		case k == "REDIS_URL":
 			v = redis.Addr
 		case k == "PROMETHEUS_ADDR":
@@ -264,6 +271,7 @@ func runEnvoyGatewayDefault(t *testing.T, binary string) {
 		metricsAddr = logField(logs, `msg="envoyproxy/ratelimit metrics"`, "addr")
 		return grpcAddr != "" && httpAddr != "" && metricsAddr != ""
 	}, "the serving line")
+	waitFor(t, exited, logs, func() bool { return strings.Contains(logs.String(), "xds: config applied (ACK)") }, "the xDS push")
 
 	cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), ServerName: "127.0.0.1"})))
 	if err != nil {
@@ -275,8 +283,8 @@ func runEnvoyGatewayDefault(t *testing.T, binary string) {
 	if h, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("gRPC health: %v %v\n%s", h, err, logs)
 	}
-	req := &rlspb.RateLimitRequest{Domain: "eg", Descriptors: []*ratelimitpb.RateLimitDescriptor{
-		{Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}
+	req := &rlspb.RateLimitRequest{Domain: "eg", Descriptors: []*ratelimitv3pb.RateLimitDescriptor{
+		{Entries: []*ratelimitv3pb.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}
 	for i, want := range []rlspb.RateLimitResponse_Code{rlspb.RateLimitResponse_OK, rlspb.RateLimitResponse_OVER_LIMIT} {
 		resp, err := rlspb.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, req)
 		if err != nil || resp.OverallCode != want {

@@ -14,11 +14,13 @@ import (
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sluicehq/sluice/config/xds/xdstest"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -59,44 +61,38 @@ func egDeployments(t *testing.T) map[string][][2]string {
 	return deps
 }
 
-// withoutXDS serves the limits from files where Envoy Gateway pushes
-// them over xDS: CONFIG_TYPE=GRPC_XDS_SOTW and its settings are issue 19's
-// xDS config source, built apart; until it lands here, the same
-// deployments run with CONFIG_TYPE=FILE and RUNTIME_ROOT's files.
-func withoutXDS(env serveEnv) {
-	for k := range env {
-		if strings.HasPrefix(k, "CONFIG_GRPC_XDS_") || k == "CONFIG_TYPE" || k == "FORCE_START_WITHOUT_INITIAL_CONFIG" {
-			delete(env, k)
-		}
-	}
-}
-
 // TestEnvoyGatewayDeployments runs serve with the environment of each of
-// Envoy Gateway's test deployments, its files (certificates, limits,
-// statsd mapping) at the same paths under a temporary root, a local Redis
-// (with TLS and a password where the deployment has them) and local
-// statsd and metrics ports. Each starts or is refused as egRefused says.
-// One that starts answers ShouldRateLimit over TLS, reports SERVING over
-// gRPC and on the plain HTTP /healthcheck that the probes read, keeps
-// Sluice's /metrics, and sends the reference's stats where the deployment
-// asks: statsd lines on UDP, and the Prometheus series of Envoy Gateway's
-// mapping on PROMETHEUS_ADDR.
+// Envoy Gateway's test deployments, its files (certificates, statsd
+// mapping) at the same paths under a temporary root, the limits pushed
+// over xDS (CONFIG_TYPE=GRPC_XDS_SOTW, as in every one of them) by a
+// go-control-plane server that requires the client certificate the
+// deployment names, a local Redis (with TLS and a password where the
+// deployment has them) and local statsd and metrics ports. Each starts or
+// is refused as egRefused says. One that starts takes the push, answers
+// ShouldRateLimit over TLS, reports SERVING over gRPC and on the plain
+// HTTP /healthcheck that the probes read, keeps Sluice's /metrics, and
+// sends the reference's stats where the deployment asks: statsd lines on
+// UDP, and the Prometheus series of Envoy Gateway's mapping on
+// PROMETHEUS_ADDR.
 func TestEnvoyGatewayDeployments(t *testing.T) {
 	root := t.TempDir()
 	ca := testcert.NewCA(t)
-	for _, d := range []string{"certs", "redis-certs", "data/ratelimit/config", "etc/statsd-exporter"} {
+	for _, d := range []string{"certs", "redis-certs", "etc/statsd-exporter"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	caFile := ca.WriteFile(t, filepath.Join(root, "certs"))
-	ca.Server(t).WriteFiles(t, filepath.Join(root, "certs"), "tls")
+	// /certs/tls.crt serves gRPC and is the xDS client's certificate.
+	ca.Peer(t).WriteFiles(t, filepath.Join(root, "certs"), "tls")
 	ca.Client(t).WriteFiles(t, filepath.Join(root, "redis-certs"), "tls")
 	redisCert, redisKey := ca.Server(t).WriteFiles(t, t.TempDir(), "redis")
-	limits := "domain: eg\ndescriptors:\n  - key: k\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"
-	if err := os.WriteFile(filepath.Join(root, "data/ratelimit/config/limits.yaml"), []byte(limits), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	xs := xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{ca.Peer(t).TLS(t)},
+		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	// Every deployment has node id envoy-ratelimit: each takes this push.
+	xs.Push(t, egNode, "1", &ratelimitpb.RateLimitConfig{Name: "eg", Domain: "eg", Descriptors: []*ratelimitpb.RateLimitDescriptor{{
+		Key: "k", DetailedMetric: true, RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_HOUR, RequestsPerUnit: 2},
+	}}})
 	mapping, err := os.ReadFile("../../observe/testdata/envoy-gateway-statsd.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -129,15 +125,13 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 						v = root + v
 					}
 				}
-				if kv[0] == "RUNTIME_ROOT" {
-					v = filepath.Join(root, v)
-				}
 				env[kv[0]] = v
 			}
-			withoutXDS(env)
-			// The test's own: the local Redis and statsd, a local port for
-			// the reference's metrics, flushed often. A cluster's CA is in
-			// the system roots; the test's goes in REDIS_TLS_CACERT.
+			// The test's own: the local xDS server, Redis and statsd, a
+			// local port for the reference's metrics, flushed often. A
+			// cluster's CA is in the system roots; the test's goes in
+			// REDIS_TLS_CACERT.
+			env["CONFIG_GRPC_XDS_SERVER_URL"] = xs.Addr
 			env["REDIS_URL"] = plain.Addr
 			if env["REDIS_TLS"] == "true" {
 				env["REDIS_URL"], env["REDIS_TLS_CACERT"] = secure.Addr, caFile
@@ -165,6 +159,7 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 			grpcAddr, httpAddr := startServeLogged(t, env, logs, args...)
 			rls, health := dialRLS(t, grpcAddr, grpc.WithTransportCredentials(creds))
 			ctx := testCtx(t)
+			waitFor(t, func() bool { return strings.Contains(logs.String(), "xds: config applied (ACK)") }, "the xDS push")
 			if h, err := health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
 				t.Fatalf("gRPC health: %v %v", h, err)
 			}

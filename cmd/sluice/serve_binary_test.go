@@ -97,10 +97,18 @@ type sluiceProc struct {
 // until it logs the ports it serves on.
 func startBinary(t *testing.T, args ...string) *sluiceProc {
 	t.Helper()
-	p := &sluiceProc{done: make(chan error, 1)}
 	args = append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)
-	p.cmd = exec.Command(sluiceBinary(t), args...)
-	p.cmd.Env = append(os.Environ(), "SLUICE_LOG_LEVEL=info", "SLUICE_LOG_FORMAT=text")
+	cmd := exec.Command(sluiceBinary(t), args...)
+	cmd.Env = append(os.Environ(), "SLUICE_LOG_LEVEL=info", "SLUICE_LOG_FORMAT=text")
+	return startCmd(t, cmd)
+}
+
+// startCmd starts cmd, a sluice serving on port 0 with a text log, and
+// waits until it logs the ports it serves on. The process is killed when
+// the test ends.
+func startCmd(t *testing.T, cmd *exec.Cmd) *sluiceProc {
+	t.Helper()
+	p := &sluiceProc{cmd: cmd, done: make(chan error, 1)}
 	p.cmd.Stderr = &p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -110,7 +118,7 @@ func startBinary(t *testing.T, args ...string) *sluiceProc {
 		p.cmd.Process.Kill()
 		<-p.done
 		if t.Failed() {
-			t.Logf("sluice stderr:\n%s", p.log())
+			t.Logf("%s stderr:\n%s", filepath.Base(p.cmd.Path), p.log())
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
@@ -122,11 +130,11 @@ func startBinary(t *testing.T, args ...string) *sluiceProc {
 		select {
 		case err := <-p.done:
 			p.done <- err // for the cleanup
-			t.Fatalf("sluice exited before serving: %v\n%s", err, p.log())
+			t.Fatalf("%s exited before serving: %v\n%s", filepath.Base(p.cmd.Path), err, p.log())
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sluice did not serve:\n%s", p.log())
+			t.Fatalf("%s did not serve:\n%s", filepath.Base(p.cmd.Path), p.log())
 		}
 	}
 }
@@ -322,35 +330,11 @@ func TestBinary_InstalledAsRatelimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &sluiceProc{done: make(chan error, 1)}
-	p.cmd = exec.Command(ratelimit)
+	cmd := exec.Command(ratelimit)
 	// testdata/serve/limits.yaml as RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
-	p.cmd.Env = []string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=.", "RUNTIME_APPDIRECTORY=serve",
+	cmd.Env = []string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=.", "RUNTIME_APPDIRECTORY=serve",
 		"HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "LOG_LEVEL=info"}
-	p.cmd.Stderr = &p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.done <- p.cmd.Wait() }()
-	defer func() {
-		p.cmd.Process.Kill()
-		<-p.done
-	}()
-	deadline := time.After(30 * time.Second)
-	for {
-		var ok bool
-		if p.grpcAddr, p.httpAddr, ok = servingAddrs(p.log()); ok {
-			break
-		}
-		select {
-		case err := <-p.done:
-			p.done <- err
-			t.Fatalf("ratelimit exited before serving: %v\n%s", err, p.log())
-		case <-deadline:
-			t.Fatalf("ratelimit did not serve:\n%s", p.log())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	p := startCmd(t, cmd)
 	if body := httpGet(t, "http://"+p.httpAddr+"/healthcheck"); !strings.Contains(body, "OK") {
 		t.Errorf("/healthcheck: %q", body)
 	}
