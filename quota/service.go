@@ -600,7 +600,11 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		rs.Groups++
 		for i, b := range subs {
 			rs.Buckets++
-			rs.Demand += demands[i]
+			if math.IsInf(demands[i], 1) {
+				rs.Unmeasured++
+			} else {
+				rs.Demand += demands[i]
+			}
 			rs.Share += float64(whole[i])
 			a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
 			if s.due(now, b, &a, whole[i], demands[i]) {

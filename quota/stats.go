@@ -48,7 +48,11 @@ const MaxStatBuckets = 20
 type RuleStat struct {
 	Rule                     *config.Rule
 	Groups, Buckets, Streams int
-	Demand, Share            float64
+	// Unmeasured counts the buckets with one report only, whose demand
+	// is not known yet (they are given an equal share); Demand leaves
+	// them out.
+	Unmeasured    int
+	Demand, Share float64
 	// BucketIDs are some of the buckets' ids (at most MaxStatBuckets),
 	// only for a rule with detailed_metric: a bucket id may hold client
 	// addresses or API keys, like a descriptor's values.

@@ -62,6 +62,9 @@ async function refreshOverview() {
   setText('#commit', o.commit || '–');
   setText('#goversion', o.go);
   setText('#uptime', fmtDuration(o.uptime_s));
+  const q = o.rlqs;
+  setText('#rlqs', !q ? 'off' : plural(q.streams, 'stream') + ', ' + plural(q.buckets, 'bucket') +
+    (q.shared ? ' · demand shared through Redis' : ' · divided per replica'));
 
   const st = o.store;
   badge('#store-state', st.healthy ? 'healthy' : 'unhealthy', st.healthy ? 'ok' : 'bad');
@@ -131,6 +134,7 @@ async function refreshLimits() {
       near: el('td', {class: 'num'}, '0'),
       shadow: el('td', {class: 'num'}, '0'),
       values: el('span', {class: 'values'}),
+      rlqs: el('td', {class: 'rlqs'}, '–'),
     };
     const where = (r.file ? r.file.split('/').pop() : '') + (r.line ? ':' + r.line : '');
     const tr = el('tr', {'data-rule': r.domain + '/' + r.path},
@@ -139,7 +143,7 @@ async function refreshLimits() {
       el('td', {class: 'nowrap'}, r.limit),
       el('td', {class: 'nowrap'}, r.algorithm ? r.algorithm.replace('_', ' ') : '–'),
       el('td', null, ...opts),
-      cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow);
+      cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow, cells.rlqs);
     tr.dataset.search = [r.domain, r.path, r.name, r.limit, r.algorithm, r.shadow_mode ? 'shadow' : '', r.unlimited ? 'unlimited' : ''].join(' ').toLowerCase();
     cells.tr = tr;
     cells.shadowMode = r.shadow_mode;
@@ -154,6 +158,7 @@ async function refreshLimits() {
   setText(tr, v.truncated ? 'Showing the first ' + v.rules.length + ' of ' + v.total + ' rules.' : '');
   applySearch();
   if (lastTraffic) showTraffic(lastTraffic);
+  if (lastQuota) showQuota(lastQuota);
 }
 
 function applySearch() {
@@ -238,6 +243,47 @@ function spark(cv, within, over, overColor) {
     g.beginPath();
     over.forEach((v, i) => (i ? g.lineTo : g.moveTo).call(g, x(i, over.length), y(v)));
     g.strokeStyle = overColor; g.lineWidth = 1.5; g.stroke();
+  }
+}
+
+// ---- RLQS buckets per rule ---------------------------------------------------
+
+let lastQuota = null;
+
+async function refreshQuota() {
+  lastQuota = await getJSON('ui/api/rlqs');
+  showQuota(lastQuota);
+}
+
+function plural(n, word) {
+  return n + ' ' + word + (n === 1 ? '' : 's');
+}
+
+// showQuota fills each rule's RLQS cell: its proxies and buckets, then
+// the demand and the assigned shares against the limit of its groups.
+function showQuota(v) {
+  const seen = new Set();
+  for (const r of v.rules) {
+    const c = rows.get(r.domain + '\n' + r.rule);
+    if (!c) continue;
+    seen.add(c);
+    const per = r.per.replace('*', ' ');
+    const detail = r.groups
+      ? 'demand ' + fmtRate(r.demand) + (r.unmeasured ? ' (+' + r.unmeasured + ' new)' : '') + ' · assigned ' + fmtRate(r.assigned) + ' of ' +
+        (r.groups > 1 ? r.groups + ' × ' : '') + r.limit.toLocaleString() + ' per ' + per
+      : 'no limit divided: answered allow all or deny all';
+    const ids = (r.bucket_ids || []).map((b) => Object.entries(b).map(([k, x]) => k + '=' + x).join(' ')).join(', ');
+    const sig = JSON.stringify([r, v.shared]);
+    if (c.rlqs.dataset.sig === sig) continue;
+    c.rlqs.dataset.sig = sig;
+    c.rlqs.replaceChildren(plural(r.streams, 'proxy').replace('proxys', 'proxies') + ' · ' + plural(r.buckets, 'bucket'),
+      el('span', {class: 'detail'}, detail + (v.shared ? ' (this replica; limit shared through Redis)' : '')),
+      ids ? el('span', {class: 'detail'}, ids) : null);
+  }
+  for (const c of rows.values()) {
+    if (seen.has(c) || c.rlqs.dataset.sig === '') continue;
+    c.rlqs.dataset.sig = '';
+    c.rlqs.replaceChildren('–');
   }
 }
 
@@ -387,5 +433,6 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#search').addEventListener('input', applySearch);
   every(2000, refreshOverview);
   every(1000, refreshTraffic);
+  every(1000, refreshQuota);
   initDemo().catch(() => { $('#conn').hidden = false; });
 });
