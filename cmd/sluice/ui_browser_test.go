@@ -241,13 +241,13 @@ func TestUI_Browser(t *testing.T) {
 		if _, err := stream.Recv(); err != nil { // answered at once
 			t.Fatal(err)
 		}
-		do(t, "rlqs", poll(row("edge", "remote_address", `tr.querySelector('td.rlqs').textContent.startsWith('1 proxy · 1 bucket')`)),
+		do(t, "rlqs", poll(row("edge", "remote_address", `tr.querySelector('.rlqs').textContent.startsWith('RLQS 1 proxy · 1 bucket')`)),
 			poll(`document.querySelector('#rlqs').textContent.startsWith('1 stream, 1 bucket')`))
-		if v := eval(t, row("edge", "remote_address", `tr.querySelector('td.rlqs').textContent`)); !strings.Contains(v, "of 100 per second") {
-			t.Errorf("edge/remote_address's RLQS cell %q, want the share against its limit of 100 per second", v)
+		if v := eval(t, row("edge", "remote_address", `tr.querySelector('.rlqs').textContent`)); !strings.Contains(v, "of 100 per second") {
+			t.Errorf("edge/remote_address's RLQS line %q, want the share against its limit of 100 per second", v)
 		}
-		if v := eval(t, row("edge", "remote_address_203.0.113.7", `tr.querySelector('td.rlqs').textContent`)); v != "–" {
-			t.Errorf("edge/remote_address_203.0.113.7's RLQS cell %q, want – (no bucket)", v)
+		if v := eval(t, row("edge", "remote_address_203.0.113.7", `tr.querySelector('.rlqs').textContent`)); v != "" {
+			t.Errorf("edge/remote_address_203.0.113.7's RLQS line %q, want none (no bucket)", v)
 		}
 		if html := eval(t, `document.documentElement.outerHTML`); strings.Contains(html, "192.0.2.55") {
 			t.Error("the page shows the bucket id of a rule without detailed_metric")

@@ -134,16 +134,18 @@ async function refreshLimits() {
       near: el('td', {class: 'num'}, '0'),
       shadow: el('td', {class: 'num'}, '0'),
       values: el('span', {class: 'values'}),
-      rlqs: el('td', {class: 'rlqs'}, '–'),
+      rlqs: el('span', {class: 'rlqs', title: 'Rate Limit Quota Service buckets under the rule, as of the last interval: ' +
+        'the proxies (streams) and buckets reporting, the demand they reported and the sum of the shares assigned, ' +
+        'against the limit of each group (one per counter key)'}),
     };
     const where = (r.file ? r.file.split('/').pop() : '') + (r.line ? ':' + r.line : '');
     const tr = el('tr', {'data-rule': r.domain + '/' + r.path},
       el('td', null, r.domain),
-      el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.values),
+      el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.values, cells.rlqs),
       el('td', {class: 'nowrap'}, r.limit),
       el('td', {class: 'nowrap'}, r.algorithm ? r.algorithm.replace('_', ' ') : '–'),
       el('td', null, ...opts),
-      cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow, cells.rlqs);
+      cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow);
     tr.dataset.search = [r.domain, r.path, r.name, r.limit, r.algorithm, r.shadow_mode ? 'shadow' : '', r.unlimited ? 'unlimited' : ''].join(' ').toLowerCase();
     cells.tr = tr;
     cells.shadowMode = r.shadow_mode;
@@ -259,8 +261,10 @@ function plural(n, word) {
   return n + ' ' + word + (n === 1 ? '' : 's');
 }
 
-// showQuota fills each rule's RLQS cell: its proxies and buckets, then
-// the demand and the assigned shares against the limit of its groups.
+// showQuota fills each rule's RLQS line, under its path: its proxies and
+// buckets, the demand and the assigned shares against the limit of its
+// groups, and for a detailed_metric rule its bucket ids. Empty (hidden)
+// without buckets.
 function showQuota(v) {
   const seen = new Set();
   for (const r of v.rules) {
@@ -269,21 +273,21 @@ function showQuota(v) {
     seen.add(c);
     const per = r.per.replace('*', ' ');
     const detail = r.groups
-      ? 'demand ' + fmtRate(r.demand) + (r.unmeasured ? ' (+' + r.unmeasured + ' new)' : '') + ' · assigned ' + fmtRate(r.assigned) + ' of ' +
+      ? 'demand ' + fmtRate(r.demand) + (r.unmeasured ? ' (+' + r.unmeasured + ' new)' : '') + ' · assigned ' + Math.round(r.assigned).toLocaleString() + ' of ' +
         (r.groups > 1 ? r.groups + ' × ' : '') + r.limit.toLocaleString() + ' per ' + per
       : 'no limit divided: answered allow all or deny all';
     const ids = (r.bucket_ids || []).map((b) => Object.entries(b).map(([k, x]) => k + '=' + x).join(' ')).join(', ');
     const sig = JSON.stringify([r, v.shared]);
     if (c.rlqs.dataset.sig === sig) continue;
     c.rlqs.dataset.sig = sig;
-    c.rlqs.replaceChildren(plural(r.streams, 'proxy').replace('proxys', 'proxies') + ' · ' + plural(r.buckets, 'bucket'),
-      el('span', {class: 'detail'}, detail + (v.shared ? ' (this replica; limit shared through Redis)' : '')),
-      ids ? el('span', {class: 'detail'}, ids) : null);
+    c.rlqs.replaceChildren(el('b', null, 'RLQS'), ' ' + (r.streams === 1 ? '1 proxy' : r.streams + ' proxies') + ' · ' +
+      plural(r.buckets, 'bucket') + ' · ' + detail + (v.shared ? ' (this replica; limit shared through Redis)' : '') +
+      (ids ? ' · ' + ids : ''));
   }
   for (const c of rows.values()) {
-    if (seen.has(c) || c.rlqs.dataset.sig === '') continue;
+    if (seen.has(c) || !c.rlqs.dataset.sig) continue;
     c.rlqs.dataset.sig = '';
-    c.rlqs.replaceChildren('–');
+    c.rlqs.replaceChildren();
   }
 }
 
