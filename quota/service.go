@@ -600,7 +600,11 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		rs.Groups++
 		for i, b := range subs {
 			rs.Buckets++
-			rs.Demand += demands[i]
+			if math.IsInf(demands[i], 1) {
+				rs.Unmeasured++
+			} else {
+				rs.Demand += demands[i]
+			}
 			rs.Share += float64(whole[i])
 			a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
 			if s.due(now, b, &a, whole[i], demands[i]) {
@@ -612,6 +616,9 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	}
 	for st := range s.streams {
 		for _, b := range st.subs {
+			if b.rule != nil {
+				statStream(stats, st, b)
+			}
 			if b.g != nil {
 				continue
 			}
@@ -623,9 +630,33 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	}
 	s.rules = s.rules[:0]
 	for _, rs := range stats {
+		rs.last = nil
 		s.rules = append(s.rules, *rs)
 	}
 	return err
+}
+
+// statStream counts b, a bucket of stream st under a rule, in its rule's
+// stat: its stream (each stream's buckets are visited together, so
+// comparing with the last one counts each once), a bucket whose rule
+// divides no limit (the groups counted the others), and for a rule with
+// detailed_metric its bucket id, up to MaxStatBuckets.
+func statStream(stats map[*config.Rule]*RuleStat, st *Stream, b *sub) {
+	rs := stats[b.rule]
+	if rs == nil {
+		rs = &RuleStat{Rule: b.rule}
+		stats[b.rule] = rs
+	}
+	if rs.last != st {
+		rs.last = st
+		rs.Streams++
+	}
+	if b.g == nil {
+		rs.Buckets++
+	}
+	if b.rule.DetailedMetric && len(rs.BucketIDs) < MaxStatBuckets {
+		rs.BucketIDs = append(rs.BucketIDs, b.bucket)
+	}
 }
 
 // currentDemand is b's last reported demand, infinite (an equal share)

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"maps"
 	"slices"
 	"strings"
 
@@ -17,12 +18,15 @@ type Stats struct {
 	Pushed [Abandon + 1]uint64
 	// FleetErrors counts failed demand exchanges.
 	FleetErrors uint64
+	// Shared reports that demand is shared with the other replicas
+	// (Options.Fleet, Redis): shares divide the fleet's limit.
+	Shared bool
 }
 
 // Stats returns the current counters.
 func (s *Service) Stats() Stats {
 	s.mu.Lock()
-	st := Stats{Streams: len(s.streams), Buckets: s.nsubs}
+	st := Stats{Streams: len(s.streams), Buckets: s.nsubs, Shared: s.o.Fleet != nil}
 	s.mu.Unlock()
 	st.Reports, st.Usages, st.Rejected = s.reports.Load(), s.usages.Load(), s.rejected.Load()
 	st.FleetErrors = s.fleetErrors.Load()
@@ -32,14 +36,29 @@ func (s *Service) Stats() Stats {
 	return st
 }
 
+// MaxStatBuckets is the most bucket ids a RuleStat lists.
+const MaxStatBuckets = 20
+
 // RuleStat is one rule's division as of the last Tick: this replica's
-// buckets (subscriptions) under it, their groups (counter keys), their
-// total demand and total assigned share, both in requests per the rule's
-// period.
+// buckets (subscriptions) under it, the streams (proxies) they belong to,
+// their groups (counter keys: each divides the rule's limit), their total
+// demand and total assigned share, both in requests per the rule's
+// period. Buckets of an unlimited, shadow-mode or zero limit rule divide
+// nothing: they count in Buckets and Streams, not in Groups.
 type RuleStat struct {
-	Rule            *config.Rule
-	Groups, Buckets int
-	Demand, Share   float64
+	Rule                     *config.Rule
+	Groups, Buckets, Streams int
+	// Unmeasured counts the buckets with one report only, whose demand
+	// is not known yet (they are given an equal share); Demand leaves
+	// them out.
+	Unmeasured    int
+	Demand, Share float64
+	// BucketIDs are some of the buckets' ids (at most MaxStatBuckets),
+	// only for a rule with detailed_metric: a bucket id may hold client
+	// addresses or API keys, like a descriptor's values.
+	BucketIDs []map[string]string
+
+	last *Stream // the stream last counted in Streams, during Tick
 }
 
 // Rules returns the per-rule statistics of the last Tick, by domain and
@@ -48,6 +67,14 @@ func (s *Service) Rules() []RuleStat {
 	s.mu.Lock()
 	rs := slices.Clone(s.rules)
 	s.mu.Unlock()
+	for i := range rs {
+		// The maps are the subscriptions' own.
+		ids := make([]map[string]string, len(rs[i].BucketIDs))
+		for j, id := range rs[i].BucketIDs {
+			ids[j] = maps.Clone(id)
+		}
+		rs[i].BucketIDs = ids
+	}
 	slices.SortFunc(rs, func(a, b RuleStat) int {
 		if c := strings.Compare(a.Rule.Domain, b.Rule.Domain); c != 0 {
 			return c

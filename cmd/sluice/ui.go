@@ -59,7 +59,12 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	if flagValue(f.fs, "config-source") == "xds" {
 		src = ui.Source{Kind: "xds", Location: flagValue(f.fs, "xds-server")}
 	}
+	var q observe.QuotaStatser
+	if x.Quota != nil { // RLQS registers before the page (file name order)
+		q = x.Quota
+	}
 	page, err := ui.New(ui.Options{
+		Quota:  q,
 		Tables: x.Config,
 		Reload: x.Config,
 		Source: func() ui.Source {

@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/config"
 )
@@ -214,6 +218,42 @@ func TestUI_Browser(t *testing.T) {
 			time.Sleep(15 * time.Second) // let the sparklines grow: for the picture only
 			screenshot(t, bctx, shots, "ui-overview.png", "")
 		}
+	})
+
+	t.Run("RLQS buckets per rule after a stream reports", func(t *testing.T) {
+		cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		sctx, stop := context.WithTimeout(ctx, 30*time.Second)
+		defer stop()
+		stream, err := rlqspb.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(sctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An Envoy proxy's first report of one bucket: a client address.
+		if err := stream.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "edge", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId:    &rlqspb.BucketId{Bucket: map[string]string{"remote_address": "192.0.2.55"}},
+			TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 5}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil { // answered at once
+			t.Fatal(err)
+		}
+		do(t, "rlqs", poll(row("edge", "remote_address", `tr.querySelector('.rlqs').textContent.startsWith('RLQS 1 proxy · 1 bucket')`)),
+			poll(`document.querySelector('#rlqs').textContent.startsWith('1 stream, 1 bucket')`))
+		if v := eval(t, row("edge", "remote_address", `tr.querySelector('.rlqs').textContent`)); !strings.Contains(v, "of 100 per second") {
+			t.Errorf("edge/remote_address's RLQS line %q, want the share against its limit of 100 per second", v)
+		}
+		if v := eval(t, row("edge", "remote_address_203.0.113.7", `tr.querySelector('.rlqs').textContent`)); v != "" {
+			t.Errorf("edge/remote_address_203.0.113.7's RLQS line %q, want none (no bucket)", v)
+		}
+		if html := eval(t, `document.documentElement.outerHTML`); strings.Contains(html, "192.0.2.55") {
+			t.Error("the page shows the bucket id of a rule without detailed_metric")
+		}
+		stream.CloseSend()
+		noErrors(t)
 	})
 
 	t.Run("demo: six requests on a 5-token bucket", func(t *testing.T) {

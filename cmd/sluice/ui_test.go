@@ -49,6 +49,9 @@ func TestServe_UI(t *testing.T) {
 	if o.Config.Source == nil || o.Config.Source.Location != "../../examples/config" || o.Store.Kind != "memory" || !o.Serving || o.Config.Rules != len(examples.Rules()) {
 		t.Errorf("overview %+v", o)
 	}
+	if o.RLQS == nil || o.RLQS.Shared {
+		t.Errorf("overview's rlqs %+v, want the quota service's, divided per replica (the memory store)", o.RLQS)
+	}
 	for _, p := range []string{"/healthcheck", "/metrics", "/v1/check?domain=edge&key=remote_address&value=1"} {
 		if res, _ := uiGet(t, base+p); res.StatusCode != 200 {
 			t.Errorf("GET %s: %s", p, res.Status)
@@ -111,6 +114,9 @@ func TestServe_UIRedis(t *testing.T) {
 	if o.Store.Kind != "redis" || !o.Store.Healthy || stats["deployment"] != "single" ||
 		stats["address"] != "redis://"+srv.Addr+"/0" || stats["breaker"] != "closed" {
 		t.Errorf("store %+v", o.Store)
+	}
+	if o.RLQS == nil || !o.RLQS.Shared {
+		t.Errorf("overview's rlqs %+v, want demand shared through Redis", o.RLQS)
 	}
 	if strings.Contains(body, "hunter2") {
 		t.Error("the overview shows the Redis password")

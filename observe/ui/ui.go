@@ -88,6 +88,9 @@ type Options struct {
 	Started time.Time
 	// Clock is the demo limiter's clock; nil means the system clock.
 	Clock store.Clock
+	// Quota is the Rate Limit Quota Service whose buckets the page lists
+	// per rule; nil when the server does not serve RLQS.
+	Quota observe.QuotaStatser
 }
 
 // UI serves the status page. Safe for concurrent use.
@@ -127,6 +130,7 @@ func New(opts Options) (*UI, error) {
 //	/ui/api/overview       build, uptime, health, store, config source and last load
 //	/ui/api/limits         every rule of the config in force (at most MaxRules)
 //	/ui/api/traffic        each rule's rates over the last minute and totals
+//	/ui/api/rlqs           each rule's RLQS buckets (at most MaxRules rules)
 //	/ui/api/demo           the demo's rules
 //	/ui/demo/v1/check      the demo limiter's /v1/check (server.HTTP)
 //
@@ -152,6 +156,7 @@ func (u *UI) Handler() http.Handler {
 		}
 		writeJSON(w, v)
 	})
+	mux.HandleFunc("GET /ui/api/rlqs", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, u.Quota()) })
 	mux.HandleFunc("GET /ui/api/demo", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, limits(u.demo.table)) })
 	mux.Handle("/ui/demo/", u.demo.check)
 	return securityHeaders(mux)
@@ -205,6 +210,8 @@ type Overview struct {
 	Serving   bool         `json:"serving"`
 	Store     StoreStatus  `json:"store"`
 	Config    ConfigStatus `json:"config"`
+	// RLQS is nil when the server does not serve RLQS.
+	RLQS *QuotaSummary `json:"rlqs"`
 }
 
 // ConfigStatus is the config's source and load history.
@@ -242,8 +249,8 @@ type Problem struct {
 	Msg  string `json:"msg"`
 }
 
-// Overview reports the build, the uptime, health, the store and the
-// config.
+// Overview reports the build, the uptime, health, the store, the config
+// and the RLQS streams.
 func (u *UI) Overview() Overview {
 	o := Overview{Version: u.opts.Build.Version, Commit: u.opts.Build.Commit, Go: runtime.Version(),
 		StartedAt: u.opts.Started, Serving: true, Store: StoreStatus{Kind: "unknown", Stats: []Stat{}}}
@@ -256,6 +263,7 @@ func (u *UI) Overview() Overview {
 	if u.opts.Store != nil {
 		o.Store = u.opts.Store()
 	}
+	o.RLQS = u.quotaSummary()
 	c := &o.Config
 	if u.opts.Source != nil {
 		s := u.opts.Source()

@@ -62,6 +62,9 @@ async function refreshOverview() {
   setText('#commit', o.commit || '–');
   setText('#goversion', o.go);
   setText('#uptime', fmtDuration(o.uptime_s));
+  const q = o.rlqs;
+  setText('#rlqs', !q ? 'off' : plural(q.streams, 'stream') + ', ' + plural(q.buckets, 'bucket') +
+    (q.shared ? ' · demand shared through Redis' : ' · divided per replica'));
 
   const st = o.store;
   badge('#store-state', st.healthy ? 'healthy' : 'unhealthy', st.healthy ? 'ok' : 'bad');
@@ -131,11 +134,14 @@ async function refreshLimits() {
       near: el('td', {class: 'num'}, '0'),
       shadow: el('td', {class: 'num'}, '0'),
       values: el('span', {class: 'values'}),
+      rlqs: el('span', {class: 'rlqs', title: 'Rate Limit Quota Service buckets under the rule, as of the last interval: ' +
+        'the proxies (streams) and buckets reporting, the demand they reported and the sum of the shares assigned, ' +
+        'against the limit of each group (one per counter key)'}),
     };
     const where = (r.file ? r.file.split('/').pop() : '') + (r.line ? ':' + r.line : '');
     const tr = el('tr', {'data-rule': r.domain + '/' + r.path},
       el('td', null, r.domain),
-      el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.values),
+      el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.values, cells.rlqs),
       el('td', {class: 'nowrap'}, r.limit),
       el('td', {class: 'nowrap'}, r.algorithm ? r.algorithm.replace('_', ' ') : '–'),
       el('td', null, ...opts),
@@ -154,6 +160,7 @@ async function refreshLimits() {
   setText(tr, v.truncated ? 'Showing the first ' + v.rules.length + ' of ' + v.total + ' rules.' : '');
   applySearch();
   if (lastTraffic) showTraffic(lastTraffic);
+  if (lastQuota) showQuota(lastQuota);
 }
 
 function applySearch() {
@@ -238,6 +245,49 @@ function spark(cv, within, over, overColor) {
     g.beginPath();
     over.forEach((v, i) => (i ? g.lineTo : g.moveTo).call(g, x(i, over.length), y(v)));
     g.strokeStyle = overColor; g.lineWidth = 1.5; g.stroke();
+  }
+}
+
+// ---- RLQS buckets per rule ---------------------------------------------------
+
+let lastQuota = null;
+
+async function refreshQuota() {
+  lastQuota = await getJSON('ui/api/rlqs');
+  showQuota(lastQuota);
+}
+
+function plural(n, word) {
+  return n + ' ' + word + (n === 1 ? '' : 's');
+}
+
+// showQuota fills each rule's RLQS line, under its path: its proxies and
+// buckets, the demand and the assigned shares against the limit of its
+// groups, and for a detailed_metric rule its bucket ids. Empty (hidden)
+// without buckets.
+function showQuota(v) {
+  const seen = new Set();
+  for (const r of v.rules) {
+    const c = rows.get(r.domain + '\n' + r.rule);
+    if (!c) continue;
+    seen.add(c);
+    const per = r.per.replace('*', ' ');
+    const detail = r.groups
+      ? 'demand ' + fmtRate(r.demand) + (r.unmeasured ? ' (+' + r.unmeasured + ' new)' : '') + ' · assigned ' + Math.round(r.assigned).toLocaleString() + ' of ' +
+        (r.groups > 1 ? r.groups + ' × ' : '') + r.limit.toLocaleString() + ' per ' + per
+      : 'no limit divided: answered allow all or deny all';
+    const ids = (r.bucket_ids || []).map((b) => Object.entries(b).map(([k, x]) => k + '=' + x).join(' ')).join(', ');
+    const sig = JSON.stringify([r, v.shared]);
+    if (c.rlqs.dataset.sig === sig) continue;
+    c.rlqs.dataset.sig = sig;
+    c.rlqs.replaceChildren(el('b', null, 'RLQS'), ' ' + (r.streams === 1 ? '1 proxy' : r.streams + ' proxies') + ' · ' +
+      plural(r.buckets, 'bucket') + ' · ' + detail + (v.shared ? ' (this replica; limit shared through Redis)' : '') +
+      (ids ? ' · ' + ids : ''));
+  }
+  for (const c of rows.values()) {
+    if (seen.has(c) || !c.rlqs.dataset.sig) continue;
+    c.rlqs.dataset.sig = '';
+    c.rlqs.replaceChildren();
   }
 }
 
@@ -387,5 +437,6 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#search').addEventListener('input', applySearch);
   every(2000, refreshOverview);
   every(1000, refreshTraffic);
+  every(1000, refreshQuota);
   initDemo().catch(() => { $('#conn').hidden = false; });
 });
