@@ -181,7 +181,8 @@ func TestTake_SlowRedis(t *testing.T) {
 
 func TestBreaker(t *testing.T) {
 	now := time.Unix(100, 0)
-	b := newBreaker(2, time.Second, 50*time.Millisecond, func() time.Time { return now })
+	var changes []bool
+	b := newBreaker(2, time.Second, 50*time.Millisecond, func() time.Time { return now }, func(open bool) { changes = append(changes, open) })
 	wait := func(d time.Duration) func() { return func() { now = now.Add(d) } }
 	steps := []struct {
 		do         func()
@@ -201,6 +202,11 @@ func TestBreaker(t *testing.T) {
 		{b.failure, true, true}, // the count started over
 		{wait(time.Second), true, true},
 		{b.failure, false, false},
+		{b.trip, false, false}, // already open: no transition
+		{b.success, true, true},
+		{b.trip, false, false}, // a failed probe opens it at once
+		{wait(time.Second), true, false},
+		{b.success, true, true},
 	}
 	for i, st := range steps {
 		st.do()
@@ -210,6 +216,12 @@ func TestBreaker(t *testing.T) {
 		if got := b.closed(); got != st.clo {
 			t.Fatalf("step %d: closed() = %v, want %v", i, got, st.clo)
 		}
+	}
+	if want := []bool{true, false, true, false, true, false}; !slices.Equal(changes, want) {
+		t.Errorf("transitions %v, want %v", changes, want)
+	}
+	if o, c := b.opens.Load(), b.closes.Load(); o != 3 || c != 3 {
+		t.Errorf("%d opens and %d closes, want 3 and 3", o, c)
 	}
 }
 
