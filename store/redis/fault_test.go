@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,12 +82,15 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // TestTake_RedisKilledAndRestarted kills Redis under load: takes fail fast
-// (the breaker opens), health says so, and within a second of Redis
-// coming back takes succeed again, without a new store.
+// (the breaker opens), health says so, one WARN line says why, and within
+// a second of Redis coming back takes succeed again, without a new store,
+// and one INFO line says so.
 func TestTake_RedisKilledAndRestarted(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout = 20 * time.Millisecond
-	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, ProbeInterval: 100 * time.Millisecond})
+	var logs logBuffer
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, ProbeInterval: 100 * time.Millisecond,
+		Logger: logs.logger(), FailureMode: "error"})
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.Run(ctx) }()
@@ -126,6 +130,14 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 		t.Errorf("recovered %v after Redis restarted, want within 1s", took)
 	}
 	waitFor(t, time.Second, "health recovers", s.Healthy)
+	waitFor(t, time.Second, "INFO line", func() bool { return len(logs.lines("INFO")) > 0 })
+	warn, info := logs.lines("WARN"), logs.lines("INFO")
+	if len(warn) != 1 || !strings.Contains(warn[0], "addr="+srv.Addr) || !strings.Contains(warn[0], "failure_mode=error") {
+		t.Errorf("WARN lines %q, want one naming the address and the failure mode", warn)
+	}
+	if len(info) != 1 || !strings.Contains(info[0], "outage=") || !strings.Contains(info[0], "answered_by_failure_mode=") {
+		t.Errorf("INFO lines %q, want one with the outage", info)
+	}
 }
 
 // TestTake_SlowRedis: a Redis busy with DEBUG SLEEP does not hold a take
