@@ -62,7 +62,7 @@ type Store struct {
 	refundFailures atomic.Uint64
 	localAnswers   atomic.Uint64
 	failed         atomic.Uint64 // Takes that returned an error
-	lastLatency    atomic.Int64  // ns of the latest call or probe Redis answered
+	lastLatency    atomic.Int64  // ns of the latest window.lua call or probe Redis answered
 	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
 	lastErr        atomic.Pointer[error]
 }
@@ -98,8 +98,8 @@ type Status struct {
 	// Breaker is "closed", "open" (failing Takes at once) or "probing"
 	// (open, past its cooldown: the next call goes to Redis).
 	Breaker string
-	// LastLatency is the duration of the latest call or probe that Redis
-	// answered.
+	// LastLatency is the duration of the latest probe or combined
+	// window.lua call that Redis answered.
 	LastLatency time.Duration
 	// OutageStart is when the breaker opened; zero while closed.
 	OutageStart time.Time

@@ -142,9 +142,8 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if later {
 		r, err = s.takeScript(ctx, deadline, now, hits, keys)
 	}
-	took := time.Since(start)
 	if s.opt.OnCall != nil {
-		s.opt.OnCall(took, err)
+		s.opt.OnCall(time.Since(start), err)
 	}
 	if !abandoned {
 		defer calls.Put(c)
@@ -154,7 +153,6 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		s.failedCall(ctx, err)
 		return err
 	}
-	s.lastLatency.Store(int64(took))
 	s.breaker.success()
 	committed, final := s.decide(&c.sc, now, r.now, hits, keys, r.orig, out)
 	// On Cluster the script's final states of a denied batch predate the
