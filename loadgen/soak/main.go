@@ -263,19 +263,35 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	w.Write([]string{"t_s", "instance", "store", "workload", "rss_kib", "goroutines", "open_fds", "requests", "ok", "over_limit",
 		"failed", "failed_redis_down", "canary_ok", "canary_failed", "canary_failed_redis_down", "redis_down"})
 	var total outcomes
-	tick := time.NewTicker(s.sample)
+	// RSS, goroutines and descriptors are read every second; each row
+	// holds the median of its interval's readings, so that the requests
+	// in flight at one instant do not decide it.
+	tick := time.NewTicker(time.Second)
+	type reading struct{ rss, gor, fds []float64 }
+	readings := make([]reading, len(insts))
+	nextRow := start.Add(s.sample)
 	for done := false; !done; {
 		select {
 		case <-runCtx.Done():
 			done = true
 		case <-tick.C:
 		}
+		for i, in := range insts {
+			rss, fds := procStats(in.cmd.Process.Pid)
+			r := &readings[i]
+			r.rss, r.gor, r.fds = append(r.rss, rss), append(r.gor, goroutines(in.http)), append(r.fds, float64(fds))
+		}
 		now := time.Now()
+		if now.Before(nextRow) && !done {
+			continue
+		}
+		nextRow = nextRow.Add(s.sample)
 		el := now.Sub(start).Seconds()
 		isDown := down.overlaps(now.Add(-s.sample), now)
-		for _, in := range insts {
-			rss, fds := procStats(in.cmd.Process.Pid)
-			gor := goroutines(in.http)
+		for i, in := range insts {
+			r := &readings[i]
+			rss, gor, fds := median(r.rss), median(r.gor), median(r.fds)
+			*r = reading{r.rss[:0], r.gor[:0], r.fds[:0]}
 			in.mu.Lock()
 			o := in.window
 			in.window = outcomes{}
@@ -283,7 +299,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 			in.rss, in.goroutines, in.times = append(in.rss, rss), append(in.goroutines, gor), append(in.times, el)
 			total.add(o)
 			w.Write([]string{strconv.FormatFloat(el, 'f', 0, 64), in.name, in.store, in.workload,
-				strconv.FormatFloat(rss, 'f', 0, 64), strconv.FormatFloat(gor, 'f', 0, 64), strconv.Itoa(fds),
+				strconv.FormatFloat(rss, 'f', 0, 64), strconv.FormatFloat(gor, 'f', 0, 64), strconv.FormatFloat(fds, 'f', 0, 64),
 				u(o.requests), u(o.ok), u(o.overLimit), u(o.failed), u(o.excused), u(o.canaryOK), u(o.canaryFailed), u(o.canaryExcused),
 				strconv.FormatBool(isDown)})
 		}
@@ -343,6 +359,11 @@ func summarise(out io.Writer, s settings, insts []*instance, total outcomes, can
 	for _, o := range over {
 		fmt.Fprintf(out, "over-granted: %s\n", o)
 	}
+	can.mu.Lock()
+	for _, f := range can.failures {
+		fmt.Fprintf(out, "canary failed: %s\n", f)
+	}
+	can.mu.Unlock()
 	down.mu.Lock()
 	var downFor time.Duration
 	for i := range down.from {
@@ -369,11 +390,16 @@ func medianIn(times, v []float64, from, to float64) float64 {
 			sel = append(sel, v[i])
 		}
 	}
-	if len(sel) == 0 {
+	return median(sel)
+}
+
+// median sorts v and returns its median (0 if empty).
+func median(v []float64) float64 {
+	if len(v) == 0 {
 		return 0
 	}
-	slices.Sort(sel)
-	return sel[len(sel)/2]
+	slices.Sort(v)
+	return v[len(v)/2]
 }
 
 // writeLimits writes generation gen of the limits (it changes the hot
@@ -622,6 +648,8 @@ type canaries struct {
 	mu     sync.Mutex
 	epoch  int
 	paused bool
+	// failures outside the Redis-down intervals, for the summary
+	failures []string
 	// grants per "group/key/window end (unix minutes)".
 	grants map[string]int
 }
@@ -692,6 +720,9 @@ func (c *canaries) send(ctx context.Context, in *instance, group, key string, do
 			o.canaryExcused = 1
 		} else {
 			o.canaryFailed = 1
+			c.mu.Lock()
+			c.failures = append(c.failures, fmt.Sprintf("%s %s after %v: %v", t0.Format(time.TimeOnly), in.name, t1.Sub(t0).Round(time.Millisecond), err))
+			c.mu.Unlock()
 		}
 	case resp.OverallCode == rlspb.RateLimitResponse_OK:
 		o.canaryOK = 1
