@@ -3,12 +3,19 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -248,4 +255,29 @@ func debugSleep(t *testing.T, srv *redistest.Server, secs string) (awake func())
 		}
 	}()
 	return func() { <-slept }
+}
+
+// TestUnreachable: only errors that say Redis could not be reached count
+// against it; a call out of time, a caller that gave up and our own
+// reply checks do not.
+func TestUnreachable(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{fmt.Errorf("redis: %w", context.DeadlineExceeded), false},
+		{fmt.Errorf("redis: %w", context.Canceled), false},
+		{errors.New("redis: window script answered 3 values for 1 requests of 1 keys"), false},
+		{fmt.Errorf("redis: %w", refused), true},
+		{fmt.Errorf("redis: %w", io.EOF), true},
+		{fmt.Errorf("redis: %w", rueidis.ErrClosing), true},
+		{fmt.Errorf("redis: %w", syscall.ECONNRESET), true},
+		{fmt.Errorf("redis: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), true},
+	} {
+		if got := unreachable(tc.err); got != tc.want {
+			t.Errorf("unreachable(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
 }
