@@ -337,3 +337,41 @@ func TestTransitionLog_RateLimited(t *testing.T) {
 		t.Errorf("%d opens and %d closes, want 10 and 10", o, c)
 	}
 }
+
+// TestChaos_TimeoutsProbeSparingly: callers whose deadlines are too short
+// for any answer time out by the thousand against a healthy Redis; each
+// timeout asks for a probe, but probes stay a BreakerCooldown apart, and
+// the breaker stays closed.
+func TestChaos_TimeoutsProbeSparingly(t *testing.T) {
+	srv := redistest.Start(t)
+	s := running(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "short:", NoLocalCache: true})
+	r := must(store.NewFixedWindow(1_000_000_000, time.Hour))
+	before := s.Stats().Probes
+	var timeouts atomic.Int64
+	stop := time.Now().Add(time.Second)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			hits := []store.Hit{{Key: fmt.Sprint("k", g), Rule: r, Cost: 1, Veto: true}}
+			out := make([]store.Decision, 1)
+			for time.Now().Before(stop) {
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Microsecond)
+				if err := s.Take(ctx, time.Now().UnixNano(), hits, out); errors.Is(err, context.DeadlineExceeded) {
+					timeouts.Add(1)
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	// One probe per 100 ms cooldown in a second, and the first at once.
+	if n := s.Stats().Probes - before; n > 15 {
+		t.Errorf("%d probes in a second of %d timeouts, want at most ~11", n, timeouts.Load())
+	}
+	if timeouts.Load() < 100 {
+		t.Errorf("only %d timeouts: the test did not test", timeouts.Load())
+	}
+	if st := s.Stats(); st.Opens != 0 {
+		t.Errorf("the breaker opened %d times on timeouts with Redis healthy", st.Opens)
+	}
+}

@@ -62,6 +62,7 @@ type Store struct {
 	refundFailures atomic.Uint64
 	localAnswers   atomic.Uint64
 	failed         atomic.Uint64 // Takes that returned an error
+	probes         atomic.Uint64 // Run's pings
 	lastLatency    atomic.Int64  // ns of the latest window.lua call or probe Redis answered
 	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
 	lastErr        atomic.Pointer[error]
@@ -75,6 +76,7 @@ type Stats struct {
 	RefundFailures uint64 // Cluster refunds that failed (see Take)
 	Failed         uint64 // Takes that returned an error (answered by the failure mode)
 	Opens, Closes  uint64 // transitions of the circuit breaker
+	Probes         uint64 // health probes (pings) Run sent
 }
 
 // State is Redis's state as the store sees it.
@@ -207,7 +209,7 @@ func (s *Store) Close() error {
 // Stats returns the store's counters and state.
 func (s *Store) Stats() Stats {
 	st := Stats{Healthy: s.Healthy(), LocalAnswers: s.localAnswers.Load(), RefundFailures: s.refundFailures.Load(),
-		Failed: s.failed.Load(), Opens: s.breaker.opens.Load(), Closes: s.breaker.closes.Load()}
+		Failed: s.failed.Load(), Opens: s.breaker.opens.Load(), Closes: s.breaker.closes.Load(), Probes: s.probes.Load()}
 	if s.cache != nil {
 		st.LocalKeys = s.cache.m.Size()
 	}
@@ -237,9 +239,10 @@ func (s *Store) Status() Status {
 // false while the circuit breaker is open.
 func (s *Store) Healthy() bool { return s.breaker.closed() }
 
-// Run probes Redis until ctx ends: every ProbeInterval while healthy, at
-// once after a Take ran out of time, every BreakerCooldown while the
-// breaker is open, so it closes as soon as Redis is back. A probe that
+// Run probes Redis until ctx ends: every ProbeInterval while healthy, soon
+// after a Take ran out of time (at most one probe per BreakerCooldown),
+// every BreakerCooldown while the breaker is open, so it closes as soon as
+// Redis is back. A probe that
 // gets no PONG within ProbeTimeout opens the breaker. Run logs the
 // breaker's transitions (see Options.Logger) and drops expired entries of
 // the local cache.
@@ -247,39 +250,50 @@ func (s *Store) Run(ctx context.Context) error {
 	t := time.NewTimer(s.opt.ProbeInterval)
 	defer t.Stop()
 	var lg transitionLog
+	var lastProbe time.Time
 	for {
+		probe := true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		case <-s.kick:
+			// Timeouts under load kick often: probes stay a cooldown
+			// apart, a transition is reported at once.
+			probe = time.Since(lastProbe) >= s.opt.BreakerCooldown
 		}
-		t0 := time.Now()
-		if err := s.ping(ctx); err == nil {
-			s.lastLatency.Store(int64(time.Since(t0)))
-			s.breaker.success()
-		} else if ctx.Err() == nil {
-			s.lastErr.Store(&err)
-			s.breaker.trip()
+		if probe {
+			s.probes.Add(1)
+			lastProbe = time.Now()
+			if err := s.ping(ctx); err == nil {
+				s.lastLatency.Store(int64(time.Since(lastProbe)))
+				s.breaker.success()
+			} else if ctx.Err() == nil {
+				s.lastErr.Store(&err)
+				s.breaker.trip()
+			}
+			if s.cache != nil {
+				s.cache.sweep(time.Now().UnixNano())
+			}
+			// (Drain a kick the probe answered.)
+			select {
+			case <-s.kick:
+			default:
+			}
 		}
 		lg.report(s, time.Now())
-		if s.cache != nil {
-			s.cache.sweep(time.Now().UnixNano())
-		}
-		// (Drain a kick the probe answered.)
-		select {
-		case <-s.kick:
-		default:
-		}
 		if !t.Stop() {
 			select {
 			case <-t.C:
 			default:
 			}
 		}
-		if s.breaker.closed() {
+		switch {
+		case !probe:
+			t.Reset(s.opt.BreakerCooldown - time.Since(lastProbe))
+		case s.breaker.closed():
 			t.Reset(s.opt.ProbeInterval)
-		} else {
+		default:
 			t.Reset(s.opt.BreakerCooldown)
 		}
 	}
