@@ -84,7 +84,7 @@ func TestServeRedis_BadSettings(t *testing.T) {
 		{[]string{"--redis-url", url, "--redis-clock", "sundial"}, "--redis-clock"},
 		{[]string{"--redis-url", url, "--redis-timeout", "0s"}, "--redis-timeout"},
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "-1us"}, "--redis-pipeline-window"},
-		{[]string{"--redis-url", url, "--redis-pipeline-window", "10ms"}, "--redis-pipeline-window"},
+		{[]string{"--redis-url", url, "--redis-pipeline-window", "1s"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-tls-cert", "c.pem"}, "--redis-tls-cert"},
 		{[]string{"--redis-url", url}, "127.0.0.1:1"},
 	} {
