@@ -257,6 +257,7 @@ func TestChaos_RedisPaused(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 	waitFor(t, 5*time.Second, "takes succeed", func() bool { return lastOK.Load() != 0 })
 
+	waitFor(t, 2*time.Second, "a probe", func() bool { return s.Status().LastLatency > 0 })
 	if st := s.Status(); st.State == StateDown || st.Breaker != "closed" || st.LastLatency <= 0 || st.Addr != srv.Addr || !st.OutageStart.IsZero() {
 		t.Errorf("status with Redis up: %+v", st)
 	}

@@ -183,11 +183,7 @@ func (cb *combiner) send(ctx context.Context, batch []*job, sc *sendScratch) {
 		}
 	}
 	n := len(keys)
-	t0 := time.Now()
 	a, err := cb.s.eval(ctx, windowScript, keys, args).ToArray()
-	if err == nil {
-		cb.s.lastLatency.Store(int64(time.Since(t0)))
-	}
 	if len(batch) > 1 {
 		// (cleared, so that no job's strings stay reachable from sc)
 		clear(keys)

@@ -63,7 +63,7 @@ type Store struct {
 	localAnswers   atomic.Uint64
 	failed         atomic.Uint64 // Takes that returned an error
 	probes         atomic.Uint64 // Run's pings
-	lastLatency    atomic.Int64  // ns of the latest window.lua call or probe Redis answered
+	lastLatency    atomic.Int64  // ns of the latest probe Redis answered
 	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
 	lastErr        atomic.Pointer[error]
 }
@@ -100,8 +100,10 @@ type Status struct {
 	// Breaker is "closed", "open" (failing Takes at once) or "probing"
 	// (open, past its cooldown: the next call goes to Redis).
 	Breaker string
-	// LastLatency is the duration of the latest probe or combined
-	// window.lua call that Redis answered.
+	// LastLatency is the round trip of the latest health probe (PING)
+	// that Redis answered: every ProbeInterval, so a status page reads
+	// Redis's latency without a cost per request (request latencies are
+	// in the OnCall metric).
 	LastLatency time.Duration
 	// OutageStart is when the breaker opened; zero while closed.
 	OutageStart time.Time
