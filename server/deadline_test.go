@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -19,8 +20,11 @@ import (
 	"github.com/sluicehq/sluice/store/memory"
 )
 
+// noDeadline is what deadlineStore records for a ctx without a deadline.
+const noDeadline = time.Duration(math.MinInt64)
+
 // deadlineStore is a memory store that records the time left before the
-// deadline of each Take's ctx (-1 without one).
+// deadline of each Take's ctx (noDeadline without one).
 type deadlineStore struct {
 	store.Store
 	mu   sync.Mutex
@@ -28,7 +32,7 @@ type deadlineStore struct {
 }
 
 func (s *deadlineStore) Take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
-	left := time.Duration(-1)
+	left := noDeadline
 	if d, ok := ctx.Deadline(); ok {
 		left = time.Until(d)
 	}
@@ -73,7 +77,7 @@ func TestDeadline_ReachesStore(t *testing.T) {
 	if _, err := rls.ShouldRateLimit(context.Background(), req, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
-	if got := st.last(); got != -1 {
+	if got := st.last(); got != noDeadline {
 		t.Errorf("no grpc-timeout: store saw %v left, want no deadline", got)
 	}
 
@@ -98,7 +102,7 @@ func TestDeadline_ReachesStore(t *testing.T) {
 		t.Fatalf("Sluice-Timeout 250ms: %d", res.StatusCode)
 	}
 	within("Sluice-Timeout 250ms", st.last(), time.Millisecond, 250*time.Millisecond)
-	if res := post(""); res.StatusCode != 200 || st.last() != -1 {
+	if res := post(""); res.StatusCode != 200 || st.last() != noDeadline {
 		t.Errorf("no header: %d, store saw %v left, want 200 and no deadline", res.StatusCode, st.last())
 	}
 	n := len(st.left)
@@ -110,4 +114,46 @@ func TestDeadline_ReachesStore(t *testing.T) {
 	if len(st.left) != n {
 		t.Errorf("a request with a malformed header reached the store")
 	}
+}
+
+// FuzzTimeoutHeader: any Sluice-Timeout value is answered (200 or 429) with a
+// deadline of at most an hour reaching the store (already past for a
+// tiny one), 503 when it passed before the limiter started, or 400
+// without reaching the store; never a panic.
+func FuzzTimeoutHeader(f *testing.F) {
+	for _, s := range []string{"", "20ms", "1s", "1h", "1h0m0.000000001s", "0", "-5ms", "1e9h", "9223372036854775807ns", "1.5µs", " 20ms", "ms", "\x00"} {
+		f.Add(s)
+	}
+	st := &deadlineStore{Store: memory.New(memory.Options{})}
+	lim := limiter.New(tables{loadTable(f)}, st, limiter.Options{})
+	h := server.NewHTTP(lim, server.NewHealth(), server.Options{})
+	body := `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"/fuzz"}]}]}`
+	f.Fuzz(func(t *testing.T, v string) {
+		r := httptest.NewRequest("POST", "/json", strings.NewReader(body))
+		r.Header[server.TimeoutHeader] = []string{v}
+		w := httptest.NewRecorder()
+		st.mu.Lock()
+		n := len(st.left)
+		st.mu.Unlock()
+		h.ServeHTTP(w, r)
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		switch w.Code {
+		case 200, 429: // (the limit is 5 a minute)
+			// (An empty value is no header: no deadline.)
+			if len(st.left) != n+1 || (st.left[n] == noDeadline) != (v == "") || st.left[n] > time.Hour {
+				t.Errorf("Sluice-Timeout %q: 200, store saw %v left", v, st.left[n:])
+			}
+		case 503:
+			if !strings.Contains(w.Body.String(), "deadline") {
+				t.Errorf("Sluice-Timeout %q: 503 %q", v, w.Body.String())
+			}
+		case 400:
+			if len(st.left) != n || !strings.Contains(w.Body.String(), server.TimeoutHeader) {
+				t.Errorf("Sluice-Timeout %q: 400 %q, store called %d times", v, w.Body.String(), len(st.left)-n)
+			}
+		default:
+			t.Errorf("Sluice-Timeout %q: %d %s", v, w.Code, w.Body.String())
+		}
+	})
 }
