@@ -86,6 +86,11 @@ bench: ## run the Go benchmarks
 bench-load: build $(BIN)/ghz ## load benchmark: sluice (memory, and Redis if redis-server is installed) vs a no-op RLS server on loopback, writes docs/BENCHMARKS.md (BENCH_FLAGS=-duration 5s ...)
 	$(GO) run ./loadgen/benchload -sluice bin/sluice -ghz $(BIN)/ghz -out docs/BENCHMARKS.md $(BENCH_FLAGS)
 
+SOAK_DURATION ?= 10m
+.PHONY: soak
+soak: build ## soak: 3 Redis instances + 1 memory under mixed load, Redis restarted every 2 min, limits rewritten every 10 s; CSV in soak.csv (SOAK_DURATION=10m)
+	$(GO) run ./loadgen/soak -sluice bin/sluice -duration $(SOAK_DURATION) -csv soak.csv $(SOAK_FLAGS)
+
 .PHONY: check-generated
 check-generated: generate ## fail when gen/ or go.mod/go.sum are stale
 	$(GO) mod tidy

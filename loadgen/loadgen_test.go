@@ -352,3 +352,40 @@ func BenchmarkCodec(b *testing.B) {
 		}
 	})
 }
+
+// deadlineEcho answers OK when its caller sent a deadline (grpc-timeout)
+// of at most a second, and UNAVAILABLE otherwise.
+type deadlineEcho struct {
+	rlspb.UnimplementedRateLimitServiceServer
+}
+
+func (deadlineEcho) ShouldRateLimit(ctx context.Context, _ *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > time.Second {
+		return nil, status.Error(codes.Unavailable, "no deadline")
+	}
+	return &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK}, nil
+}
+
+// TestRun_Timeout: Options.Timeout reaches the server as each call's
+// grpc-timeout; without it no deadline is sent.
+func TestRun_Timeout(t *testing.T) {
+	addr := serve(t, deadlineEcho{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reqs, err := Workload("distinct", "bench", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		timeout time.Duration
+		code    string
+	}{{time.Second, "OK"}, {0, "Unavailable"}} {
+		res, err := Run(ctx, Options{Target: addr, Requests: reqs, Concurrency: 2, Duration: 100 * time.Millisecond, Timeout: tc.timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Requests == 0 || res.Codes[tc.code] != res.Requests {
+			t.Errorf("timeout %v: codes %v of %d, want all %s", tc.timeout, res.Codes, res.Requests, tc.code)
+		}
+	}
+}

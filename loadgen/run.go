@@ -48,6 +48,10 @@ type Options struct {
 	// DialOptions are added to the connections' options, for transport
 	// credentials. Without credentials the connections are plaintext.
 	DialOptions []grpc.DialOption
+	// Timeout, when positive, is each call's deadline, sent as
+	// grpc-timeout (Envoy's filter sends its timeout so); a call past it
+	// counts as DeadlineExceeded. Zero sends no deadline.
+	Timeout time.Duration
 }
 
 // Result is what a run measured. Requests counts the calls that started
@@ -112,6 +116,7 @@ type worker struct {
 	mismatch uint64
 	calls    uint64    // every call that finished, warmup included
 	last     time.Time // when the last recorded call finished
+	timeout  time.Duration
 }
 
 const maxCode = codes.Unauthenticated
@@ -149,7 +154,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	workers := make([]*worker, conc)
 	for i := range workers {
-		workers[i] = &worker{conn: conns[i%nconn], frames: frames, next: i * len(frames) / conc}
+		workers[i] = &worker{conn: conns[i%nconn], frames: frames, next: i * len(frames) / conc, timeout: o.Timeout}
 		if o.Rate > 0 {
 			workers[i].service = new(Histogram)
 		}
@@ -162,8 +167,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		stopAt = end.Add(dur)
 	}
 	// Cancelled at stopAt by a timer rather than a deadline: a deadline
-	// would travel to the server as grpc-timeout, and a call the server
-	// times out a moment early would be counted.
+	// would travel to the server as grpc-timeout (only o.Timeout should),
+	// and a call the server times out a moment early would be counted.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timer := time.AfterFunc(time.Until(stopAt), cancel)
@@ -246,7 +251,7 @@ func (w *worker) closed(ctx context.Context, from, end time.Time) {
 			return
 		}
 		f := w.frame()
-		err := w.conn.Invoke(ctx, method, f, &w.reply)
+		err := w.invoke(ctx, f)
 		t1 := time.Now()
 		if ctx.Err() != nil {
 			return
@@ -273,7 +278,7 @@ func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, s
 		}
 		f := w.frame()
 		t0 := time.Now()
-		err := w.conn.Invoke(ctx, method, f, &w.reply)
+		err := w.invoke(ctx, f)
 		t1 := time.Now()
 		if ctx.Err() != nil {
 			return
@@ -285,6 +290,16 @@ func (w *worker) open(ctx context.Context, ticket *atomic.Int64, rate float64, s
 			w.last = t1
 		}
 	}
+}
+
+// invoke sends f, with the run's per-call deadline if any.
+func (w *worker) invoke(ctx context.Context, f *frame) error {
+	if w.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.timeout)
+		defer cancel()
+	}
+	return w.conn.Invoke(ctx, method, f, &w.reply)
 }
 
 func (w *worker) frame() *frame {

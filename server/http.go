@@ -2,11 +2,13 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -75,7 +77,12 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	c := h.rls.calls.Get().(*call)
 	defer h.rls.calls.Put(c)
 	fillRequest(&c.req, &in)
-	if err := h.rls.lim.Check(r.Context(), &c.req, &c.resp); err != nil {
+	ctx, cancel, ok := requestContext(w, r)
+	if !ok {
+		return
+	}
+	defer cancel()
+	if err := h.rls.lim.Check(ctx, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -121,7 +128,12 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		writeError(w, err)
 		return
 	}
-	if err := h.api.lim.Check(r.Context(), &c.req, &c.resp); err != nil {
+	ctx, cancel, ok := requestContext(w, r)
+	if !ok {
+		return
+	}
+	defer cancel()
+	if err := h.api.lim.Check(ctx, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -147,6 +159,31 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		}
 	}
 	writeProto(w, code, marshalAPI, checkResponse(resp))
+}
+
+// TimeoutHeader states how long an HTTP caller waits for its answer, as
+// a Go duration ("20ms", "1s"): the HTTP form of gRPC's grpc-timeout. A
+// store that waits on the network (Redis) gives up in time to answer
+// within it, by the failure mode if need be.
+const TimeoutHeader = "Sluice-Timeout"
+
+// maxTimeout bounds TimeoutHeader (a store's own ceiling applies anyway).
+const maxTimeout = time.Hour
+
+// requestContext returns r's context, with the deadline TimeoutHeader
+// states if any. A malformed header is answered 400 (ok false).
+func requestContext(w http.ResponseWriter, r *http.Request) (ctx context.Context, cancel context.CancelFunc, ok bool) {
+	v := r.Header.Get(TimeoutHeader)
+	if v == "" {
+		return r.Context(), func() {}, true
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > maxTimeout {
+		writeError(w, &limiter.InvalidError{Reason: TimeoutHeader + " must be a positive duration of at most 1h, such as 20ms"})
+		return nil, nil, false
+	}
+	ctx, cancel = context.WithTimeout(r.Context(), d)
+	return ctx, cancel, true
 }
 
 func readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {

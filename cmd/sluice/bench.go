@@ -54,6 +54,7 @@ type benchFlags struct {
 	keys, concurrency, connections      int
 	duration, warmup                    time.Duration
 	rate                                float64
+	timeout                             time.Duration
 	jsonOut                             bool
 	noopListen                          string
 	tls                                 tlsClientFlags
@@ -74,6 +75,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.IntVar(&f.connections, "connections", 1, "HTTP/2 connections the workers share")
 	fs.DurationVar(&f.duration, "duration", 10*time.Second, "how long to measure")
 	fs.DurationVar(&f.warmup, "warmup", time.Second, "how long to send before measuring")
+	fs.DurationVar(&f.timeout, "timeout", 0, "each call's deadline, sent as grpc-timeout as Envoy sends its filter timeout (0: none)")
 	fs.Float64Var(&f.rate, "rate", 0, "requests/s on a fixed schedule (open loop); 0 sends as fast as replies come (closed loop)")
 	fs.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
 	fs.StringVar(&f.noopListen, "noop-listen", "", "run a no-op RLS server on `address` instead of sending load")
@@ -131,7 +133,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 // options turns the flags into a run.
 func (f *benchFlags) options() (loadgen.Options, error) {
 	o := loadgen.Options{Target: f.addr, Concurrency: f.concurrency, Connections: f.connections,
-		Duration: f.duration, Warmup: f.warmup, Rate: f.rate}
+		Duration: f.duration, Warmup: f.warmup, Rate: f.rate, Timeout: f.timeout}
 	switch {
 	case f.concurrency < 1 || f.connections < 1:
 		return o, errors.New("--concurrency and --connections must be at least 1")
@@ -139,6 +141,8 @@ func (f *benchFlags) options() (loadgen.Options, error) {
 		return o, errors.New("--duration must be positive and --warmup not negative")
 	case f.rate < 0:
 		return o, errors.New("--rate must not be negative")
+	case f.timeout < 0:
+		return o, errors.New("--timeout must not be negative")
 	case (f.workload == "file") != (f.requestFile != ""):
 		return o, errors.New("--request-file goes with --workload file, and only with it")
 	}

@@ -48,11 +48,13 @@ func init() {
 	var f redisFlags
 	var opened *redis.Store // set by open, for the health extension
 	var calls *prometheus.HistogramVec
+	var failureMode func() string // the serve flag --store-failure-mode
 	registerBackend(backend{
 		name:  "redis",
 		waits: true,
 		flags: func(fs *flag.FlagSet) {
 			opened = nil
+			failureMode = func() string { return fs.Lookup("store-failure-mode").Value.String() }
 			fs.StringVar(&f.url, "redis-url", "", "redis store: `URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
 			fs.StringVar(&f.sentinel, "redis-sentinel", "", "redis store: comma-separated sentinel `addresses` (with --redis-sentinel-master), instead of --redis-url")
 			fs.StringVar(&f.sentinelMaster, "redis-sentinel-master", "", "redis store: `name` of the master the sentinels monitor")
@@ -66,7 +68,7 @@ func init() {
 			fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
 			fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
 			fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", 0, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
-			fs.DurationVar(&f.timeout, "redis-timeout", 10*time.Millisecond, "redis store: deadline of every Redis call (keep it under Envoy's 20ms filter timeout)")
+			fs.DurationVar(&f.timeout, "redis-timeout", time.Second, "redis store: most time a request waits for Redis, and the wait of callers that state no deadline; a gRPC caller's grpc-timeout (Envoy's filter timeout), or an HTTP caller's Sluice-Timeout header, shortens it, less a margin to answer (a tenth, at most 5ms)")
 			fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
 				return fs.Set("store-failure-mode", v)
 			})
@@ -82,6 +84,7 @@ func init() {
 				return nil, nil, nil, err
 			}
 			opt.Clock = clock
+			opt.Logger, opt.FailureMode = logger, failureMode()
 			calls = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: "redis",
 				Name: "call_duration_seconds", Help: "Redis round trips of a request (one script call, or one per slot on Cluster), by result.",
 				Buckets: observe.LatencyBuckets}, []string{"result"})
@@ -144,12 +147,31 @@ func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store) error {
 			func() float64 { return float64(st.Stats().LocalKeys) })),
 		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("refund_failures_total", "Cluster refunds that failed: takes left in place until their keys expire (over-deny).")),
 			func() float64 { return float64(st.Stats().RefundFailures) })),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("failed_takes_total", "Requests the Redis store failed (answered by the failure mode): breaker open, out of time, Redis unreachable.")),
+			func() float64 { return float64(st.Stats().Failed) })),
+		reg.Register(transitions{st}),
 	)
+}
+
+// transitions is sluice_redis_transitions_total{to="down"|"up"}: the
+// circuit breaker's openings and closings.
+type transitions struct{ st *redis.Store }
+
+var transitionsDesc = prometheus.NewDesc("sluice_redis_transitions_total",
+	"Transitions of the Redis store's state: to=down when the circuit breaker opens (Redis unreachable), to=up when it closes.",
+	[]string{"to"}, nil)
+
+func (c transitions) Describe(ch chan<- *prometheus.Desc) { ch <- transitionsDesc }
+
+func (c transitions) Collect(ch chan<- prometheus.Metric) {
+	s := c.st.Stats()
+	ch <- prometheus.MustNewConstMetric(transitionsDesc, prometheus.CounterValue, float64(s.Opens), "down")
+	ch <- prometheus.MustNewConstMetric(transitionsDesc, prometheus.CounterValue, float64(s.Closes), "up")
 }
 
 // followHealth updates x's health when st's health changes, checking
 // every interval (st.Healthy is one of x.Ready, so a config reload while
-// Redis is down keeps NOT_SERVING too).
+// Redis is down keeps NOT_SERVING too). The store logs the transitions.
 func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -161,12 +183,6 @@ func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interva
 		case <-t.C:
 		}
 		ok := st.Healthy()
-		switch {
-		case !ok && was:
-			x.Logger.Warn("redis unreachable: NOT_SERVING")
-		case ok && !was:
-			x.Logger.Info("redis reachable again")
-		}
 		if ok != was {
 			x.UpdateHealth()
 		}

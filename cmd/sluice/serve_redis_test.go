@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,7 +89,7 @@ func TestServeRedis_BadSettings(t *testing.T) {
 		{[]string{"--redis-url", url, "--redis-clock", "sundial"}, "--redis-clock"},
 		{[]string{"--redis-url", url, "--redis-timeout", "0s"}, "--redis-timeout"},
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "-1us"}, "--redis-pipeline-window"},
-		{[]string{"--redis-url", url, "--redis-pipeline-window", "10ms"}, "--redis-pipeline-window"},
+		{[]string{"--redis-url", url, "--redis-pipeline-window", "1s"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-tls-cert", "c.pem"}, "--redis-tls-cert"},
 		{[]string{"--redis-url", url}, "127.0.0.1:1"},
 	} {
@@ -402,6 +404,54 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 	}
 	if c := ask(); c != rlspb.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("after recovery: %v, want OVER_LIMIT (Redis counts again)", c)
+	}
+	m := httpGet(t, "http://"+httpAddr+"/metrics")
+	for _, want := range []string{"\nsluice_redis_transitions_total{to=\"down\"} 1\n", "\nsluice_redis_transitions_total{to=\"up\"} 1\n"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+		}
+	}
+	if !regexp.MustCompile(`\nsluice_redis_failed_takes_total ([5-9]|\d\d+)\n`).MatchString(m) {
+		t.Errorf("/metrics: sluice_redis_failed_takes_total does not count the 5 requests answered while Redis was down")
+	}
+}
+
+// TestServeRedis_LogsOutage: serve's log gets one WARN line naming Redis's
+// address and the failure mode in force when Redis becomes unreachable,
+// and one INFO line when it is back.
+func TestServeRedis_LogsOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := writeConfig(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--config", dir,
+			"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--store-failure-mode", "deny"},
+			func(string) string { return "" }, &logs, func(net.Addr, net.Addr) { close(ready) })
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	srv.Kill()
+	waitUntil(t, 5*time.Second, "a WARN line", func() bool { return strings.Contains(logs.String(), "level=WARN") })
+	srv.Restart()
+	waitUntil(t, 5*time.Second, "an INFO line", func() bool { return strings.Contains(logs.String(), "redis reachable again") })
+	out := logs.String()
+	warn := regexp.MustCompile(`level=WARN msg="redis unreachable: answering by the failure mode" addr=` + regexp.QuoteMeta(srv.Addr) + ` cause=".+" failure_mode=deny`)
+	if n := len(warn.FindAllString(out, -1)); n != 1 || strings.Count(out, "level=WARN") != 1 {
+		t.Errorf("want one WARN line with the address, cause and failure mode, got:\n%s", out)
+	}
+	if !regexp.MustCompile(`level=INFO msg="redis reachable again" addr=\S+ outage=\S+ answered_by_failure_mode=\d+`).MatchString(out) {
+		t.Errorf("want an INFO line with the outage, got:\n%s", out)
 	}
 }
 

@@ -52,9 +52,17 @@ type settings struct {
 	repeat                      int
 	openFractions               []float64
 	ghzRate                     float64
+	starveBusy                  int
+	starveTimeout               time.Duration
 }
 
+// busyEnv makes this program a CPU-bound process of the starvation runs.
+const busyEnv = "SLUICE_BENCHLOAD_BUSY"
+
 func main() {
+	if os.Getenv(busyEnv) != "" {
+		spin()
+	}
 	var s settings
 	var conc, redisConc, workloads, fractions string
 	flag.StringVar(&s.sluice, "sluice", "bin/sluice", "the sluice binary")
@@ -73,6 +81,8 @@ func main() {
 	flag.IntVar(&s.repeat, "repeat", 1, "runs per cell and server; the median is reported")
 	flag.StringVar(&fractions, "open-fractions", "0.8,0.5", "open-loop rates as fractions of the no-op server's closed-loop throughput at concurrency 50")
 	flag.Float64Var(&s.ghzRate, "ghz-rate", 1000, "requests/s of the ghz cross-check")
+	flag.IntVar(&s.starveBusy, "starve-busy", 3, "CPU-bound processes beside the Redis store's starvation runs (0 skips them)")
+	flag.DurationVar(&s.starveTimeout, "starve-timeout", time.Second, "each call's deadline (grpc-timeout) in the starvation runs")
 	flag.StringVar(&s.cpuProfile, "cpuprofile", "", "write sluice's CPU profile during the multi run at concurrency 50 to this file")
 	flag.Parse()
 	s.concurrency = positives("concurrency", conc)
@@ -271,6 +281,7 @@ type report struct {
 	machine machine
 	closed  []cell
 	redis   []cell // sluice is the Redis-backed server
+	starved []cell // the Redis-backed server beside busy processes; no no-op run
 	noRedis string // why redis is empty
 	open    []cell
 	ghz     *crossCheck
@@ -417,6 +428,28 @@ func run(ctx context.Context, s settings) (*report, error) {
 				rep.redis = append(rep.redis, cell{workload: w, concurrency: c, sluice: sm, noop: nm, paired: paired})
 			}
 		}
+		if s.starveBusy == 0 {
+			return nil
+		}
+		stop, err := busy(s.starveBusy)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		for _, w := range []string{"distinct", "multi"} {
+			for _, c := range s.redisConc {
+				o, err := opts(w, c, 0)
+				if err != nil {
+					return err
+				}
+				o.Timeout = s.starveTimeout
+				m, err := sr.measure(ctx, o)
+				if err != nil {
+					return err
+				}
+				rep.starved = append(rep.starved, cell{workload: w, concurrency: c, sluice: m})
+			}
+		}
 		return nil
 	}(); err != nil {
 		return nil, err
@@ -449,6 +482,40 @@ func run(ctx context.Context, s settings) (*report, error) {
 		fmt.Fprintf(os.Stderr, "no ghz at %s: cross-check skipped\n", s.ghz)
 	}
 	return rep, nil
+}
+
+// busy starts n copies of this program that only burn CPU, as noisy
+// neighbours; stop kills them.
+func busy(n int) (stop func(), err error) {
+	var procs []*exec.Cmd
+	stop = func() {
+		for _, c := range procs {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}
+	for range n {
+		c := exec.Command(os.Args[0])
+		c.Env = append(os.Environ(), busyEnv+"=1")
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, fmt.Errorf("busy process: %w", err)
+		}
+		procs = append(procs, c)
+	}
+	return stop, nil
+}
+
+// spin burns one CPU until killed or its parent is gone.
+func spin() {
+	parent := os.Getppid()
+	x := uint64(1)
+	for i := 0; ; i++ {
+		x = x*6364136223846793005 + 1442695040888963407
+		if i%(1<<26) == 0 && os.Getppid() != parent {
+			os.Exit(0)
+		}
+	}
 }
 
 // median returns the run whose key is the median (the lower one of an

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/loadgen"
 )
 
 func TestParseInfo(t *testing.T) {
@@ -109,5 +111,15 @@ func TestPairedRatios(t *testing.T) {
 		if got := pairedRatios(c.in); got != c.want {
 			t.Errorf("pairedRatios(%v) = %q, want %q", c.in, got, c.want)
 		}
+	}
+}
+
+func TestCodeListAndFailed(t *testing.T) {
+	m := measured{Result: &loadgen.Result{Requests: 12, Codes: map[string]uint64{"Unavailable": 2, "OK": 9, "DeadlineExceeded": 1}}}
+	if got, want := codeList(m.Codes), "DeadlineExceeded 1, OK 9, Unavailable 2"; got != want {
+		t.Errorf("codeList = %q, want %q", got, want)
+	}
+	if got := failed(m); got != 3 {
+		t.Errorf("failed = %d, want 3", got)
 	}
 }

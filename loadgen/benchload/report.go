@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
+	"strings"
 )
 
 func (r *report) write(out io.Writer) error {
@@ -46,16 +48,16 @@ func (r *report) write(out io.Writer) error {
 	if r.noRedis != "" {
 		p("%s\n", r.noRedis)
 	} else {
-		p("Sluice serves the same limits from `--store redis` (defaults: one `EVALSHA` per request or for several concurrent ones, 10 ms deadline, no pipeline window, error failure mode) ")
+		p("Sluice serves the same limits from `--store redis` (defaults: one `EVALSHA` per request or for several concurrent ones, a 1 s ceiling on a request's wait for Redis, no pipeline window, error failure mode; the generator sends no deadline) ")
 		p("on a `redis-server --save '' --appendonly no` of its own on loopback, sharing the same cores. ")
 		p("The target is a ratio ≥ 0.6 with a p99 below 1.5× the no-op server's. ")
 		p("Redis's CPU (`INFO` used_cpu_sys + used_cpu_user) and commands (total_commands_processed) are per request over the measured time only ")
 		p("(the calls in flight at its two ends can add up to twice the concurrency to the commands). ")
-		p("Failed calls count in the throughput and are listed under the table.\n\n")
-		p("| workload | concurrency | Sluice+Redis req/s | no-op req/s | ratio | paired | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req |\n")
-		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		p("Failed calls (errors: any gRPC code but OK, in the median run) count in the throughput and are listed under the table; the target is none.\n\n")
+		p("| workload | concurrency | Sluice+Redis req/s | errors | no-op req/s | ratio | paired | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req |\n")
+		p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.redis {
-			p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
+			p("| %s | %d | %.0f | %d | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f |\n", c.workload, c.concurrency, c.sluice.RPS, failed(c.sluice), c.noop.RPS,
 				ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), ratio(c.sluice.Latency.P99, c.noop.Latency.P99),
 				c.sluice.ServerCPU, c.noop.ServerCPU, c.sluice.RedisCPU, c.sluice.RedisCommands)
 		}
@@ -63,6 +65,16 @@ func (r *report) write(out io.Writer) error {
 			if n := c.sluice.Codes["OK"]; n != c.sluice.Requests {
 				p("\nSluice+Redis, %s at %d: %d of %d calls failed: %v.\n", c.workload, c.concurrency, c.sluice.Requests-n, c.sluice.Requests, c.sluice.Codes)
 			}
+		}
+	}
+
+	if len(r.starved) > 0 {
+		p("\n### Redis store, CPU starved\n\n")
+		p("The same server and Redis while %d CPU-bound processes run on the machine's %d cores (noisy neighbours, a throttled pod); ", r.starveBusy, r.machine.cores)
+		p("each call carries a %v deadline (grpc-timeout). One run per cell; no no-op run. The target is no error.\n\n", r.starveTimeout)
+		p("| workload | concurrency | Sluice+Redis req/s | errors | codes | p50 / p99 / p99.9 |\n|---|---:|---:|---:|---|---:|\n")
+		for _, c := range r.starved {
+			p("| %s | %d | %.0f | %d | %v | %s |\n", c.workload, c.concurrency, c.sluice.RPS, failed(c.sluice), codeList(c.sluice.Codes), lat(c.sluice))
 		}
 	}
 
@@ -97,6 +109,19 @@ func (r *report) write(out io.Writer) error {
 	}
 	return w.Flush()
 }
+
+// codeList is "OK 10, Unavailable 2", by code name.
+func codeList(m map[string]uint64) string {
+	names := slices.Sorted(maps.Keys(m))
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %d", n, m[n])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// failed counts m's calls that did not end OK.
+func failed(m measured) uint64 { return m.Requests - m.Codes["OK"] }
 
 func lat(m measured) string {
 	l := m.Latency

@@ -16,7 +16,12 @@
 // replayed on the states the script read, and Take checks that the replay
 // ends where the script did.
 //
-// Every call has a deadline; a circuit breaker fails calls fast while
-// Redis is down, and Run probes until it is back. A local cache answers
-// keys known to be over their limit without a call. See docs/REDIS.md.
+// A Take waits for Redis until its caller's deadline, less a margin to
+// answer, and at most Options.Timeout. A circuit breaker fails Takes fast
+// while Redis is down: it opens on connection failures and failed probes,
+// never on Takes that only ran out of time (a starved process is not a
+// dead Redis). Run probes Redis, closes the breaker when it is back and
+// logs both transitions; Status is a snapshot for a status page. A local
+// cache answers keys known to be over their limit without a call. See
+// docs/REDIS.md.
 package redis

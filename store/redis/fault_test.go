@@ -3,11 +3,19 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -81,12 +89,15 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // TestTake_RedisKilledAndRestarted kills Redis under load: takes fail fast
-// (the breaker opens), health says so, and within a second of Redis
-// coming back takes succeed again, without a new store.
+// (the breaker opens), health says so, one WARN line says why, and within
+// a second of Redis coming back takes succeed again, without a new store,
+// and one INFO line says so.
 func TestTake_RedisKilledAndRestarted(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout = 20 * time.Millisecond
-	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, ProbeInterval: 100 * time.Millisecond})
+	var logs logBuffer
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, ProbeInterval: 100 * time.Millisecond,
+		Logger: logs.logger(), FailureMode: "error"})
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.Run(ctx) }()
@@ -126,6 +137,14 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 		t.Errorf("recovered %v after Redis restarted, want within 1s", took)
 	}
 	waitFor(t, time.Second, "health recovers", s.Healthy)
+	waitFor(t, time.Second, "INFO line", func() bool { return len(logs.lines("INFO")) > 0 })
+	warn, info := logs.lines("WARN"), logs.lines("INFO")
+	if len(warn) != 1 || !strings.Contains(warn[0], "addr="+srv.Addr) || !strings.Contains(warn[0], "failure_mode=error") {
+		t.Errorf("WARN lines %q, want one naming the address and the failure mode", warn)
+	}
+	if len(info) != 1 || !strings.Contains(info[0], "outage=") || !strings.Contains(info[0], "answered_by_failure_mode=") {
+		t.Errorf("INFO lines %q, want one with the outage", info)
+	}
 }
 
 // TestTake_SlowRedis: a Redis busy with DEBUG SLEEP does not hold a take
@@ -181,7 +200,8 @@ func TestTake_SlowRedis(t *testing.T) {
 
 func TestBreaker(t *testing.T) {
 	now := time.Unix(100, 0)
-	b := newBreaker(2, time.Second, 50*time.Millisecond, func() time.Time { return now })
+	var changes []bool
+	b := newBreaker(2, time.Second, 50*time.Millisecond, func() time.Time { return now }, func(open bool) { changes = append(changes, open) })
 	wait := func(d time.Duration) func() { return func() { now = now.Add(d) } }
 	steps := []struct {
 		do         func()
@@ -201,6 +221,11 @@ func TestBreaker(t *testing.T) {
 		{b.failure, true, true}, // the count started over
 		{wait(time.Second), true, true},
 		{b.failure, false, false},
+		{b.trip, false, false}, // already open: no transition
+		{b.success, true, true},
+		{b.trip, false, false}, // a failed probe opens it at once
+		{wait(time.Second), true, false},
+		{b.success, true, true},
 	}
 	for i, st := range steps {
 		st.do()
@@ -210,6 +235,12 @@ func TestBreaker(t *testing.T) {
 		if got := b.closed(); got != st.clo {
 			t.Fatalf("step %d: closed() = %v, want %v", i, got, st.clo)
 		}
+	}
+	if want := []bool{true, false, true, false, true, false}; !slices.Equal(changes, want) {
+		t.Errorf("transitions %v, want %v", changes, want)
+	}
+	if o, c := b.opens.Load(), b.closes.Load(); o != 3 || c != 3 {
+		t.Errorf("%d opens and %d closes, want 3 and 3", o, c)
 	}
 }
 
@@ -224,4 +255,29 @@ func debugSleep(t *testing.T, srv *redistest.Server, secs string) (awake func())
 		}
 	}()
 	return func() { <-slept }
+}
+
+// TestUnreachable: only errors that say Redis could not be reached count
+// against it; a call out of time, a caller that gave up and our own
+// reply checks do not.
+func TestUnreachable(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{fmt.Errorf("redis: %w", context.DeadlineExceeded), false},
+		{fmt.Errorf("redis: %w", context.Canceled), false},
+		{errors.New("redis: window script answered 3 values for 1 requests of 1 keys"), false},
+		{fmt.Errorf("redis: %w", refused), true},
+		{fmt.Errorf("redis: %w", io.EOF), true},
+		{fmt.Errorf("redis: %w", rueidis.ErrClosing), true},
+		{fmt.Errorf("redis: %w", syscall.ECONNRESET), true},
+		{fmt.Errorf("redis: %w", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), true},
+	} {
+		if got := unreachable(tc.err); got != tc.want {
+			t.Errorf("unreachable(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"crypto/tls"
+	"log/slog"
 	"time"
 
 	"github.com/sluicehq/sluice/store"
@@ -28,8 +29,12 @@ type Options struct {
 	// server name). A rediss:// URL without TLS uses the system roots.
 	TLS *tls.Config
 
-	// Timeout bounds every Redis call (default 10 ms, well under Envoy's
-	// 20 ms filter timeout).
+	// Timeout is the ceiling of a Take's time in Redis, queueing for a
+	// combined call included, and the deadline of a Take whose ctx has
+	// none (default 1 s). A Take whose ctx has a deadline (a gRPC caller's
+	// grpc-timeout: Envoy sends its filter's 20 ms) stops earlier, leaving
+	// a tenth of the time left, at most MaxAnswerMargin, to answer.
+	// A dead Redis is found by the breaker and the probe, not by this.
 	Timeout time.Duration
 	// PipelineWindow, when positive, makes each connection wait up to this
 	// long after writing to Redis before it writes again, while other
@@ -69,14 +74,33 @@ type Options struct {
 	// one call through as a probe (default 100 ms).
 	BreakerCooldown time.Duration
 	// ProbeInterval is how often Run pings Redis while the breaker is
-	// closed, for health (default 1 s). While open, Run pings every
-	// BreakerCooldown.
+	// closed, for health (default 1 s), and at once after a Take ran out
+	// of time. While open, Run pings every BreakerCooldown.
 	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe waits for PONG before it opens the
+	// breaker (default 500 ms: far longer than a starved or throttled
+	// process stalls, so that only a Redis that answers nothing opens it).
+	ProbeTimeout time.Duration
+
+	// Logger, when set, gets one WARN line when Redis becomes unreachable
+	// (the breaker opens) and one INFO line when it is back, from Run, at
+	// most one outage per LogInterval (default 10 s); outages in between
+	// are counted in the next line.
+	Logger      *slog.Logger
+	LogInterval time.Duration
+	// FailureMode names, in those lines, how requests are answered while
+	// Redis is unreachable (the limiter's failure mode: error, allow or
+	// deny).
+	FailureMode string
 }
+
+// MaxAnswerMargin bounds the time a Take leaves its caller to answer
+// before the caller's deadline: a tenth of the time left, at most this.
+const MaxAnswerMargin = 5 * time.Millisecond
 
 func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
-		o.Timeout = 10 * time.Millisecond
+		o.Timeout = time.Second
 	}
 	if o.BreakerFailures <= 0 {
 		o.BreakerFailures = 3
@@ -89,6 +113,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ProbeInterval <= 0 {
 		o.ProbeInterval = time.Second
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = 500 * time.Millisecond
+	}
+	if o.LogInterval <= 0 {
+		o.LogInterval = 10 * time.Second
 	}
 	return o
 }

@@ -7,10 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/bits"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -49,13 +52,20 @@ var ErrOpen = errors.New("redis: circuit breaker open")
 type Store struct {
 	client  rueidis.Client
 	cluster bool
+	addr    string // Redis's (or the sentinels' or seeds') addresses, for logs
 	opt     Options
 	breaker *breaker
 	cache   *overCache // nil when disabled
 	comb    combiner
+	kick    chan struct{} // wakes Run to probe now (buffered, 1)
 
 	refundFailures atomic.Uint64
 	localAnswers   atomic.Uint64
+	failed         atomic.Uint64 // Takes that returned an error
+	probes         atomic.Uint64 // Run's pings
+	lastLatency    atomic.Int64  // ns of the latest probe Redis answered
+	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
+	lastErr        atomic.Pointer[error]
 }
 
 // Stats are the store's counters and state, for metrics.
@@ -64,6 +74,42 @@ type Stats struct {
 	LocalAnswers   uint64 // requests the local cache answered without Redis
 	LocalKeys      int    // keys in the local cache now
 	RefundFailures uint64 // Cluster refunds that failed (see Take)
+	Failed         uint64 // Takes that returned an error (answered by the failure mode)
+	Opens, Closes  uint64 // transitions of the circuit breaker
+	Probes         uint64 // health probes (pings) Run sent
+}
+
+// State is Redis's state as the store sees it.
+type State string
+
+const (
+	// StateUp: Redis answers calls and probes in time.
+	StateUp State = "up"
+	// StateSlow: Redis answers probes, but a Take ran out of its time
+	// within the last probe interval (a slow Redis, a starved process, or
+	// callers with short deadlines).
+	StateSlow State = "slow"
+	// StateDown: the breaker is open; Takes fail at once.
+	StateDown State = "down"
+)
+
+// Status is a snapshot of the store's view of Redis, for a status page.
+type Status struct {
+	Addr  string // addresses the store connects to (no credentials)
+	State State
+	// Breaker is "closed", "open" (failing Takes at once) or "probing"
+	// (open, past its cooldown: the next call goes to Redis).
+	Breaker string
+	// LastLatency is the round trip of the latest health probe (PING)
+	// that Redis answered: every ProbeInterval, so a status page reads
+	// Redis's latency without a cost per request (request latencies are
+	// in the OnCall metric).
+	LastLatency time.Duration
+	// OutageStart is when the breaker opened; zero while closed.
+	OutageStart time.Time
+	// LastError is the latest error that counted against Redis (a
+	// connection failure, a failed probe), "" if none yet.
+	LastError string
 }
 
 var _ store.Store = (*Store)(nil)
@@ -80,7 +126,12 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("redis: connect: %w", err)
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
-		breaker: newBreaker(opt.BreakerFailures, opt.BreakerCooldown, opt.BreakerWindow, time.Now)}
+		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1)}
+	if co.Sentinel.MasterSet != "" {
+		s.addr = "sentinel master " + co.Sentinel.MasterSet + " via " + s.addr
+	}
+	s.breaker = newBreaker(opt.BreakerFailures, opt.BreakerCooldown, opt.BreakerWindow, time.Now,
+		func(bool) { s.wake() })
 	s.comb.s = s
 	if !opt.NoLocalCache {
 		s.cache = newOverCache()
@@ -145,7 +196,9 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 	co.AlwaysPipelining = true
 	co.MaxFlushDelay = max(opt.PipelineWindow, 0)
 	co.Dialer.Timeout = time.Second
-	co.ConnWriteTimeout = time.Second
+	// rueidis closes a connection that answers nothing for this long
+	// (pending calls then fail as broken): not before a Take may wait.
+	co.ConnWriteTimeout = max(time.Second, opt.Timeout)
 	return co, nil
 }
 
@@ -157,9 +210,29 @@ func (s *Store) Close() error {
 
 // Stats returns the store's counters and state.
 func (s *Store) Stats() Stats {
-	st := Stats{Healthy: s.Healthy(), LocalAnswers: s.localAnswers.Load(), RefundFailures: s.refundFailures.Load()}
+	st := Stats{Healthy: s.Healthy(), LocalAnswers: s.localAnswers.Load(), RefundFailures: s.refundFailures.Load(),
+		Failed: s.failed.Load(), Opens: s.breaker.opens.Load(), Closes: s.breaker.closes.Load(), Probes: s.probes.Load()}
 	if s.cache != nil {
 		st.LocalKeys = s.cache.m.Size()
+	}
+	return st
+}
+
+// Status returns a snapshot of the store's view of Redis.
+func (s *Store) Status() Status {
+	st := Status{Addr: s.addr, State: StateUp, Breaker: "closed", LastLatency: time.Duration(s.lastLatency.Load())}
+	if p := s.lastErr.Load(); p != nil {
+		st.LastError = (*p).Error()
+	}
+	now := time.Now()
+	if u := s.breaker.openUntil.Load(); u != 0 {
+		st.State, st.Breaker = StateDown, "open"
+		if now.UnixNano() >= u {
+			st.Breaker = "probing"
+		}
+		st.OutageStart = time.Unix(0, s.breaker.openedAt.Load())
+	} else if now.UnixNano()-s.lastTimeout.Load() < int64(s.opt.ProbeInterval) {
+		st.State = StateSlow
 	}
 	return st
 }
@@ -168,36 +241,123 @@ func (s *Store) Stats() Stats {
 // false while the circuit breaker is open.
 func (s *Store) Healthy() bool { return s.breaker.closed() }
 
-// Run probes Redis until ctx ends: every ProbeInterval while healthy, every
-// BreakerCooldown while not, so the breaker closes as soon as Redis is
-// back. It also drops expired entries of the local cache.
+// Run probes Redis until ctx ends: every ProbeInterval while healthy, soon
+// after a Take ran out of time (at most one probe per BreakerCooldown),
+// every BreakerCooldown while the breaker is open, so it closes as soon as
+// Redis is back. A probe that
+// gets no PONG within ProbeTimeout opens the breaker. Run logs the
+// breaker's transitions (see Options.Logger) and drops expired entries of
+// the local cache.
 func (s *Store) Run(ctx context.Context) error {
 	t := time.NewTimer(s.opt.ProbeInterval)
 	defer t.Stop()
+	var lg transitionLog
+	var lastProbe time.Time
 	for {
+		probe := true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-s.kick:
+			// Timeouts under load kick often: probes stay a cooldown
+			// apart, a transition is reported at once.
+			probe = time.Since(lastProbe) >= s.opt.BreakerCooldown
 		}
-		if err := s.ping(ctx); err == nil {
-			s.breaker.success()
-		} else if ctx.Err() == nil {
-			s.breaker.failure()
+		if probe {
+			s.probes.Add(1)
+			lastProbe = time.Now()
+			if err := s.ping(ctx); err == nil {
+				s.lastLatency.Store(int64(time.Since(lastProbe)))
+				s.breaker.success()
+			} else if ctx.Err() == nil {
+				s.lastErr.Store(&err)
+				s.breaker.trip()
+			}
+			if s.cache != nil {
+				s.cache.sweep(time.Now().UnixNano())
+			}
+			// (Drain a kick the probe answered.)
+			select {
+			case <-s.kick:
+			default:
+			}
 		}
-		if s.cache != nil {
-			s.cache.sweep(time.Now().UnixNano())
+		lg.report(s, time.Now())
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
 		}
-		if s.breaker.closed() {
+		switch {
+		case !probe:
+			t.Reset(s.opt.BreakerCooldown - time.Since(lastProbe))
+		case s.breaker.closed():
 			t.Reset(s.opt.ProbeInterval)
-		} else {
+		default:
 			t.Reset(s.opt.BreakerCooldown)
 		}
 	}
 }
 
+// wake makes Run probe (and report) now.
+func (s *Store) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// transitionLog is Run's memory of what it logged.
+type transitionLog struct {
+	down       bool      // an outage was seen and not yet seen to end
+	logged     bool      // and its WARN line was written
+	lastWarn   time.Time // of the latest WARN line
+	failedAt   uint64    // s.failed when the outage was seen
+	suppressed int       // outages not logged since the latest WARN
+}
+
+// report logs a transition of s's breaker since the last report: at most
+// one outage per LogInterval gets its lines.
+func (lg *transitionLog) report(s *Store, now time.Time) {
+	open := !s.breaker.closed()
+	l := s.opt.Logger
+	switch {
+	case open && !lg.down:
+		lg.down, lg.failedAt = true, s.failed.Load()
+		lg.logged = lg.lastWarn.IsZero() || now.Sub(lg.lastWarn) >= s.opt.LogInterval
+		if !lg.logged {
+			lg.suppressed++
+			return
+		}
+		lg.lastWarn = now
+		if l == nil {
+			return
+		}
+		cause := "unknown"
+		if p := s.lastErr.Load(); p != nil {
+			cause = (*p).Error()
+		}
+		attrs := []any{"addr", s.addr, "cause", cause, "failure_mode", s.opt.FailureMode}
+		if lg.suppressed > 0 {
+			attrs = append(attrs, "outages_not_logged", lg.suppressed)
+			lg.suppressed = 0
+		}
+		l.Warn("redis unreachable: answering by the failure mode", attrs...)
+	case !open && lg.down:
+		lg.down = false
+		if !lg.logged || l == nil {
+			return
+		}
+		start := time.Unix(0, s.breaker.openedAt.Load())
+		l.Info("redis reachable again", "addr", s.addr, "outage", now.Sub(start).Round(time.Millisecond),
+			"answered_by_failure_mode", s.failed.Load()-lg.failedAt)
+	}
+}
+
 func (s *Store) ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, max(s.opt.Timeout, 100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(ctx, s.opt.ProbeTimeout)
 	defer cancel()
 	if s.cluster {
 		for addr, n := range s.client.Nodes() {
@@ -211,6 +371,21 @@ func (s *Store) ping(ctx context.Context) error {
 		return fmt.Errorf("redis: ping: %w", err)
 	}
 	return nil
+}
+
+// unreachable reports whether err says that Redis could not be reached (a
+// refused, reset, closed or silent connection), as opposed to a call that
+// ran out of its time, a caller that gave up, or an answer Redis gave.
+func unreachable(err error) bool {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if _, ok := rueidis.IsRedisErr(err); ok {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, rueidis.ErrClosing) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // windowEnd is the end, in Unix seconds, of the fixed window holding now

@@ -120,10 +120,16 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	}
 	if !s.breaker.allow() {
 		calls.Put(c)
+		s.failed.Add(1)
 		return ErrOpen
 	}
 	start := time.Now()
-	deadline := start.Add(s.opt.Timeout)
+	deadline, ok := s.deadline(ctx, start)
+	if !ok {
+		calls.Put(c)
+		s.failed.Add(1)
+		return fmt.Errorf("redis: no time left to ask Redis: %w", context.DeadlineExceeded)
+	}
 	var (
 		r         reply
 		err       error
@@ -143,10 +149,8 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		defer calls.Put(c)
 	}
 	if err != nil {
-		// A caller that gave up says nothing about Redis.
-		if ctx.Err() == nil {
-			s.breaker.failure()
-		}
+		s.failed.Add(1)
+		s.failedCall(ctx, err)
 		return err
 	}
 	s.breaker.success()
@@ -160,6 +164,37 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		s.cache.update(now, r.now, hits, keys, final)
 	}
 	return nil
+}
+
+// deadline returns when a Take that starts at start must be done with
+// Redis: Timeout after start, or earlier when ctx's deadline leaves less,
+// minus the answer margin (see Options.Timeout). ok is false when no time
+// is left.
+func (s *Store) deadline(ctx context.Context, start time.Time) (deadline time.Time, ok bool) {
+	deadline = start.Add(s.opt.Timeout)
+	if d, has := ctx.Deadline(); has {
+		left := d.Sub(start)
+		if d = d.Add(-min(left/10, MaxAnswerMargin)); d.Before(deadline) {
+			deadline = d
+		}
+	}
+	return deadline, deadline.After(start)
+}
+
+// failedCall counts a failed call against Redis if it says Redis cannot
+// be reached. A call that ran out of time only makes Run probe now: on a
+// starved machine that is this process being slow, not Redis being down;
+// a caller that gave up says nothing.
+func (s *Store) failedCall(ctx context.Context, err error) {
+	switch {
+	case ctx.Err() != nil:
+	case unreachable(err):
+		s.lastErr.Store(&err)
+		s.breaker.failure()
+	case errors.Is(err, context.DeadlineExceeded):
+		s.lastTimeout.Store(time.Now().UnixNano())
+		s.wake()
+	}
 }
 
 // takeScript runs hits through take.lua: one call, or on Cluster one per

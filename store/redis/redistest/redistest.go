@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -84,6 +85,26 @@ func (s *Server) Kill() {
 	_ = s.proc.Kill()
 	<-s.exited
 	s.proc = nil
+}
+
+// Pause stops the process with SIGSTOP: its connections stay open and
+// answer nothing, as a frozen host or a long GC-free stall would. Resume
+// undoes it; Kill resumes a paused process first.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a process Pause stopped.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig os.Signal) {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		s.t.Fatalf("redistest: %s is not running", s.bin)
+	}
+	if err := s.proc.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: signal %v: %v", sig, err)
+	}
 }
 
 // Restart starts the process again on the same port, after Kill, and

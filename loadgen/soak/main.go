@@ -1,0 +1,755 @@
+// Command soak is the long run behind `make soak`: it starts three
+// `sluice serve --store redis` instances on one redis-server of its own
+// and one `sluice serve --store memory`, drives them with `sluice bench`
+// in the open loop (several workloads, together about 60 % of what one
+// Redis instance answers in a closed loop) and with canary requests of
+// its own, rewrites the limits file every 10 s and restarts Redis every 2
+// minutes. Every 10 s it records each instance's RSS, goroutines, open
+// file descriptors and request outcomes in a CSV file; at the end it
+// prints a summary and fails (exit 1) unless
+//
+//   - RSS and goroutines are flat: the median of the last minute is
+//     within 10 % of the third minute's (of the last quarter and the
+//     second quarter of runs shorter than 4 minutes), per instance;
+//
+//   - no canary key was granted more than its limit in any window (the
+//     canary keys change before each Redis restart, so that no budget
+//     spans one);
+//
+//   - no request failed outside the Redis-down intervals (from the kill
+//     to 2 s after the new process answers; a 10 s bench chunk that
+//     overlaps one is excused whole).
+//
+//     go run ./loadgen/soak -sluice bin/sluice -duration 10m -csv soak.csv
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+type settings struct {
+	sluice, redisServer, csvPath string
+	duration                     time.Duration
+	restartEvery, rewriteEvery   time.Duration
+	sample                       time.Duration
+	fraction                     float64
+	canaryLimit                  int
+	canaryRate                   float64
+}
+
+func main() {
+	var s settings
+	flag.StringVar(&s.sluice, "sluice", "bin/sluice", "the sluice binary")
+	flag.StringVar(&s.redisServer, "redis-server", "redis-server", "redis-server binary")
+	flag.StringVar(&s.csvPath, "csv", "soak.csv", "CSV file of the 10 s samples")
+	flag.DurationVar(&s.duration, "duration", 10*time.Minute, "how long to soak")
+	flag.DurationVar(&s.restartEvery, "restart-every", 2*time.Minute, "Redis is killed and restarted this often")
+	flag.DurationVar(&s.rewriteEvery, "rewrite-every", 10*time.Second, "the limits file is rewritten this often")
+	flag.DurationVar(&s.sample, "sample", 10*time.Second, "sampling interval (and bench chunk length)")
+	flag.Float64Var(&s.fraction, "fraction", 0.6, "open-loop load as a fraction of one Redis instance's closed-loop throughput")
+	flag.IntVar(&s.canaryLimit, "canary-limit", 20, "requests per minute of each canary key")
+	flag.Float64Var(&s.canaryRate, "canary-rate", 40, "canary requests per second, over all instances")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ok, err := run(ctx, s, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(2)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+// instance is one sluice serve process.
+type instance struct {
+	name, store     string
+	grpc, http      string
+	cmd             *exec.Cmd
+	conn            *grpc.ClientConn
+	workload        string
+	mu              sync.Mutex
+	window          outcomes // since the last sample
+	rss, goroutines []float64
+	times           []float64 // seconds since the start, per sample
+}
+
+// outcomes counts requests by result.
+type outcomes struct {
+	requests, ok, overLimit, failed uint64 // bench chunks
+	excused                         uint64 // failed, in chunks that overlap a Redis-down interval
+	canaryOK, canaryFailed          uint64
+	canaryExcused                   uint64
+}
+
+func (o *outcomes) add(p outcomes) {
+	o.requests += p.requests
+	o.ok += p.ok
+	o.overLimit += p.overLimit
+	o.failed += p.failed
+	o.excused += p.excused
+	o.canaryOK += p.canaryOK
+	o.canaryFailed += p.canaryFailed
+	o.canaryExcused += p.canaryExcused
+}
+
+// outages are the Redis-down intervals so far. Safe for concurrent use.
+type outages struct {
+	mu   sync.Mutex
+	from []time.Time
+	to   []time.Time // zero while the latest is under way
+}
+
+func (o *outages) begin(t time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.from, o.to = append(o.from, t), append(o.to, time.Time{})
+}
+
+func (o *outages) end(t time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.to[len(o.to)-1] = t
+}
+
+// overlaps reports whether [a, b] meets a down interval.
+func (o *outages) overlaps(a, b time.Time) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i := range o.from {
+		if !b.Before(o.from[i]) && (o.to[i].IsZero() || !a.After(o.to[i])) {
+			return true
+		}
+	}
+	return false
+}
+
+func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
+	dir, err := os.MkdirTemp("", "sluice-soak-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(dir)
+	limits := filepath.Join(dir, "limits")
+	if err := os.Mkdir(limits, 0o755); err != nil {
+		return false, err
+	}
+	if err := writeLimits(limits, 0, s.canaryLimit); err != nil {
+		return false, err
+	}
+	rd, err := startRedis(ctx, s.redisServer, dir)
+	if err != nil {
+		return false, err
+	}
+	defer rd.kill()
+
+	var insts []*instance
+	defer func() {
+		for _, in := range insts {
+			in.stop()
+		}
+	}()
+	for i, st := range []string{"redis", "redis", "redis", "memory"} {
+		in, err := startInstance(ctx, s.sluice, fmt.Sprintf("%s%d", st, i+1), st, limits, rd.addr, dir)
+		if err != nil {
+			return false, err
+		}
+		insts = append(insts, in)
+	}
+	// Capacity: one Redis instance in a closed loop.
+	cal, err := bench(ctx, s.sluice, insts[0].grpc, "distinct", 0, 5*time.Second, "--concurrency", "50")
+	if err != nil {
+		return false, fmt.Errorf("calibration: %w", err)
+	}
+	perStream := math.Max(100, math.Floor(s.fraction*cal.RPS/float64(len(insts))))
+	fmt.Fprintf(out, "capacity %.0f req/s (one Redis instance, closed loop at 50); open loop %.0f req/s on each of %d instances\n",
+		cal.RPS, perStream, len(insts))
+
+	start := time.Now()
+	end := start.Add(s.duration)
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	var down outages
+	var wg sync.WaitGroup
+	var chunkErr error
+	var errMu sync.Mutex
+	workloads := []string{"distinct", "multi", "hot", "distinct"}
+	for i, in := range insts {
+		in.workload = workloads[i%len(workloads)]
+		wg.Go(func() {
+			for runCtx.Err() == nil {
+				left := time.Until(end)
+				if left < time.Second {
+					return
+				}
+				t0 := time.Now()
+				r, err := bench(runCtx, s.sluice, in.grpc, in.workload, perStream, min(s.sample, left), "--concurrency", "100", "--timeout", "1s")
+				t1 := time.Now()
+				if err != nil {
+					if runCtx.Err() == nil {
+						errMu.Lock()
+						chunkErr = errors.Join(chunkErr, fmt.Errorf("%s: %w", in.name, err))
+						errMu.Unlock()
+					}
+					return
+				}
+				var o outcomes
+				o.requests, o.ok = r.Requests, r.Codes["OK"]
+				o.overLimit = r.Overall["OVER_LIMIT"]
+				failed := r.Requests - o.ok + r.Unfinished
+				if in.store == "redis" && down.overlaps(t0, t1) {
+					o.excused = failed
+				} else {
+					o.failed = failed
+				}
+				in.mu.Lock()
+				in.window.add(o)
+				in.mu.Unlock()
+			}
+		})
+	}
+	can := newCanaries(s.canaryLimit)
+	wg.Go(func() { can.run(runCtx, insts, s.canaryRate, &down) })
+	wg.Go(func() { restartLoop(runCtx, rd, s.restartEvery, &down, can) })
+	wg.Go(func() {
+		t := time.NewTicker(s.rewriteEvery)
+		defer t.Stop()
+		for gen := 1; ; gen++ {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+			}
+			if err := writeLimits(limits, gen, s.canaryLimit); err != nil {
+				errMu.Lock()
+				chunkErr = errors.Join(chunkErr, err)
+				errMu.Unlock()
+			}
+		}
+	})
+
+	f, err := os.Create(s.csvPath)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	w := csv.NewWriter(f)
+	w.Write([]string{"t_s", "instance", "store", "workload", "rss_kib", "goroutines", "open_fds", "requests", "ok", "over_limit",
+		"failed", "failed_redis_down", "canary_ok", "canary_failed", "canary_failed_redis_down", "redis_down"})
+	var total outcomes
+	// RSS, goroutines and descriptors are read every second; each row
+	// holds the median of its interval's readings, so that the requests
+	// in flight at one instant do not decide it.
+	tick := time.NewTicker(time.Second)
+	type reading struct{ rss, gor, fds []float64 }
+	readings := make([]reading, len(insts))
+	nextRow := start.Add(s.sample)
+	for done := false; !done; {
+		select {
+		case <-runCtx.Done():
+			done = true
+		case <-tick.C:
+		}
+		for i, in := range insts {
+			rss, fds := procStats(in.cmd.Process.Pid)
+			r := &readings[i]
+			r.rss, r.gor, r.fds = append(r.rss, rss), append(r.gor, goroutines(in.http)), append(r.fds, float64(fds))
+		}
+		now := time.Now()
+		if now.Before(nextRow) && !done {
+			continue
+		}
+		nextRow = nextRow.Add(s.sample)
+		el := now.Sub(start).Seconds()
+		isDown := down.overlaps(now.Add(-s.sample), now)
+		for i, in := range insts {
+			r := &readings[i]
+			rss, gor, fds := median(r.rss), median(r.gor), median(r.fds)
+			*r = reading{r.rss[:0], r.gor[:0], r.fds[:0]}
+			in.mu.Lock()
+			o := in.window
+			in.window = outcomes{}
+			in.mu.Unlock()
+			in.rss, in.goroutines, in.times = append(in.rss, rss), append(in.goroutines, gor), append(in.times, el)
+			total.add(o)
+			w.Write([]string{strconv.FormatFloat(el, 'f', 0, 64), in.name, in.store, in.workload,
+				strconv.FormatFloat(rss, 'f', 0, 64), strconv.FormatFloat(gor, 'f', 0, 64), strconv.FormatFloat(fds, 'f', 0, 64),
+				u(o.requests), u(o.ok), u(o.overLimit), u(o.failed), u(o.excused), u(o.canaryOK), u(o.canaryFailed), u(o.canaryExcused),
+				strconv.FormatBool(isDown)})
+		}
+		w.Flush()
+	}
+	tick.Stop()
+	wg.Wait()
+	// The last chunks ended after the last sample.
+	for _, in := range insts {
+		total.add(in.window)
+	}
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	errMu.Lock()
+	defer errMu.Unlock()
+	if chunkErr != nil {
+		return false, chunkErr
+	}
+	return summarise(out, s, insts, total, can, &down, rd.restarts), w.Error()
+}
+
+func u(v uint64) string { return strconv.FormatUint(v, 10) }
+
+// summarise prints the pass/fail table and reports whether all passed.
+func summarise(out io.Writer, s settings, insts []*instance, total outcomes, can *canaries, down *outages, restarts int) bool {
+	pass := true
+	check := func(ok bool) string {
+		if ok {
+			return "pass"
+		}
+		pass = false
+		return "**FAIL**"
+	}
+	d := s.duration.Seconds()
+	refFrom, refTo, lastFrom := 120.0, 180.0, d-60
+	if d < 240 {
+		refFrom, refTo, lastFrom = d/4, d/2, d*3/4
+	}
+	fmt.Fprintf(out, "\n| check | instance | reference median | final median | change | result |\n|---|---|---:|---:|---:|---|\n")
+	for _, in := range insts {
+		for _, m := range []struct {
+			name string
+			v    []float64
+			unit string
+		}{{"RSS", in.rss, " KiB"}, {"goroutines", in.goroutines, ""}} {
+			ref, last := medianIn(in.times, m.v, refFrom, refTo), medianIn(in.times, m.v, lastFrom, d+1)
+			change := (last - ref) / ref
+			fmt.Fprintf(out, "| %s flat (≤ 10 %%) | %s (%s) | %.0f%s | %.0f%s | %+.1f %% | %s |\n", m.name, in.name, in.store,
+				ref, m.unit, last, m.unit, 100*change, check(ref > 0 && math.Abs(change) <= 0.10))
+		}
+	}
+	over, windows, grants := can.overGrants()
+	fmt.Fprintf(out, "| canary over-grants | all | | | %d of %d key windows over the limit of %d, %d grants | %s |\n", len(over), windows, s.canaryLimit, grants, check(len(over) == 0 && grants > 0))
+	fmt.Fprintf(out, "| failed outside Redis-down intervals | all | | | %d of %d bench + %d of %d canary | %s |\n",
+		total.failed, total.requests, total.canaryFailed, total.canaryOK+total.canaryFailed+total.canaryExcused, check(total.failed == 0 && total.canaryFailed == 0))
+	for _, o := range over {
+		fmt.Fprintf(out, "over-granted: %s\n", o)
+	}
+	can.mu.Lock()
+	for _, f := range can.failures {
+		fmt.Fprintf(out, "canary failed: %s\n", f)
+	}
+	can.mu.Unlock()
+	down.mu.Lock()
+	var downFor time.Duration
+	for i := range down.from {
+		if !down.to[i].IsZero() {
+			downFor += down.to[i].Sub(down.from[i])
+		}
+	}
+	down.mu.Unlock()
+	fmt.Fprintf(out, "\n%v soak, %d Redis restarts (down %v in all, grace included); %d bench requests (%d OK, %d over limit), %d failed while Redis was down (excused); %d canary requests failed while Redis was down (excused).\n",
+		s.duration, restarts, downFor.Round(time.Millisecond), total.requests, total.ok, total.overLimit, total.excused, total.canaryExcused)
+	if pass {
+		fmt.Fprintln(out, "PASS")
+	} else {
+		fmt.Fprintln(out, "FAIL")
+	}
+	return pass
+}
+
+// medianIn is the median of v at times in [from, to).
+func medianIn(times, v []float64, from, to float64) float64 {
+	var sel []float64
+	for i, t := range times {
+		if t >= from && t < to {
+			sel = append(sel, v[i])
+		}
+	}
+	return median(sel)
+}
+
+// median sorts v and returns its median (0 if empty).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// writeLimits writes generation gen of the limits (it changes the hot
+// key's limit, so each rewrite is a real reload), by rename, as a
+// Kubernetes ConfigMap update swaps the file.
+func writeLimits(dir string, gen, canaryLimit int) error {
+	y := fmt.Sprintf(`# generation %d
+domain: soak
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: hot
+    value: hot
+    rate_limit: {unit: second, requests_per_unit: %d}
+  - key: k1
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: k2
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: k3
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: k4
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: canary
+    rate_limit: {unit: minute, requests_per_unit: %d}
+`, gen, 10+gen%2, canaryLimit)
+	tmp := filepath.Join(dir, ".limits.yaml.tmp")
+	if err := os.WriteFile(tmp, []byte(y), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, "limits.yaml"))
+}
+
+// benchResult is the part of `sluice bench --json` the soak reads.
+type benchResult struct {
+	Requests   uint64            `json:"requests"`
+	RPS        float64           `json:"rps"`
+	Unfinished uint64            `json:"unfinished"`
+	Codes      map[string]uint64 `json:"grpc_codes"`
+	Overall    map[string]uint64 `json:"overall_codes"`
+}
+
+// bench runs one `sluice bench` (rate 0: closed loop) of d.
+func bench(ctx context.Context, bin, addr, workload string, rate float64, d time.Duration, extra ...string) (*benchResult, error) {
+	args := append([]string{"bench", "--addr", addr, "--domain", "soak", "--workload", workload, "--keys", "10000",
+		"--duration", d.String(), "--warmup", "0s", "--rate", strconv.FormatFloat(rate, 'f', 0, 64), "--json"}, extra...)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	b, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("sluice bench: %w: %s", err, stderr.String())
+	}
+	var r benchResult
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("sluice bench: %w", err)
+	}
+	return &r, nil
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func startInstance(ctx context.Context, bin, name, st, limits, redisAddr, dir string) (*instance, error) {
+	g, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	h, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"serve", "--config", limits, "--store", st, "--grpc-addr", g, "--http-addr", h, "--log-level", "info"}
+	if st == "redis" {
+		args = append(args, "--redis-url", "redis://"+redisAddr)
+	}
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	logf.Close()
+	in := &instance{name: name, store: st, grpc: g, http: h, cmd: cmd}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if res, err := http.Get("http://" + h + "/healthcheck"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			in.stop()
+			log, _ := os.ReadFile(filepath.Join(dir, name+".log"))
+			return nil, fmt.Errorf("%s not serving within 10s:\n%s", name, log)
+		}
+	}
+	in.conn, err = grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		in.stop()
+		return nil, err
+	}
+	return in, nil
+}
+
+func (in *instance) stop() {
+	if in.conn != nil {
+		in.conn.Close()
+	}
+	_ = in.cmd.Process.Signal(syscall.SIGTERM)
+	_ = in.cmd.Wait()
+}
+
+// procStats returns a process's RSS in KiB and its open file descriptors.
+func procStats(pid int) (rss float64, fds int) {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+		sc := bufio.NewScanner(strings.NewReader(string(b)))
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+				rss, _ = strconv.ParseFloat(strings.Fields(v)[0], 64)
+			}
+		}
+	}
+	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
+		fds = len(ents)
+	}
+	return rss, fds
+}
+
+// goroutines reads go_goroutines from an instance's /metrics.
+func goroutines(httpAddr string) float64 {
+	res, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
+			n, _ := strconv.ParseFloat(v, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// redisProc is the soak's redis-server, on one port across restarts.
+type redisProc struct {
+	bin, addr, dir string
+	mu             sync.Mutex
+	cmd            *exec.Cmd
+	restarts       int
+}
+
+func startRedis(ctx context.Context, bin, dir string) (*redisProc, error) {
+	addr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	r := &redisProc{bin: bin, addr: addr, dir: dir}
+	return r, r.start(ctx)
+}
+
+func (r *redisProc) start(ctx context.Context) error {
+	_, port, _ := net.SplitHostPort(r.addr)
+	cmd := exec.CommandContext(ctx, r.bin, "--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
+		"--logfile", filepath.Join(r.dir, "redis.log"), "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("redis-server: %w", err)
+	}
+	r.mu.Lock()
+	r.cmd = cmd
+	r.mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", r.addr, time.Second); err == nil {
+			_, err = io.WriteString(c, "PING\r\n")
+			buf := make([]byte, 7)
+			if err == nil {
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				_, err = io.ReadFull(c, buf)
+			}
+			c.Close()
+			if err == nil && string(buf) == "+PONG\r\n" {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server not answering on %s within 10s", r.addr)
+		}
+	}
+}
+
+func (r *redisProc) kill() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+// restartLoop kills Redis every period and starts it again 2 s later.
+// Canary requests pause from a second before the kill until the new
+// process answers, and then use new keys, so that no canary budget spans
+// a restart (Redis forgets its counters).
+func restartLoop(ctx context.Context, r *redisProc, period time.Duration, down *outages, can *canaries) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		can.pause()
+		time.Sleep(1100 * time.Millisecond) // canaries under way end (1 s timeout)
+		down.begin(time.Now())
+		r.kill()
+		time.Sleep(2 * time.Second)
+		if err := r.start(context.WithoutCancel(ctx)); err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+		}
+		r.restarts++
+		can.nextEpoch()
+		// Grace for the breakers to close (their probe runs every 100 ms
+		// while open).
+		time.Sleep(2 * time.Second)
+		down.end(time.Now())
+	}
+}
+
+// canaries sends requests on keys whose budgets are exact and checks that
+// no window of any key was granted more than its limit: the Redis
+// instances share one budget per key, the memory instance has its own.
+type canaries struct {
+	limit  int
+	mu     sync.Mutex
+	epoch  int
+	paused bool
+	// failures outside the Redis-down intervals, for the summary
+	failures []string
+	// grants per "group/key/window end (unix minutes)".
+	grants map[string]int
+}
+
+func newCanaries(limit int) *canaries { return &canaries{limit: limit, grants: map[string]int{}} }
+
+// pause stops new canary requests until nextEpoch.
+func (c *canaries) pause() {
+	c.mu.Lock()
+	c.paused = true
+	c.mu.Unlock()
+}
+
+// nextEpoch resumes canary requests on new keys.
+func (c *canaries) nextEpoch() {
+	c.mu.Lock()
+	c.epoch++
+	c.paused = false
+	c.mu.Unlock()
+}
+
+func (c *canaries) run(ctx context.Context, insts []*instance, rate float64, down *outages) {
+	const keys, workers = 4, 8
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) * workers / rate)
+	for wk := range workers {
+		wg.Go(func() {
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for n := wk; ; n++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				in := insts[n%len(insts)]
+				group := "redis"
+				if in.store == "memory" {
+					group = "memory"
+				}
+				c.mu.Lock()
+				// (Each key goes to every instance in turn.)
+				key, paused := fmt.Sprintf("%s-e%d-k%d", group, c.epoch, n/len(insts)%keys), c.paused
+				c.mu.Unlock()
+				if !paused {
+					c.send(ctx, in, group, key, down)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (c *canaries) send(ctx context.Context, in *instance, group, key string, down *outages) {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	t0 := time.Now()
+	resp, err := rlspb.NewRateLimitServiceClient(in.conn).ShouldRateLimit(cctx, &rlspb.RateLimitRequest{Domain: "soak",
+		Descriptors: []*ratelimitpb.RateLimitDescriptor{{Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: "canary", Value: key}}}}})
+	t1 := time.Now()
+	if ctx.Err() != nil {
+		return // the end of the soak, not a failure
+	}
+	var o outcomes
+	switch {
+	case err != nil:
+		if group == "redis" && down.overlaps(t0, t1) {
+			o.canaryExcused = 1
+		} else {
+			o.canaryFailed = 1
+			c.mu.Lock()
+			c.failures = append(c.failures, fmt.Sprintf("%s %s after %v: %v", t0.Format(time.TimeOnly), in.name, t1.Sub(t0).Round(time.Millisecond), err))
+			c.mu.Unlock()
+		}
+	case resp.OverallCode == rlspb.RateLimitResponse_OK:
+		o.canaryOK = 1
+		st := resp.Statuses[0]
+		// The window's end, to the minute: the reply's time plus the
+		// time until the reset, rounded.
+		endMin := int64(math.Round(float64(t1.Add(st.DurationUntilReset.AsDuration()).Unix()) / 60))
+		c.mu.Lock()
+		c.grants[group+"/"+key+"/"+strconv.FormatInt(endMin, 10)]++
+		c.mu.Unlock()
+	}
+	in.mu.Lock()
+	in.window.add(o)
+	in.mu.Unlock()
+}
+
+// overGrants returns the key windows granted more than the limit (as
+// "group/key/window: grants"), the key windows seen and the grants.
+func (c *canaries) overGrants() (over []string, windows, grants int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, n := range c.grants {
+		if n > c.limit {
+			over = append(over, fmt.Sprintf("%s: %d", k, n))
+		}
+		grants += n
+	}
+	slices.Sort(over)
+	return over, len(c.grants), grants
+}
