@@ -99,13 +99,23 @@ func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 	case *redis.Store:
 		where := redisDeployment(fs)
 		return func() ui.StoreStatus {
-			s := st.Stats()
-			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: append(where[:len(where):len(where)],
-				ui.Stat{Name: "breaker", Value: map[bool]string{true: "closed", false: "open"}[s.Healthy]},
+			s, now := st.Stats(), st.Status()
+			stats := append(where[:len(where):len(where)],
+				ui.Stat{Name: "state", Value: string(now.State)},
+				ui.Stat{Name: "breaker", Value: now.Breaker},
+				ui.Stat{Name: "latency", Value: now.LastLatency.Round(time.Microsecond).String()})
+			if !now.OutageStart.IsZero() {
+				stats = append(stats, ui.Stat{Name: "down since", Value: now.OutageStart.UTC().Format(time.RFC3339)})
+			}
+			if now.LastError != "" {
+				stats = append(stats, ui.Stat{Name: "last error", Value: now.LastError})
+			}
+			stats = append(stats,
+				ui.Stat{Name: "failed takes", Value: fmt.Sprint(s.Failed)},
 				ui.Stat{Name: "local cache keys", Value: fmt.Sprint(s.LocalKeys)},
 				ui.Stat{Name: "local answers", Value: fmt.Sprint(s.LocalAnswers)},
-				ui.Stat{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)},
-			)}
+				ui.Stat{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)})
+			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: stats}
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/observe/ui"
@@ -112,7 +113,7 @@ func TestServe_UIRedis(t *testing.T) {
 		stats[s.Name] = s.Value
 	}
 	if o.Store.Kind != "redis" || !o.Store.Healthy || stats["deployment"] != "single" ||
-		stats["address"] != "redis://"+srv.Addr+"/0" || stats["breaker"] != "closed" {
+		stats["address"] != "redis://"+srv.Addr+"/0" || stats["breaker"] != "closed" || stats["state"] != "up" || stats["latency"] == "" {
 		t.Errorf("store %+v", o.Store)
 	}
 	if o.RLQS == nil || !o.RLQS.Shared {
@@ -120,5 +121,29 @@ func TestServe_UIRedis(t *testing.T) {
 	}
 	if strings.Contains(body, "hunter2") {
 		t.Error("the overview shows the Redis password")
+	}
+
+	// Redis stops answering: the breaker opens on the failed probe and
+	// the overview says so.
+	srv.Pause()
+	defer srv.Resume()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, body = uiGet(t, "http://"+addr+"/ui/api/overview")
+		o = ui.Overview{}
+		if err := json.Unmarshal([]byte(body), &o); err != nil {
+			t.Fatal(err)
+		}
+		stats = map[string]string{}
+		for _, s := range o.Store.Stats {
+			stats[s.Name] = s.Value
+		}
+		if !o.Store.Healthy && stats["state"] == "down" && stats["breaker"] != "closed" && stats["down since"] != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("store %+v with Redis paused, want down with the breaker open", o.Store)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
