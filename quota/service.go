@@ -117,8 +117,18 @@ type Tables interface{ Current() *config.Table }
 type Fleet interface {
 	// Exchange publishes this replica's demand, for each group key the
 	// demand of each of its proxies (requests per the rule's period), and
-	// returns the other replicas' current demands by group key.
-	Exchange(ctx context.Context, now time.Time, local map[string][]float64) (remote map[string][]float64, err error)
+	// returns what the other replicas published.
+	Exchange(ctx context.Context, now time.Time, local map[string][]float64) (Remote, error)
+}
+
+// Remote is what the other replicas of a fleet published, as of one
+// Exchange.
+type Remote struct {
+	// Demands holds the other replicas' demands by group key.
+	Demands map[string][]float64
+	// Live is the number of replicas alive in the fleet, this one
+	// included; 0 when unknown.
+	Live int
 }
 
 // Usage is one bucket's report.
@@ -141,10 +151,14 @@ type Service struct {
 	groups  map[string]*group
 	nsubs   int
 	nextID  uint64
-	remote  map[string][]float64 // the other replicas' demands
-	remAt   time.Time            // when remote was fetched
-	rules   []RuleStat           // as of the last Tick
-	keyBuf  []byte
+	remote  Remote    // the other replicas' demands
+	remAt   time.Time // when remote was fetched
+	// fleetSince is the first successful Exchange, fleetFrom the first
+	// attempt (zero before either).
+	fleetSince, fleetFrom time.Time
+	fleetLast             time.Time  // the last Tick
+	rules                 []RuleStat // as of the last Tick
+	keyBuf                []byte
 
 	reports, usages, rejected, fleetErrors atomic.Uint64
 	pushed                                 [Abandon + 1]atomic.Uint64
@@ -162,8 +176,11 @@ type group struct {
 	rule *config.Rule
 	subs map[*sub]struct{}
 	// assigned is the fleet's total share as of the last Tick plus what
-	// proxies that joined since were given.
+	// proxies that joined since were given (this replica's only while the
+	// group is uncertain, see fleetMode).
 	assigned float64
+	// rounds counts the successful Exchanges that published the group.
+	rounds int
 }
 
 // sub is one stream's subscription to one bucket.
@@ -448,7 +465,18 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 		return
 	}
 	limit := float64(b.g.rule.Limit.Limit())
-	free := max(limit-b.g.assigned, 0)
+	var free float64
+	switch s.fleetMode(b.g) {
+	case fleetAlone:
+		free = limit - b.g.assigned
+	case fleetUncertain:
+		free = s.cautious(limit) - b.g.assigned
+	default:
+		// The fleet's unassigned part, split among the replicas: proxies
+		// joining on every replica at once still fit in the limit.
+		free = (limit - b.g.assigned) / float64(max(s.remote.Live, 1))
+	}
+	free = max(free, 0)
 	share := min(free/2, limit/float64(len(b.g.subs)))
 	b.g.assigned += share
 	b.sentShare = uint64(share)
@@ -476,10 +504,17 @@ func (s *Service) queue(now time.Time, b *sub, a Action) {
 	}
 }
 
-// Run calls Tick every interval until ctx is done.
+// Run calls Tick every interval until ctx is done. With a Fleet, it first
+// calls Tick at once, so that the replica is known to the others before
+// its first interval ends.
 func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.Interval)
 	defer t.Stop()
+	if s.o.Fleet != nil {
+		if err := s.Tick(ctx, time.Now()); err != nil {
+			s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -490,6 +525,55 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// How a group is divided, by what this replica knows of the fleet.
+const (
+	// fleetAlone: no Fleet, or it has failed for longer than the TTL:
+	// the limit is divided among this replica's proxies.
+	fleetAlone = iota
+	// fleetUncertain: the group has been exchanged less than twice. Other
+	// replicas may hold most of the limit, or have got the group at the
+	// same time and not published it yet (each publishes once an
+	// interval, so the second exchange sees them all). This replica
+	// divides only its cautious part (see cautious) among its proxies.
+	fleetUncertain
+	// fleetShared: the fleet's demand is known.
+	fleetShared
+)
+
+// fleetMode is how g is divided; s.mu is held.
+func (s *Service) fleetMode(g *group) int {
+	switch {
+	case s.o.Fleet == nil:
+		return fleetAlone
+	case s.fleetSince.IsZero():
+		// Nothing exchanged yet: uncertain until the fleet has failed
+		// for a TTL.
+		if !s.fleetFrom.IsZero() && s.fleetLast.Sub(s.fleetFrom) > s.o.TTL {
+			return fleetAlone
+		}
+		return fleetUncertain
+	case s.fleetLast.Sub(s.remAt) > s.o.TTL:
+		return fleetAlone
+	}
+	// Every live replica writes its membership once an interval, so an
+	// Exchange an interval after this replica's first saw all of them.
+	liveKnown := s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live > 0
+	switch {
+	case liveKnown && s.remote.Live == 1:
+		return fleetAlone
+	case g.rounds >= 2:
+		return fleetShared
+	}
+	return fleetUncertain
+}
+
+// cautious is the part of limit a replica divides while a group's fleet
+// demand is uncertain: the reserve, split among the live replicas, as if
+// the others held all the rest.
+func (s *Service) cautious(limit float64) float64 {
+	return limit * s.o.reserve() / float64(max(s.remote.Live, 1))
 }
 
 // staleAfter is how many of a bucket's reporting intervals may pass
@@ -506,12 +590,20 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	s.mu.Lock()
 	if t := s.tables.Current(); t != s.table {
 		s.table = t
+		// A limit's fleet demand stays known across the reload.
+		rounds := make(map[string]int, len(s.groups))
+		for k, g := range s.groups {
+			rounds[k] = g.rounds
+		}
 		for st := range s.streams {
 			for _, b := range st.subs {
 				s.unsubscribe(b)
 				s.subscribe(t, b)
 				b.hasSent = false // re-assigned below, whatever changed
 			}
+		}
+		for k, g := range s.groups {
+			g.rounds = rounds[k]
 		}
 	}
 	for st := range s.streams {
@@ -525,18 +617,23 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		}
 	}
 	local := make(map[string][]float64, len(s.groups))
+	published := make([]*group, 0, len(s.groups))
 	for k, g := range s.groups {
 		ds := make([]float64, 0, len(g.subs))
 		for b := range g.subs {
 			ds = append(ds, b.currentDemand(now, s.o.Interval))
 		}
 		local[k] = ds
+		published = append(published, g)
 	}
 	fleet := s.o.Fleet
+	if fleet != nil && s.fleetFrom.IsZero() {
+		s.fleetFrom = now
+	}
 	s.mu.Unlock()
 
 	var err error
-	var remote map[string][]float64
+	var remote Remote
 	if fleet != nil {
 		// An exchange may take at most one interval: a slow Redis must not
 		// stall the division.
@@ -551,10 +648,18 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if fleet != nil {
+		s.fleetLast = now
 		if err == nil {
 			s.remote, s.remAt = remote, now
+			if s.fleetSince.IsZero() {
+				s.fleetSince = now
+			}
+			// Groups made during the exchange were not in it.
+			for _, g := range published {
+				g.rounds++
+			}
 		} else if now.Sub(s.remAt) > s.o.TTL {
-			s.remote = nil
+			s.remote = Remote{}
 		}
 	}
 	var demands, shares []float64
@@ -577,11 +682,17 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		for _, b := range subs {
 			demands = append(demands, b.currentDemand(now, s.o.Interval))
 		}
-		demands = append(demands, s.remote[g.key]...)
+		limit := float64(g.rule.Limit.Limit())
+		capacity := limit * (1 - s.o.reserve())
+		switch s.fleetMode(g) {
+		case fleetUncertain:
+			capacity = s.cautious(limit)
+		case fleetShared:
+			demands = append(demands, s.remote.Demands[g.key]...)
+		}
 		shares = grow(shares, len(demands))
 		whole = growU(whole, len(subs))
-		limit := float64(g.rule.Limit.Limit())
-		FairShares(demands, limit*(1-s.o.reserve()), shares)
+		FairShares(demands, capacity, shares)
 		// Rounded over this replica's proxies only, so that the replicas'
 		// rounded shares cannot sum above the limit either.
 		Whole(shares[:len(subs)], whole)

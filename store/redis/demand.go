@@ -10,13 +10,18 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/quota"
 )
 
 // Demand shares the rate-limit-quota demand of a fleet of replicas through
 // Redis (quota.Fleet). Each group (one limit's counter key) is one hash,
 // <prefix>rlqs:<group>, with one field per replica holding the time it was
-// written and the demands of that replica's proxies. Every command names
-// one key, so the layout works on Redis Cluster. Safe for concurrent use.
+// written and the demands of that replica's proxies. One more hash,
+// <prefix>rlqs-replicas, holds each live replica's last Exchange, so that
+// a replica knows how many others may share a limit it has just seen.
+// Every command names one key, so the layout works on Redis Cluster. Safe
+// for concurrent use.
 type Demand struct {
 	s       *Store
 	replica string
@@ -24,7 +29,13 @@ type Demand struct {
 
 	mu        sync.Mutex
 	published map[string]struct{} // groups written by the last Exchange
+	gone      []string            // replicas long dead, deleted at the next Exchange
 }
+
+// goneAfter is how many stale periods a replica's membership may be old
+// before an Exchange deletes it (long after it stopped counting, so that a
+// replica restarted under the same name is not deleted as it comes back).
+const goneAfter = 10
 
 // Demand returns the demand exchange of replica (a name unique in the
 // fleet). A replica's entries older than stale are ignored, and a hash no
@@ -35,17 +46,29 @@ func (s *Store) Demand(replica string, stale time.Duration) *Demand {
 
 func (d *Demand) key(group string) string { return d.s.opt.KeyPrefix + "rlqs:" + group }
 
-// Exchange writes this replica's demand for each group in local, deletes
-// its entries of groups it no longer has, and returns the other replicas'
-// fresh demands of the groups in local, in one pipelined round trip (one
-// per node on Cluster).
-func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][]float64) (map[string][]float64, error) {
+func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas" }
+
+// Exchange writes this replica's demand for each group in local and its
+// membership, deletes its entries of groups it no longer has, and returns
+// the other replicas' fresh demands of the groups in local and the number
+// of live replicas, in one pipelined round trip (one per node on Cluster).
+func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][]float64) (quota.Remote, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c := d.s.client
 	groups := make([]string, 0, len(local))
-	cmds := make(rueidis.Commands, 0, 3*len(local)+len(d.published))
+	cmds := make(rueidis.Commands, 0, 3*len(local)+len(d.published)+4)
 	ttl := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
+	mk := d.membersKey()
+	cmds = append(cmds,
+		c.B().Hset().Key(mk).FieldValue().FieldValue(d.replica, strconv.FormatInt(now.UnixMilli(), 10)).Build(),
+		c.B().Arbitrary("PEXPIRE").Keys(mk).Args(strconv.FormatInt(max(goneAfter*d.stale.Milliseconds(), 1), 10)).Build(),
+		c.B().Hgetall().Key(mk).Build())
+	if len(d.gone) > 0 {
+		cmds = append(cmds, c.B().Hdel().Key(mk).Field(d.gone...).Build())
+		d.gone = nil
+	}
+	first := len(cmds)
 	for g, ds := range local {
 		k := d.key(g)
 		groups = append(groups, g)
@@ -64,10 +87,23 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 	for _, g := range groups {
 		d.published[g] = struct{}{}
 	}
-	remote := map[string][]float64{}
+	remote := quota.Remote{Demands: map[string][]float64{}}
 	var errs []error
+	if m, err := res[2].AsStrMap(); err != nil {
+		errs = append(errs, fmt.Errorf("redis: rlqs replicas: %w", err))
+	} else {
+		for replica, v := range m {
+			ms, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case err != nil || now.Sub(time.UnixMilli(ms)) > goneAfter*d.stale:
+				d.gone = append(d.gone, replica)
+			case now.Sub(time.UnixMilli(ms)) <= d.stale:
+				remote.Live++
+			}
+		}
+	}
 	for i, g := range groups {
-		m, err := res[3*i+2].AsStrMap()
+		m, err := res[first+3*i+2].AsStrMap()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("redis: rlqs demand of %q: %w", g, err))
 			continue
@@ -80,7 +116,7 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 			if !ok || now.Sub(at) > d.stale {
 				continue
 			}
-			remote[g] = append(remote[g], ds...)
+			remote.Demands[g] = append(remote.Demands[g], ds...)
 		}
 	}
 	for _, r := range res {
