@@ -113,19 +113,30 @@ func (o *Options) reserve() float64 { return max(o.Reserve, 0) }
 // Tables gives the current limits table; config.Reloader is one.
 type Tables interface{ Current() *config.Table }
 
-// Fleet shares demand between the replicas of a deployment.
+// Fleet shares limits between the replicas of a deployment.
 type Fleet interface {
-	// Exchange publishes this replica's demand, for each group key the
-	// demand of each of its proxies (requests per the rule's period), and
-	// returns what the other replicas published.
-	Exchange(ctx context.Context, now time.Time, local map[string][]float64) (Remote, error)
+	// Exchange publishes, for each group key, the demands of this
+	// replica's proxies (requests per the rule's period) and claims this
+	// replica's part of the group's capacity: atomically per group, the
+	// sum of its proxies' max-min fair shares of the capacity given every
+	// replica's demands, at most what the other replicas hold not. The
+	// parts the replicas hold thus never sum above the capacity.
+	Exchange(ctx context.Context, now time.Time, local map[string]Claim) (Remote, error)
 }
 
-// Remote is what the other replicas of a fleet published, as of one
-// Exchange.
+// Claim is one replica's claim on one group.
+type Claim struct {
+	// Capacity is what the fleet divides: the limit less the reserve.
+	Capacity float64
+	// Demands are the demands of this replica's proxies.
+	Demands []float64
+}
+
+// Remote is the outcome of one Exchange.
 type Remote struct {
-	// Demands holds the other replicas' demands by group key.
-	Demands map[string][]float64
+	// Granted is this replica's part of each group, Held the parts the
+	// other replicas hold.
+	Granted, Held map[string]float64
 	// Live is the number of replicas alive in the fleet, this one
 	// included; 0 when unknown.
 	Live int
@@ -179,8 +190,11 @@ type group struct {
 	// proxies that joined since were given (this replica's only while the
 	// group is uncertain, see fleetMode).
 	assigned float64
-	// rounds counts the successful Exchanges that published the group.
-	rounds int
+	// rounds counts the successful Exchanges that claimed the group's
+	// part; granted is the last part granted, othersHeld what the other
+	// replicas held then.
+	rounds              int
+	granted, othersHeld float64
 }
 
 // sub is one stream's subscription to one bucket.
@@ -529,16 +543,15 @@ func (s *Service) Run(ctx context.Context) error {
 
 // How a group is divided, by what this replica knows of the fleet.
 const (
-	// fleetAlone: no Fleet, or it has failed for longer than the TTL:
-	// the limit is divided among this replica's proxies.
+	// fleetAlone: no Fleet, or it has failed for longer than the TTL, or
+	// this replica is the only live one: the limit is divided among this
+	// replica's proxies.
 	fleetAlone = iota
-	// fleetUncertain: the group has been exchanged less than twice. Other
-	// replicas may hold most of the limit, or have got the group at the
-	// same time and not published it yet (each publishes once an
-	// interval, so the second exchange sees them all). This replica
+	// fleetUncertain: the group has not been claimed yet, so other
+	// replicas may hold all of the limit but the reserve. This replica
 	// divides only its cautious part (see cautious) among its proxies.
 	fleetUncertain
-	// fleetShared: the fleet's demand is known.
+	// fleetShared: this replica divides the part it claimed.
 	fleetShared
 )
 
@@ -556,15 +569,12 @@ func (s *Service) fleetMode(g *group) int {
 		return fleetUncertain
 	case s.fleetLast.Sub(s.remAt) > s.o.TTL:
 		return fleetAlone
-	}
-	// Every live replica writes its membership once an interval, so an
-	// Exchange an interval after this replica's first saw all of them.
-	liveKnown := s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live > 0
-	switch {
-	case liveKnown && s.remote.Live == 1:
-		return fleetAlone
-	case g.rounds >= 2:
+	case g.rounds > 0:
 		return fleetShared
+	case s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live == 1:
+		// Every live replica records its membership once an interval, so
+		// an Exchange an interval after this replica's first saw all.
+		return fleetAlone
 	}
 	return fleetUncertain
 }
@@ -616,14 +626,14 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
-	local := make(map[string][]float64, len(s.groups))
+	local := make(map[string]Claim, len(s.groups))
 	published := make([]*group, 0, len(s.groups))
 	for k, g := range s.groups {
 		ds := make([]float64, 0, len(g.subs))
 		for b := range g.subs {
 			ds = append(ds, b.currentDemand(now, s.o.Interval))
 		}
-		local[k] = ds
+		local[k] = Claim{Capacity: float64(g.rule.Limit.Limit()) * (1 - s.o.reserve()), Demands: ds}
 		published = append(published, g)
 	}
 	fleet := s.o.Fleet
@@ -656,7 +666,10 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			}
 			// Groups made during the exchange were not in it.
 			for _, g := range published {
-				g.rounds++
+				if v, ok := remote.Granted[g.key]; ok {
+					g.rounds++
+					g.granted, g.othersHeld = v, remote.Held[g.key]
+				}
 			}
 		} else if now.Sub(s.remAt) > s.o.TTL {
 			s.remote = Remote{}
@@ -683,25 +696,22 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			demands = append(demands, b.currentDemand(now, s.o.Interval))
 		}
 		limit := float64(g.rule.Limit.Limit())
-		capacity := limit * (1 - s.o.reserve())
+		capacity, others := limit*(1-s.o.reserve()), 0.0
 		switch s.fleetMode(g) {
 		case fleetUncertain:
 			capacity = s.cautious(limit)
 		case fleetShared:
-			demands = append(demands, s.remote.Demands[g.key]...)
+			capacity, others = g.granted, g.othersHeld
 		}
 		shares = grow(shares, len(demands))
 		whole = growU(whole, len(subs))
 		FairShares(demands, capacity, shares)
 		// Rounded over this replica's proxies only, so that the replicas'
 		// rounded shares cannot sum above the limit either.
-		Whole(shares[:len(subs)], whole)
-		g.assigned = 0
-		for i, v := range shares {
-			if i < len(subs) {
-				v = float64(whole[i])
-			}
-			g.assigned += v
+		Whole(shares, whole)
+		g.assigned = others
+		for _, v := range whole {
+			g.assigned += float64(v)
 		}
 		rs := stats[g.rule]
 		if rs == nil {

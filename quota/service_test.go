@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -357,33 +358,51 @@ func TestService_BadReports(t *testing.T) {
 	}
 }
 
-// fakeFleet is a Fleet shared by services in one test: each publishes
-// under its name, and every name that has published is live.
+// fakeFleet is a Fleet shared by services in one test, claiming parts
+// as store/redis's demand.lua does: each publishes under its name, and
+// every name that has published is live.
 type fakeFleet struct {
 	name string
-	all  map[string]map[string][]float64 // replica → group → demands
+	all  map[string]map[string]fakeEntry // replica → group → entry
 	fail bool
 }
 
-func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string][]float64) (Remote, error) {
+type fakeEntry struct {
+	held    float64
+	demands []float64
+}
+
+func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Claim) (Remote, error) {
 	if f.fail {
 		return Remote{}, errors.New("down")
 	}
-	f.all[f.name] = local
-	remote := Remote{Demands: map[string][]float64{}, Live: len(f.all)}
-	for n, gs := range f.all {
-		if n == f.name {
-			continue
+	mine := map[string]fakeEntry{}
+	f.all[f.name] = mine
+	remote := Remote{Granted: map[string]float64{}, Held: map[string]float64{}, Live: len(f.all)}
+	for k, cl := range local {
+		ds := slices.Clone(cl.Demands)
+		var others float64
+		for n, gs := range f.all {
+			if e, ok := gs[k]; ok && n != f.name {
+				others += e.held
+				ds = append(ds, e.demands...)
+			}
 		}
-		for k, ds := range gs {
-			remote.Demands[k] = append(remote.Demands[k], ds...)
+		shares := make([]float64, len(ds))
+		FairShares(ds, cl.Capacity, shares)
+		var fair float64
+		for _, v := range shares[:len(cl.Demands)] {
+			fair += v
 		}
+		grant := max(min(fair, cl.Capacity-others), 0)
+		mine[k] = fakeEntry{held: grant, demands: cl.Demands}
+		remote.Granted[k], remote.Held[k] = grant, others
 	}
 	return remote, nil
 }
 
 func TestService_FleetDividesGlobally(t *testing.T) {
-	all := map[string]map[string][]float64{}
+	all := map[string]map[string]fakeEntry{}
 	fa := &fakeFleet{name: "a", all: all}
 	fb := &fakeFleet{name: "b", all: all}
 	sa, _ := newTestService(t, Options{Reserve: -1, Fleet: fa})
@@ -528,11 +547,12 @@ type fleetSim struct {
 	replicas []*Service
 	proxies  [][]*Stream // by replica
 	held     map[*Stream]uint64
+	bound    uint64 // the most the proxies may hold
 }
 
 func newFleetSim(t *testing.T, n int) *fleetSim {
-	all := map[string]map[string][]float64{}
-	f := &fleetSim{t: t, held: map[*Stream]uint64{}, proxies: make([][]*Stream, n)}
+	all := map[string]map[string]fakeEntry{}
+	f := &fleetSim{t: t, held: map[*Stream]uint64{}, proxies: make([][]*Stream, n), bound: 1000}
 	for i := range n {
 		s, _ := newTestService(t, Options{Fleet: &fakeFleet{name: strconv.Itoa(i), all: all}})
 		f.replicas = append(f.replicas, s)
@@ -596,8 +616,8 @@ func (f *fleetSim) check(now time.Time, step string) {
 			sum += f.held[st]
 		}
 	}
-	if sum > 1000 {
-		f.t.Errorf("%v after %s: the fleet's proxies hold %d > 1000", now.Sub(t0), step, sum)
+	if sum > f.bound {
+		f.t.Errorf("%v after %s: the fleet's proxies hold %d > %d", now.Sub(t0), step, sum, f.bound)
 	}
 }
 
@@ -620,18 +640,24 @@ func (f *fleetSim) fair(step string) {
 }
 
 // TestService_FleetStart: three replicas start together with 1, 10 and
-// 10 proxies that each want the whole limit. Until a replica has read
-// every other's demand it divides only its part of the reserve, so the
-// fleet never holds more than the limit; from the third second every
-// proxy holds its fair share.
+// 10 proxies that each want the whole limit. Until a replica has claimed
+// its part of the limit it divides only its part of the reserve, so the
+// fleet never holds more than the limit (plus, when the replicas have not
+// seen each other yet, one reserve per other replica); from the third
+// second every proxy holds its fair share.
 func TestService_FleetStart(t *testing.T) {
 	for _, registered := range []bool{true, false} {
 		t.Run("registered="+strconv.FormatBool(registered), func(t *testing.T) {
 			f := newFleetSim(t, 3)
-			if registered { // as Run does when it starts
+			if registered { // as Run does when it starts, then each interval
 				for _, s := range f.replicas {
 					_ = s.Tick(context.Background(), at(-5))
 				}
+				for _, s := range f.replicas {
+					_ = s.Tick(context.Background(), at(-4))
+				}
+			} else {
+				f.bound += 2 * 20
 			}
 			for r, k := range []int{1, 10, 10} {
 				f.join(at(0.1), r, k)
@@ -652,8 +678,10 @@ func TestService_FleetStart(t *testing.T) {
 // seconds after each change.
 func TestService_FleetJoinAndLeave(t *testing.T) {
 	f := newFleetSim(t, 3)
-	for _, s := range f.replicas {
-		_ = s.Tick(context.Background(), at(-5))
+	for _, now := range []float64{-5, -4} {
+		for _, s := range f.replicas {
+			_ = s.Tick(context.Background(), at(now))
+		}
 	}
 	f.join(at(0.1), 0, 8)
 	f.join(at(0.1), 1, 8)

@@ -2,10 +2,11 @@ package redis
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -14,14 +15,19 @@ import (
 	"github.com/sluicehq/sluice/quota"
 )
 
+//go:embed demand.lua
+var demandLua string
+
+var demandScript = newScript(demandLua)
+
 // Demand shares the rate-limit-quota demand of a fleet of replicas through
 // Redis (quota.Fleet). Each group (one limit's counter key) is one hash,
 // <prefix>rlqs:<group>, with one field per replica holding the time it was
-// written and the demands of that replica's proxies. One more hash,
-// <prefix>rlqs-replicas, holds each live replica's last Exchange, so that
-// a replica knows how many others may share a limit it has just seen.
-// Every command names one key, so the layout works on Redis Cluster. Safe
-// for concurrent use.
+// written, the part of the limit the replica holds and the demands of its
+// proxies; demand.lua claims a replica's part atomically. One more hash,
+// <prefix>rlqs-replicas, holds each live replica's last Exchange. Every
+// command names one key, so the layout works on Redis Cluster. Safe for
+// concurrent use.
 type Demand struct {
 	s       *Store
 	replica string
@@ -48,20 +54,20 @@ func (d *Demand) key(group string) string { return d.s.opt.KeyPrefix + "rlqs:" +
 
 func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas" }
 
-// Exchange writes this replica's demand for each group in local and its
+// Exchange claims this replica's part of each group in local, records its
 // membership, deletes its entries of groups it no longer has, and returns
-// the other replicas' fresh demands of the groups in local and the number
-// of live replicas, in one pipelined round trip (one per node on Cluster).
-func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][]float64) (quota.Remote, error) {
+// the parts granted, the parts the others hold and the number of live
+// replicas, in one pipelined round trip (one per node on Cluster).
+func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]quota.Claim) (quota.Remote, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c := d.s.client
-	groups := make([]string, 0, len(local))
-	cmds := make(rueidis.Commands, 0, 3*len(local)+len(d.published)+4)
-	ttl := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
+	ms := strconv.FormatInt(now.UnixMilli(), 10)
+	stale := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
 	mk := d.membersKey()
+	cmds := make(rueidis.Commands, 0, len(local)+len(d.published)+4)
 	cmds = append(cmds,
-		c.B().Hset().Key(mk).FieldValue().FieldValue(d.replica, strconv.FormatInt(now.UnixMilli(), 10)).Build(),
+		c.B().Hset().Key(mk).FieldValue().FieldValue(d.replica, ms).Build(),
 		c.B().Arbitrary("PEXPIRE").Keys(mk).Args(strconv.FormatInt(max(goneAfter*d.stale.Milliseconds(), 1), 10)).Build(),
 		c.B().Hgetall().Key(mk).Build())
 	if len(d.gone) > 0 {
@@ -69,13 +75,17 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 		d.gone = nil
 	}
 	first := len(cmds)
-	for g, ds := range local {
-		k := d.key(g)
+	groups := make([]string, 0, len(local))
+	args := make([][]string, 0, len(local))
+	for g, cl := range local {
+		a := make([]string, 0, 4+len(cl.Demands))
+		a = append(a, d.replica, ms, stale, formatDemand(cl.Capacity))
+		for _, v := range cl.Demands {
+			a = append(a, formatDemand(min(v, cl.Capacity)))
+		}
 		groups = append(groups, g)
-		cmds = append(cmds,
-			c.B().Hset().Key(k).FieldValue().FieldValue(d.replica, encodeDemand(now, ds)).Build(),
-			c.B().Arbitrary("PEXPIRE").Keys(k).Args(ttl).Build(),
-			c.B().Hgetall().Key(k).Build())
+		args = append(args, a)
+		cmds = append(cmds, c.B().Evalsha().Sha1(demandScript.sha).Numkeys(1).Key(d.key(g)).Arg(a...).Build())
 	}
 	for g := range d.published {
 		if _, ok := local[g]; !ok {
@@ -87,39 +97,37 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 	for _, g := range groups {
 		d.published[g] = struct{}{}
 	}
-	remote := quota.Remote{Demands: map[string][]float64{}}
+	remote := quota.Remote{Granted: make(map[string]float64, len(groups)), Held: make(map[string]float64, len(groups))}
 	var errs []error
 	if m, err := res[2].AsStrMap(); err != nil {
 		errs = append(errs, fmt.Errorf("redis: rlqs replicas: %w", err))
 	} else {
 		for replica, v := range m {
-			ms, err := strconv.ParseInt(v, 10, 64)
+			at, err := strconv.ParseInt(v, 10, 64)
 			switch {
-			case err != nil || now.Sub(time.UnixMilli(ms)) > goneAfter*d.stale:
+			case err != nil || now.Sub(time.UnixMilli(at)) > goneAfter*d.stale:
 				d.gone = append(d.gone, replica)
-			case now.Sub(time.UnixMilli(ms)) <= d.stale:
+			case now.Sub(time.UnixMilli(at)) <= d.stale:
 				remote.Live++
 			}
 		}
 	}
 	for i, g := range groups {
-		m, err := res[first+3*i+2].AsStrMap()
+		r := res[first+i]
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+			r = c.Do(ctx, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(d.key(g)).Arg(args[i]...).Build())
+		}
+		granted, held, err := parseClaim(r)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("redis: rlqs demand of %q: %w", g, err))
+			errs = append(errs, fmt.Errorf("redis: rlqs claim of %q: %w", g, err))
 			continue
 		}
-		for replica, v := range m {
-			if replica == d.replica {
-				continue
-			}
-			at, ds, ok := decodeDemand(v)
-			if !ok || now.Sub(at) > d.stale {
-				continue
-			}
-			remote.Demands[g] = append(remote.Demands[g], ds...)
-		}
+		remote.Granted[g], remote.Held[g] = granted, held
 	}
-	for _, r := range res {
+	for i, r := range res {
+		if i >= first && i < first+len(groups) {
+			continue // checked above
+		}
 		if err := r.Error(); err != nil {
 			errs = append(errs, err)
 			break
@@ -128,33 +136,28 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 	return remote, errors.Join(errs...)
 }
 
-// encodeDemand writes "<unix ms> <demand> <demand>...".
-func encodeDemand(now time.Time, ds []float64) string {
-	b := make([]byte, 0, 16+8*len(ds))
-	b = strconv.AppendInt(b, now.UnixMilli(), 10)
-	for _, v := range ds {
-		b = append(b, ' ')
-		b = strconv.AppendFloat(b, v, 'g', 6, 64)
+// formatDemand writes a demand or capacity for demand.lua: a finite,
+// non-negative number.
+func formatDemand(v float64) string {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		v = 0
 	}
-	return string(b)
+	return strconv.FormatFloat(v, 'g', 10, 64)
 }
 
-func decodeDemand(v string) (time.Time, []float64, bool) {
-	fs := strings.Fields(v)
-	if len(fs) == 0 {
-		return time.Time{}, nil, false
-	}
-	ms, err := strconv.ParseInt(fs[0], 10, 64)
+func parseClaim(r rueidis.RedisResult) (granted, held float64, err error) {
+	a, err := r.AsStrSlice()
 	if err != nil {
-		return time.Time{}, nil, false
+		return 0, 0, err
 	}
-	ds := make([]float64, 0, len(fs)-1)
-	for _, f := range fs[1:] {
-		x, err := strconv.ParseFloat(f, 64)
-		if err != nil || !(x >= 0) {
-			return time.Time{}, nil, false
-		}
-		ds = append(ds, x)
+	if len(a) != 2 {
+		return 0, 0, fmt.Errorf("script answered %d values, want 2", len(a))
 	}
-	return time.UnixMilli(ms), ds, true
+	if granted, err = strconv.ParseFloat(a[0], 64); err != nil {
+		return 0, 0, err
+	}
+	if held, err = strconv.ParseFloat(a[1], 64); err != nil {
+		return 0, 0, err
+	}
+	return granted, held, nil
 }
