@@ -134,9 +134,8 @@ type Claim struct {
 
 // Remote is the outcome of one Exchange.
 type Remote struct {
-	// Granted is this replica's part of each group, Held the parts the
-	// other replicas hold.
-	Granted, Held map[string]float64
+	// Granted is this replica's part of each group.
+	Granted map[string]float64
 	// Live is the number of replicas alive in the fleet, this one
 	// included; 0 when unknown.
 	Live int
@@ -191,10 +190,9 @@ type group struct {
 	// group is uncertain, see fleetMode).
 	assigned float64
 	// rounds counts the successful Exchanges that claimed the group's
-	// part; granted is the last part granted, othersHeld what the other
-	// replicas held then.
-	rounds              int
-	granted, othersHeld float64
+	// part; granted is the last part granted.
+	rounds  int
+	granted float64
 }
 
 // sub is one stream's subscription to one bucket.
@@ -486,9 +484,10 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	case fleetUncertain:
 		free = s.cautious(limit) - b.g.assigned
 	default:
-		// The fleet's unassigned part, split among the replicas: proxies
-		// joining on every replica at once still fit in the limit.
-		free = (limit - b.g.assigned) / float64(max(s.remote.Live, 1))
+		// b.g.assigned counts all but this replica's part of the reserve
+		// (see Tick): proxies joining on every replica at once still fit
+		// in the limit.
+		free = limit - b.g.assigned
 	}
 	free = max(free, 0)
 	share := min(free/2, limit/float64(len(b.g.subs)))
@@ -668,7 +667,7 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			for _, g := range published {
 				if v, ok := remote.Granted[g.key]; ok {
 					g.rounds++
-					g.granted, g.othersHeld = v, remote.Held[g.key]
+					g.granted = v
 				}
 			}
 		} else if now.Sub(s.remAt) > s.o.TTL {
@@ -701,7 +700,10 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		case fleetUncertain:
 			capacity = s.cautious(limit)
 		case fleetShared:
-			capacity, others = g.granted, g.othersHeld
+			// Newcomers draw from this replica's part of the reserve only:
+			// count the rest of the limit as held.
+			capacity = g.granted
+			others = limit - s.cautious(limit) - capacity
 		}
 		shares = grow(shares, len(demands))
 		whole = growU(whole, len(subs))

@@ -378,7 +378,7 @@ func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Cl
 	}
 	mine := map[string]fakeEntry{}
 	f.all[f.name] = mine
-	remote := Remote{Granted: map[string]float64{}, Held: map[string]float64{}, Live: len(f.all)}
+	remote := Remote{Granted: map[string]float64{}, Live: len(f.all)}
 	for k, cl := range local {
 		ds := slices.Clone(cl.Demands)
 		var others float64
@@ -396,7 +396,7 @@ func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Cl
 		}
 		grant := max(min(fair, cl.Capacity-others), 0)
 		mine[k] = fakeEntry{held: grant, demands: cl.Demands}
-		remote.Granted[k], remote.Held[k] = grant, others
+		remote.Granted[k] = grant
 	}
 	return remote, nil
 }

@@ -97,7 +97,7 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	for _, g := range groups {
 		d.published[g] = struct{}{}
 	}
-	remote := quota.Remote{Granted: make(map[string]float64, len(groups)), Held: make(map[string]float64, len(groups))}
+	remote := quota.Remote{Granted: make(map[string]float64, len(groups))}
 	var errs []error
 	if m, err := res[2].AsStrMap(); err != nil {
 		errs = append(errs, fmt.Errorf("redis: rlqs replicas: %w", err))
@@ -117,12 +117,14 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
 			r = c.Do(ctx, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(d.key(g)).Arg(args[i]...).Build())
 		}
-		granted, held, err := parseClaim(r)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("redis: rlqs claim of %q: %w", g, err))
-			continue
+		v, err := r.ToString()
+		if err == nil {
+			remote.Granted[g], err = strconv.ParseFloat(v, 64)
 		}
-		remote.Granted[g], remote.Held[g] = granted, held
+		if err != nil {
+			delete(remote.Granted, g)
+			errs = append(errs, fmt.Errorf("redis: rlqs claim of %q: %w", g, err))
+		}
 	}
 	for i, r := range res {
 		if i >= first && i < first+len(groups) {
@@ -143,21 +145,4 @@ func formatDemand(v float64) string {
 		v = 0
 	}
 	return strconv.FormatFloat(v, 'g', 10, 64)
-}
-
-func parseClaim(r rueidis.RedisResult) (granted, held float64, err error) {
-	a, err := r.AsStrSlice()
-	if err != nil {
-		return 0, 0, err
-	}
-	if len(a) != 2 {
-		return 0, 0, fmt.Errorf("script answered %d values, want 2", len(a))
-	}
-	if granted, err = strconv.ParseFloat(a[0], 64); err != nil {
-		return 0, 0, err
-	}
-	if held, err = strconv.ParseFloat(a[1], 64); err != nil {
-		return 0, 0, err
-	}
-	return granted, held, nil
 }

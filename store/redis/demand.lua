@@ -9,7 +9,7 @@
 -- Divides the capacity max-min fairly over the demands of every replica
 -- whose field is fresh, grants this replica the sum of its proxies'
 -- shares, at most what the others do not hold, and records the grant as
--- its part. Returns {granted, held by the others}.
+-- its part. Returns the part granted.
 local key, me = KEYS[1], ARGV[1]
 local now, stale, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ds, mine = {}, {}
@@ -56,4 +56,4 @@ local v = ARGV[2] .. ' ' .. string.format('%.17g', grant)
 if #mine > 0 then v = v .. ' ' .. table.concat(mine, ' ') end
 redis.call('HSET', key, me, v)
 redis.call('PEXPIRE', key, stale)
-return {string.format('%.17g', grant), string.format('%.17g', others)}
+return string.format('%.17g', grant)
