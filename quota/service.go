@@ -128,6 +128,10 @@ type Fleet interface {
 type Claim struct {
 	// Capacity is what the fleet divides: the limit less the reserve.
 	Capacity float64
+	// Max bounds the part claimed: a replica's first claim of a group
+	// takes at most an equal part per live replica, since the replicas
+	// that got the group at the same time have not published yet.
+	Max float64
 	// Demands are the demands of this replica's proxies.
 	Demands []float64
 }
@@ -632,7 +636,12 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		for b := range g.subs {
 			ds = append(ds, b.currentDemand(now, s.o.Interval))
 		}
-		local[k] = Claim{Capacity: float64(g.rule.Limit.Limit()) * (1 - s.o.reserve()), Demands: ds}
+		c := float64(g.rule.Limit.Limit()) * (1 - s.o.reserve())
+		m := c
+		if g.rounds == 0 {
+			m /= float64(max(s.remote.Live, 1))
+		}
+		local[k] = Claim{Capacity: c, Max: m, Demands: ds}
 		published = append(published, g)
 	}
 	fleet := s.o.Fleet

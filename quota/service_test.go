@@ -394,7 +394,7 @@ func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Cl
 		for _, v := range shares[:len(cl.Demands)] {
 			fair += v
 		}
-		grant := max(min(fair, cl.Capacity-others), 0)
+		grant := max(min(fair, cl.Max, cl.Capacity-others), 0)
 		mine[k] = fakeEntry{held: grant, demands: cl.Demands}
 		remote.Granted[k] = grant
 	}

@@ -78,8 +78,8 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	groups := make([]string, 0, len(local))
 	args := make([][]string, 0, len(local))
 	for g, cl := range local {
-		a := make([]string, 0, 4+len(cl.Demands))
-		a = append(a, d.replica, ms, stale, formatDemand(cl.Capacity))
+		a := make([]string, 0, 5+len(cl.Demands))
+		a = append(a, d.replica, ms, stale, formatDemand(cl.Capacity), formatDemand(min(cl.Max, cl.Capacity)))
 		for _, v := range cl.Demands {
 			a = append(a, formatDemand(min(v, cl.Capacity)))
 		}

@@ -3,17 +3,17 @@
 --
 -- KEYS[1]: the limit's hash, one field per replica:
 --   "<unix ms written> <part held> <demand> <demand> ...".
--- ARGV: replica, now (unix ms), stale (ms), capacity, then the demands of
--- this replica's proxies.
+-- ARGV: replica, now (unix ms), stale (ms), capacity, the most this
+-- replica may claim, then the demands of its proxies.
 --
 -- Divides the capacity max-min fairly over the demands of every replica
 -- whose field is fresh, grants this replica the sum of its proxies'
--- shares, at most what the others do not hold, and records the grant as
--- its part. Returns the part granted.
+-- shares, at most what the others do not hold and the most it may claim,
+-- and records the grant as its part. Returns the part granted.
 local key, me = KEYS[1], ARGV[1]
-local now, stale, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now, stale, cap, most = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local ds, mine = {}, {}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   ds[#ds + 1] = {tonumber(ARGV[i]), true}
   mine[#mine + 1] = ARGV[i]
 end
@@ -51,7 +51,7 @@ for k, e in ipairs(ds) do
 end
 -- What the demands leave over is split equally among all proxies.
 if left > 0 and n > 0 then fair = fair + left * #mine / n end
-local grant = math.max(math.min(fair, cap - others), 0)
+local grant = math.max(math.min(fair, most, cap - others), 0)
 local v = ARGV[2] .. ' ' .. string.format('%.17g', grant)
 if #mine > 0 then v = v .. ' ' .. table.concat(mine, ' ') end
 redis.call('HSET', key, me, v)

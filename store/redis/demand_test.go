@@ -44,21 +44,21 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-6 }
 	// a alone: it is granted its fair part, all of the capacity.
-	r := exchange("a first", a, now, map[string]quota.Claim{"g1": {Capacity: 900, Demands: []float64{100, 2000}}, "g2": {Capacity: 10, Demands: []float64{5}}})
+	r := exchange("a first", a, now, map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g2": {Capacity: 10, Max: 10, Demands: []float64{5}}})
 	if !near(r.Granted["g1"], 900) || !near(r.Granted["g2"], 10) || r.Live != 1 {
 		t.Errorf("a alone: %+v, want g1 900, g2 10, 1 live", r)
 	}
 	// b's fair part of g1 is 400 (100, then 400 each), but a holds 900.
-	r = exchange("b", b, now, map[string]quota.Claim{"g1": {Capacity: 900, Demands: []float64{2000}}})
+	r = exchange("b", b, now, map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if !near(r.Granted["g1"], 0) || r.Live != 2 {
 		t.Errorf("b while a holds all 900: %+v, want 0 granted, 2 live", r)
 	}
 	// a claims again: its fair part, 500, leaving 400 for b.
-	r = exchange("a again", a, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a again", a, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
 	if !near(r.Granted["g1"], 500) {
 		t.Errorf("a again: %+v, want 500", r)
 	}
-	r = exchange("b again", b, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Demands: []float64{2000}}})
+	r = exchange("b again", b, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if !near(r.Granted["g1"], 400) {
 		t.Errorf("b again: %+v, want 400", r)
 	}
@@ -74,7 +74,7 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	// b stops writing: its entry goes stale after 3 s, and it is no
 	// longer live.
-	r = exchange("a late", a, now.Add(5*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a late", a, now.Add(5*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
 	if !near(r.Granted["g1"], 900) || r.Live != 1 {
 		t.Errorf("a after b went stale: %+v, want 900, 1 live", r)
 	}
@@ -100,7 +100,7 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 			wg.Go(func() {
 				// Demands move every round until round 20, then hold.
 				v := float64((i*7+min(round, 20)*13)%50) * 40
-				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Demands: []float64{v, v / 2}}})
+				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}})
 				if err != nil {
 					t.Error(err)
 				}
