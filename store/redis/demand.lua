@@ -12,48 +12,55 @@
 -- and records the grant as its part. Returns the part granted.
 local key, me = KEYS[1], ARGV[1]
 local now, stale, cap, most = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local ds, mine = {}, {}
+-- Every fresh demand in one array of numbers (sorted without a
+-- comparator function: the fast path), this replica's first.
+local all, n = {}, 0
 for i = 6, #ARGV do
-  ds[#ds + 1] = {tonumber(ARGV[i]), true}
-  mine[#mine + 1] = ARGV[i]
+  n = n + 1
+  all[n] = tonumber(ARGV[i])
 end
+local nmine = n
 local others = 0
 local h = redis.call('HGETALL', key)
 for i = 1, #h, 2 do
   if h[i] ~= me then
-    local n, ms, held, rest = 0, nil, nil, {}
-    for f in string.gmatch(h[i + 1], '%S+') do
-      n = n + 1
-      if n == 1 then ms = tonumber(f) elseif n == 2 then held = tonumber(f) else rest[#rest + 1] = tonumber(f) end
-    end
+    local v = h[i + 1]
+    local ms, held, rest = string.match(v, '^(%d+) (%S+)(.*)$')
+    ms, held = tonumber(ms), tonumber(held)
     if ms and held and now - ms <= stale then
       others = others + held
-      for _, d in ipairs(rest) do
-        if d and d >= 0 then ds[#ds + 1] = {d, false} end
+      for f in string.gmatch(rest, '%S+') do
+        local d = tonumber(f)
+        if d and d >= 0 then
+          n = n + 1
+          all[n] = d
+        end
       end
     end
   end
 end
-table.sort(ds, function(a, b) return a[1] < b[1] end)
-local left, fair, n = cap, 0, #ds
-for k, e in ipairs(ds) do
+-- The water level: every demand below it is met, the others get it.
+local mine = {}
+for i = 1, nmine do mine[i] = all[i] end
+table.sort(all)
+local left, level = cap, nil
+for k = 1, n do
   local equal = left / (n - k + 1)
-  if e[1] <= equal then
-    if e[2] then fair = fair + e[1] end
-    left = left - e[1]
-  else
-    for j = k, n do
-      if ds[j][2] then fair = fair + equal end
-    end
-    left = 0
+  if all[k] > equal then
+    level = equal
     break
   end
+  left = left - all[k]
+end
+local fair = 0
+for i = 1, nmine do
+  if level and mine[i] > level then fair = fair + level else fair = fair + mine[i] end
 end
 -- What the demands leave over is split equally among all proxies.
-if left > 0 and n > 0 then fair = fair + left * #mine / n end
+if not level and n > 0 then fair = fair + left * nmine / n end
 local grant = math.max(math.min(fair, most, cap - others), 0)
 local v = ARGV[2] .. ' ' .. string.format('%.17g', grant)
-if #mine > 0 then v = v .. ' ' .. table.concat(mine, ' ') end
+if nmine > 0 then v = v .. ' ' .. table.concat(ARGV, ' ', 6) end
 redis.call('HSET', key, me, v)
 redis.call('PEXPIRE', key, stale)
 return string.format('%.17g', grant)
