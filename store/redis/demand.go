@@ -24,8 +24,9 @@ var demandScript = newScript(demandLua)
 // Redis (quota.Fleet). Each group (one limit's counter key) is one hash,
 // <prefix>rlqs:<group>, with one field per replica holding the time it was
 // written, the part of the limit the replica holds and the demands of its
-// proxies; demand.lua claims a replica's part atomically. One more hash,
-// <prefix>rlqs-replicas, holds each live replica's last Exchange. Every
+// proxies (equal ones once, with their count); demand.lua claims a
+// replica's part atomically. One more hash, <prefix>rlqs-replicas, holds
+// each live replica's last Exchange. Every
 // command names one key, so the layout works on Redis Cluster. Safe for
 // concurrent use.
 type Demand struct {
@@ -80,9 +81,7 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	for g, cl := range local {
 		a := make([]string, 0, 5+len(cl.Demands))
 		a = append(a, d.replica, ms, stale, formatDemand(cl.Capacity), formatDemand(min(cl.Max, cl.Capacity)))
-		for _, v := range cl.Demands {
-			a = append(a, formatDemand(min(v, cl.Capacity)))
-		}
+		a = appendDemands(a, cl.Demands, cl.Capacity)
 		groups = append(groups, g)
 		args = append(args, a)
 		cmds = append(cmds, c.B().Evalsha().Sha1(demandScript.sha).Numkeys(1).Key(d.key(g)).Arg(a...).Build())
@@ -138,11 +137,29 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	return remote, errors.Join(errs...)
 }
 
+// appendDemands appends ds, each at most capacity, for demand.lua:
+// equal demands (to 6 digits) once, with their count ("<value>*<count>"),
+// so that a claim costs Redis as many distinct demands as there are, not
+// proxies.
+func appendDemands(a []string, ds []float64, capacity float64) []string {
+	counts := make(map[string]int, len(ds))
+	for _, v := range ds {
+		counts[formatDemand(min(v, capacity))]++
+	}
+	for v, c := range counts {
+		if c > 1 {
+			v += "*" + strconv.Itoa(c)
+		}
+		a = append(a, v)
+	}
+	return a
+}
+
 // formatDemand writes a demand or capacity for demand.lua: a finite,
 // non-negative number.
 func formatDemand(v float64) string {
 	if !(v >= 0) || math.IsInf(v, 1) {
 		v = 0
 	}
-	return strconv.FormatFloat(v, 'g', 10, 64)
+	return strconv.FormatFloat(v, 'g', 6, 64)
 }

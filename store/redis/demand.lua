@@ -2,7 +2,8 @@
 -- that the parts the replicas hold never sum above the capacity.
 --
 -- KEYS[1]: the limit's hash, one field per replica:
---   "<unix ms written> <part held> <demand> <demand> ...".
+--   "<unix ms written> <part held> <demand> <demand> ...", where a demand
+--   is "<value>" or "<value>*<count>", count proxies wanting value.
 -- ARGV: replica, now (unix ms), stale (ms), capacity, the most this
 -- replica may claim, then the demands of its proxies.
 --
@@ -12,55 +13,55 @@
 -- and records the grant as its part. Returns the part granted.
 local key, me = KEYS[1], ARGV[1]
 local now, stale, cap, most = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
--- Every fresh demand in one array of numbers (sorted without a
--- comparator function: the fast path), this replica's first.
-local all, n = {}, 0
-for i = 6, #ARGV do
-  n = n + 1
-  all[n] = tonumber(ARGV[i])
+-- Demands are "<value>" or "<value>*<count>" (that many proxies with the
+-- same demand). count[v] is how many proxies of the fleet want v.
+local count, n = {}, 0
+local function add(tok, mine)
+  local v, c = string.match(tok, '^([^*]+)%*?(%d*)$')
+  v, c = tonumber(v), tonumber(c) or 1
+  if v and v >= 0 and c > 0 then
+    count[v] = (count[v] or 0) + c
+    n = n + c
+    if mine then mine[#mine + 1] = {v, c} end
+  end
 end
+local mine = {}
+for i = 6, #ARGV do add(ARGV[i], mine) end
 local nmine = n
 local others = 0
 local h = redis.call('HGETALL', key)
 for i = 1, #h, 2 do
   if h[i] ~= me then
-    local v = h[i + 1]
-    local ms, held, rest = string.match(v, '^(%d+) (%S+)(.*)$')
+    local ms, held, rest = string.match(h[i + 1], '^(%d+) (%S+)(.*)$')
     ms, held = tonumber(ms), tonumber(held)
     if ms and held and now - ms <= stale then
       others = others + held
-      for f in string.gmatch(rest, '%S+') do
-        local d = tonumber(f)
-        if d and d >= 0 then
-          n = n + 1
-          all[n] = d
-        end
-      end
+      for tok in string.gmatch(rest, '%S+') do add(tok, nil) end
     end
   end
 end
 -- The water level: every demand below it is met, the others get it.
-local mine = {}
-for i = 1, nmine do mine[i] = all[i] end
-table.sort(all)
-local left, level = cap, nil
-for k = 1, n do
-  local equal = left / (n - k + 1)
-  if all[k] > equal then
-    level = equal
+local vals = {}
+for v in pairs(count) do vals[#vals + 1] = v end
+table.sort(vals)
+local left, rem, level = cap, n, nil
+for _, v in ipairs(vals) do
+  if v > left / rem then
+    level = left / rem
     break
   end
-  left = left - all[k]
+  left = left - v * count[v]
+  rem = rem - count[v]
 end
 local fair = 0
-for i = 1, nmine do
-  if level and mine[i] > level then fair = fair + level else fair = fair + mine[i] end
+for _, e in ipairs(mine) do
+  fair = fair + e[2] * ((level and e[1] > level) and level or e[1])
 end
 -- What the demands leave over is split equally among all proxies.
 if not level and n > 0 then fair = fair + left * nmine / n end
 local grant = math.max(math.min(fair, most, cap - others), 0)
 local v = ARGV[2] .. ' ' .. string.format('%.17g', grant)
-if nmine > 0 then v = v .. ' ' .. table.concat(ARGV, ' ', 6) end
+if #ARGV > 5 then v = v .. ' ' .. table.concat(ARGV, ' ', 6) end
 redis.call('HSET', key, me, v)
 redis.call('PEXPIRE', key, stale)
 return string.format('%.17g', grant)

@@ -62,6 +62,17 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	if !near(r.Granted["g1"], 400) {
 		t.Errorf("b again: %+v, want 400", r)
 	}
+	// Equal demands travel once, with their count: four proxies of 5 on a
+	// and one of 50 on b share 100 as 5 proxies would.
+	g3 := func(ds ...float64) map[string]quota.Claim {
+		return map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
+	}
+	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5))
+	exchange("b g3", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
+	if r := exchange("a g3 again", a, now.Add(2*time.Second), g3(5, 5, 5, 5)); !near(r.Granted["g3"], 44) {
+		t.Errorf("a's four proxies of 5 beside b's one of 50 on 100: %+v, want 44 (4 × (5 + 30/5))", r)
+	}
+	exchange("b g3 again", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if cli != nil {
 		// a no longer has g2: its field is deleted (and the hash with it);
 		// the hashes expire.
@@ -74,7 +85,7 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	// b stops writing: its entry goes stale after 3 s, and it is no
 	// longer live.
-	r = exchange("a late", a, now.Add(5*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a late", a, now.Add(6*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
 	if !near(r.Granted["g1"], 900) || r.Live != 1 {
 		t.Errorf("a after b went stale: %+v, want 900, 1 live", r)
 	}
