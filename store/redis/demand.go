@@ -138,13 +138,17 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 }
 
 // appendDemands appends ds, each at most capacity, for demand.lua:
-// equal demands (to 6 digits) once, with their count ("<value>*<count>"),
-// so that a claim costs Redis as many distinct demands as there are, not
-// proxies.
+// rounded to 3 significant digits (a share moves by less than 0.5 %), and
+// equal ones once, with their count ("<value>*<count>"), so that a claim
+// costs Redis the distinct demands, a few dozen, not the proxies.
 func appendDemands(a []string, ds []float64, capacity float64) []string {
 	counts := make(map[string]int, len(ds))
 	for _, v := range ds {
-		counts[formatDemand(min(v, capacity))]++
+		v = min(v, capacity)
+		if !(v >= 0) {
+			v = 0
+		}
+		counts[strconv.FormatFloat(v, 'g', 3, 64)]++
 	}
 	for v, c := range counts {
 		if c > 1 {
@@ -155,11 +159,11 @@ func appendDemands(a []string, ds []float64, capacity float64) []string {
 	return a
 }
 
-// formatDemand writes a demand or capacity for demand.lua: a finite,
-// non-negative number.
+// formatDemand writes a capacity for demand.lua: a finite, non-negative
+// number.
 func formatDemand(v float64) string {
 	if !(v >= 0) || math.IsInf(v, 1) {
 		v = 0
 	}
-	return strconv.FormatFloat(v, 'g', 6, 64)
+	return strconv.FormatFloat(v, 'g', 10, 64)
 }
