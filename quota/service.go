@@ -165,7 +165,7 @@ type Service struct {
 	groups  map[string]*group
 	nsubs   int
 	nextID  uint64
-	remote  Remote    // the other replicas' demands
+	remote  Remote    // the last successful Exchange's outcome
 	remAt   time.Time // when remote was fetched
 	// fleetSince is the first successful Exchange, fleetFrom the first
 	// attempt (zero before either).
@@ -189,13 +189,14 @@ type group struct {
 	key  string
 	rule *config.Rule
 	subs map[*sub]struct{}
-	// assigned is the fleet's total share as of the last Tick plus what
-	// proxies that joined since were given (this replica's only while the
-	// group is uncertain, see fleetMode).
+	// assigned is what the proxies hold as of the last Tick plus what
+	// proxies that joined since were given: the fleet's total when the
+	// limit is shared (the parts not this replica's counted as held),
+	// this replica's only otherwise (see fleetMode).
 	assigned float64
-	// rounds counts the successful Exchanges that claimed the group's
-	// part; granted is the last part granted.
-	rounds  int
+	// claimed: an Exchange granted this replica a part of the group's
+	// limit, granted (the last one).
+	claimed bool
 	granted float64
 }
 
@@ -572,7 +573,7 @@ func (s *Service) fleetMode(g *group) int {
 		return fleetUncertain
 	case s.fleetLast.Sub(s.remAt) > s.o.TTL:
 		return fleetAlone
-	case g.rounds > 0:
+	case g.claimed:
 		return fleetShared
 	case s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live == 1:
 		// Every live replica records its membership once an interval, so
@@ -604,9 +605,11 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	if t := s.tables.Current(); t != s.table {
 		s.table = t
 		// A limit's fleet demand stays known across the reload.
-		rounds := make(map[string]int, len(s.groups))
+		claimed := make(map[string]float64, len(s.groups))
 		for k, g := range s.groups {
-			rounds[k] = g.rounds
+			if g.claimed {
+				claimed[k] = g.granted
+			}
 		}
 		for st := range s.streams {
 			for _, b := range st.subs {
@@ -616,7 +619,7 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			}
 		}
 		for k, g := range s.groups {
-			g.rounds = rounds[k]
+			g.granted, g.claimed = claimed[k]
 		}
 	}
 	for st := range s.streams {
@@ -638,7 +641,7 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		}
 		c := float64(g.rule.Limit.Limit()) * (1 - s.o.reserve())
 		m := c
-		if g.rounds == 0 {
+		if !g.claimed {
 			m /= float64(max(s.remote.Live, 1))
 		}
 		local[k] = Claim{Capacity: c, Max: m, Demands: ds}
@@ -675,8 +678,7 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			// Groups made during the exchange were not in it.
 			for _, g := range published {
 				if v, ok := remote.Granted[g.key]; ok {
-					g.rounds++
-					g.granted = v
+					g.claimed, g.granted = true, v
 				}
 			}
 		} else if now.Sub(s.remAt) > s.o.TTL {
