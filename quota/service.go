@@ -551,9 +551,11 @@ const (
 	// this replica is the only live one: the limit is divided among this
 	// replica's proxies.
 	fleetAlone = iota
-	// fleetUncertain: the group has not been claimed yet, so other
-	// replicas may hold all of the limit but the reserve. This replica
-	// divides only its cautious part (see cautious) among its proxies.
+	// fleetUncertain: the group has not been claimed yet, or the fleet
+	// has failed for long enough that the others ignore this replica's
+	// claim, so other replicas may hold all of the limit but the reserve.
+	// This replica divides only its cautious part (see cautious) among
+	// its proxies.
 	fleetUncertain
 	// fleetShared: this replica divides the part it claimed.
 	fleetShared
@@ -573,8 +575,12 @@ func (s *Service) fleetMode(g *group) int {
 		return fleetUncertain
 	case s.fleetLast.Sub(s.remAt) > s.o.TTL:
 		return fleetAlone
-	case g.claimed:
+	case g.claimed && s.fleetLast.Sub(s.remAt) < staleAfter*s.o.Interval:
 		return fleetShared
+	case g.claimed:
+		// The fleet has failed for staleAfter intervals: the others no
+		// longer count this replica's part and may have taken it.
+		return fleetUncertain
 	case s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live == 1:
 		// Every live replica records its membership once an interval, so
 		// an Exchange an interval after this replica's first saw all.

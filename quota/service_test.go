@@ -704,3 +704,36 @@ func TestService_FleetJoinAndLeave(t *testing.T) {
 	}
 	f.fair("after the leave")
 }
+
+// TestService_FleetFailure: a replica cut off from the fleet keeps the
+// part it claimed while the others still count it (3 intervals), then
+// divides only its part of the reserve, and after a TTL the whole limit
+// among its own proxies.
+func TestService_FleetFailure(t *testing.T) {
+	f := newFleetSim(t, 2)
+	for _, now := range []float64{-5, -4} {
+		for _, s := range f.replicas {
+			_ = s.Tick(context.Background(), at(now))
+		}
+	}
+	f.join(at(0.1), 0, 1)
+	f.join(at(0.1), 1, 1)
+	for sec := 1; sec <= 3; sec++ {
+		f.second(at(float64(sec)))
+	}
+	f.fair("before the failure")
+	f.replicas[0].o.Fleet.(*fakeFleet).fail = true
+	a := f.proxies[0][0]
+	// The last claim was at 3.33 s.
+	want := map[int]uint64{4: 490, 6: 490, 7: 10, 13: 10, 14: 980}
+	for sec := 4; sec <= 15; sec++ {
+		mustReport(t, a, at(float64(sec)), use("tenant", "x", 5000, 0))
+		_ = f.replicas[0].Tick(context.Background(), at(float64(sec)))
+		for _, act := range a.Pending() {
+			f.held[a] = act.Requests
+		}
+		if w, ok := want[sec]; ok && f.held[a] != w {
+			t.Errorf("at %d s, after the last claim at 3.33 s, the proxy holds %d, want %d", sec, f.held[a], w)
+		}
+	}
+}
