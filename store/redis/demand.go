@@ -57,8 +57,9 @@ func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas
 
 // Exchange claims this replica's part of each group in local, records its
 // membership, deletes its entries of groups it no longer has, and returns
-// the parts granted, the parts the others hold and the number of live
-// replicas, in one pipelined round trip (one per node on Cluster).
+// the parts granted and the number of live replicas, in one pipelined
+// round trip (one per node on Cluster). A group whose claim failed has no
+// part in the result.
 func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]quota.Claim) (quota.Remote, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -80,7 +81,7 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	args := make([][]string, 0, len(local))
 	for g, cl := range local {
 		a := make([]string, 0, 5+len(cl.Demands))
-		a = append(a, d.replica, ms, stale, formatDemand(cl.Capacity), formatDemand(min(cl.Max, cl.Capacity)))
+		a = append(a, d.replica, ms, stale, formatCapacity(cl.Capacity), formatCapacity(min(cl.Max, cl.Capacity)))
 		a = appendDemands(a, cl.Demands, cl.Capacity)
 		groups = append(groups, g)
 		args = append(args, a)
@@ -111,6 +112,8 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 			}
 		}
 	}
+	var failed int
+	var firstErr error
 	for i, g := range groups {
 		r := res[first+i]
 		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
@@ -122,8 +125,15 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 		}
 		if err != nil {
 			delete(remote.Granted, g)
-			errs = append(errs, fmt.Errorf("redis: rlqs claim of %q: %w", g, err))
+			if failed++; firstErr == nil {
+				firstErr = fmt.Errorf("redis: rlqs claim of %q: %w", g, err)
+			}
 		}
+	}
+	if failed > 1 {
+		errs = append(errs, fmt.Errorf("%w (and %d more claims failed)", firstErr, failed-1))
+	} else if firstErr != nil {
+		errs = append(errs, firstErr)
 	}
 	for i, r := range res {
 		if i >= first && i < first+len(groups) {
@@ -159,9 +169,9 @@ func appendDemands(a []string, ds []float64, capacity float64) []string {
 	return a
 }
 
-// formatDemand writes a capacity for demand.lua: a finite, non-negative
+// formatCapacity writes a capacity for demand.lua: a finite, non-negative
 // number.
-func formatDemand(v float64) string {
+func formatCapacity(v float64) string {
 	if !(v >= 0) || math.IsInf(v, 1) {
 		v = 0
 	}
