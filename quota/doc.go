@@ -12,8 +12,9 @@
 // small reserve for proxies that just appeared, and queues an assignment
 // for a stream only when its share moved by more than a threshold or its
 // last assignment nears its time to live. With a Fleet (Redis), replicas
-// exchange their proxies' demands once per interval and divide L over the
-// whole fleet.
+// publish their proxies' demands once per interval and each claims,
+// atomically, its part of L: the sum of its proxies' fair shares of L
+// over the whole fleet, at most what the others do not hold.
 //
 // Time is a parameter: Report and Tick take now, so tests walk a fake
 // clock. The Service does no I/O itself besides calling its Fleet, speaks

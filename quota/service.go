@@ -113,12 +113,36 @@ func (o *Options) reserve() float64 { return max(o.Reserve, 0) }
 // Tables gives the current limits table; config.Reloader is one.
 type Tables interface{ Current() *config.Table }
 
-// Fleet shares demand between the replicas of a deployment.
+// Fleet shares limits between the replicas of a deployment.
 type Fleet interface {
-	// Exchange publishes this replica's demand, for each group key the
-	// demand of each of its proxies (requests per the rule's period), and
-	// returns the other replicas' current demands by group key.
-	Exchange(ctx context.Context, now time.Time, local map[string][]float64) (remote map[string][]float64, err error)
+	// Exchange publishes, for each group key, the demands of this
+	// replica's proxies (requests per the rule's period) and claims this
+	// replica's part of the group's capacity: atomically per group, the
+	// sum of its proxies' max-min fair shares of the capacity given every
+	// replica's demands, at most what the other replicas hold not. The
+	// parts the replicas hold thus never sum above the capacity.
+	Exchange(ctx context.Context, now time.Time, local map[string]Claim) (Remote, error)
+}
+
+// Claim is one replica's claim on one group.
+type Claim struct {
+	// Capacity is what the fleet divides: the limit less the reserve.
+	Capacity float64
+	// Max bounds the part claimed: a replica's first claim of a group
+	// takes at most an equal part per live replica, since the replicas
+	// that got the group at the same time have not published yet.
+	Max float64
+	// Demands are the demands of this replica's proxies.
+	Demands []float64
+}
+
+// Remote is the outcome of one Exchange.
+type Remote struct {
+	// Granted is this replica's part of each group.
+	Granted map[string]float64
+	// Live is the number of replicas alive in the fleet, this one
+	// included; 0 when unknown.
+	Live int
 }
 
 // Usage is one bucket's report.
@@ -141,10 +165,14 @@ type Service struct {
 	groups  map[string]*group
 	nsubs   int
 	nextID  uint64
-	remote  map[string][]float64 // the other replicas' demands
-	remAt   time.Time            // when remote was fetched
-	rules   []RuleStat           // as of the last Tick
-	keyBuf  []byte
+	remote  Remote    // the last successful Exchange's outcome
+	remAt   time.Time // when remote was fetched
+	// fleetSince is the first successful Exchange, fleetFrom the first
+	// attempt (zero before either).
+	fleetSince, fleetFrom time.Time
+	fleetLast             time.Time  // the last Tick
+	rules                 []RuleStat // as of the last Tick
+	keyBuf                []byte
 
 	reports, usages, rejected, fleetErrors atomic.Uint64
 	pushed                                 [Abandon + 1]atomic.Uint64
@@ -161,9 +189,15 @@ type group struct {
 	key  string
 	rule *config.Rule
 	subs map[*sub]struct{}
-	// assigned is the fleet's total share as of the last Tick plus what
-	// proxies that joined since were given.
+	// assigned is what the proxies hold as of the last Tick plus what
+	// proxies that joined since were given: the fleet's total when the
+	// limit is shared (the parts not this replica's counted as held),
+	// this replica's only otherwise (see fleetMode).
 	assigned float64
+	// claimed: an Exchange granted this replica a part of the group's
+	// limit, granted (the last one).
+	claimed bool
+	granted float64
 }
 
 // sub is one stream's subscription to one bucket.
@@ -448,7 +482,19 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 		return
 	}
 	limit := float64(b.g.rule.Limit.Limit())
-	free := max(limit-b.g.assigned, 0)
+	var free float64
+	switch s.fleetMode(b.g) {
+	case fleetAlone:
+		free = limit - b.g.assigned
+	case fleetUncertain:
+		free = s.cautious(limit) - b.g.assigned
+	default:
+		// b.g.assigned counts all but this replica's part of the reserve
+		// (see Tick): proxies joining on every replica at once still fit
+		// in the limit.
+		free = limit - b.g.assigned
+	}
+	free = max(free, 0)
 	share := min(free/2, limit/float64(len(b.g.subs)))
 	b.g.assigned += share
 	b.sentShare = uint64(share)
@@ -476,10 +522,17 @@ func (s *Service) queue(now time.Time, b *sub, a Action) {
 	}
 }
 
-// Run calls Tick every interval until ctx is done.
+// Run calls Tick every interval until ctx is done. With a Fleet, it first
+// calls Tick at once, so that the replica is known to the others before
+// its first interval ends.
 func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.Interval)
 	defer t.Stop()
+	if s.o.Fleet != nil {
+		if err := s.Tick(ctx, time.Now()); err != nil {
+			s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -490,6 +543,57 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// How a group is divided, by what this replica knows of the fleet.
+const (
+	// fleetAlone: no Fleet, or it has failed for longer than the TTL, or
+	// this replica is the only live one: the limit is divided among this
+	// replica's proxies.
+	fleetAlone = iota
+	// fleetUncertain: the group has not been claimed yet, or the fleet
+	// has failed for long enough that the others ignore this replica's
+	// claim, so other replicas may hold all of the limit but the reserve.
+	// This replica divides only its cautious part (see cautious) among
+	// its proxies.
+	fleetUncertain
+	// fleetShared: this replica divides the part it claimed.
+	fleetShared
+)
+
+// fleetMode is how g is divided; s.mu is held.
+func (s *Service) fleetMode(g *group) int {
+	switch {
+	case s.o.Fleet == nil:
+		return fleetAlone
+	case s.fleetSince.IsZero():
+		// Nothing exchanged yet: uncertain until the fleet has failed
+		// for a TTL.
+		if !s.fleetFrom.IsZero() && s.fleetLast.Sub(s.fleetFrom) > s.o.TTL {
+			return fleetAlone
+		}
+		return fleetUncertain
+	case s.fleetLast.Sub(s.remAt) > s.o.TTL:
+		return fleetAlone
+	case g.claimed && s.fleetLast.Sub(s.remAt) < staleAfter*s.o.Interval:
+		return fleetShared
+	case g.claimed:
+		// The fleet has failed for staleAfter intervals: the others no
+		// longer count this replica's part and may have taken it.
+		return fleetUncertain
+	case s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live == 1:
+		// Every live replica records its membership once an interval, so
+		// an Exchange an interval after this replica's first saw all.
+		return fleetAlone
+	}
+	return fleetUncertain
+}
+
+// cautious is the part of limit a replica divides while a group's fleet
+// demand is uncertain: the reserve, split among the live replicas, as if
+// the others held all the rest.
+func (s *Service) cautious(limit float64) float64 {
+	return limit * s.o.reserve() / float64(max(s.remote.Live, 1))
 }
 
 // staleAfter is how many of a bucket's reporting intervals may pass
@@ -506,12 +610,22 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	s.mu.Lock()
 	if t := s.tables.Current(); t != s.table {
 		s.table = t
+		// A limit's fleet demand stays known across the reload.
+		claimed := make(map[string]float64, len(s.groups))
+		for k, g := range s.groups {
+			if g.claimed {
+				claimed[k] = g.granted
+			}
+		}
 		for st := range s.streams {
 			for _, b := range st.subs {
 				s.unsubscribe(b)
 				s.subscribe(t, b)
 				b.hasSent = false // re-assigned below, whatever changed
 			}
+		}
+		for k, g := range s.groups {
+			g.granted, g.claimed = claimed[k]
 		}
 	}
 	for st := range s.streams {
@@ -524,19 +638,29 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
-	local := make(map[string][]float64, len(s.groups))
+	local := make(map[string]Claim, len(s.groups))
+	published := make([]*group, 0, len(s.groups))
 	for k, g := range s.groups {
 		ds := make([]float64, 0, len(g.subs))
 		for b := range g.subs {
 			ds = append(ds, b.currentDemand(now, s.o.Interval))
 		}
-		local[k] = ds
+		c := float64(g.rule.Limit.Limit()) * (1 - s.o.reserve())
+		m := c
+		if !g.claimed {
+			m /= float64(max(s.remote.Live, 1))
+		}
+		local[k] = Claim{Capacity: c, Max: m, Demands: ds}
+		published = append(published, g)
 	}
 	fleet := s.o.Fleet
+	if fleet != nil && s.fleetFrom.IsZero() {
+		s.fleetFrom = now
+	}
 	s.mu.Unlock()
 
 	var err error
-	var remote map[string][]float64
+	var remote Remote
 	if fleet != nil {
 		// An exchange may take at most one interval: a slow Redis must not
 		// stall the division.
@@ -551,10 +675,20 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if fleet != nil {
+		s.fleetLast = now
 		if err == nil {
 			s.remote, s.remAt = remote, now
+			if s.fleetSince.IsZero() {
+				s.fleetSince = now
+			}
+			// Groups made during the exchange were not in it.
+			for _, g := range published {
+				if v, ok := remote.Granted[g.key]; ok {
+					g.claimed, g.granted = true, v
+				}
+			}
 		} else if now.Sub(s.remAt) > s.o.TTL {
-			s.remote = nil
+			s.remote = Remote{}
 		}
 	}
 	var demands, shares []float64
@@ -577,20 +711,26 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		for _, b := range subs {
 			demands = append(demands, b.currentDemand(now, s.o.Interval))
 		}
-		demands = append(demands, s.remote[g.key]...)
+		limit := float64(g.rule.Limit.Limit())
+		capacity, others := limit*(1-s.o.reserve()), 0.0
+		switch s.fleetMode(g) {
+		case fleetUncertain:
+			capacity = s.cautious(limit)
+		case fleetShared:
+			// Newcomers draw from this replica's part of the reserve only:
+			// count the rest of the limit as held.
+			capacity = g.granted
+			others = limit - s.cautious(limit) - capacity
+		}
 		shares = grow(shares, len(demands))
 		whole = growU(whole, len(subs))
-		limit := float64(g.rule.Limit.Limit())
-		FairShares(demands, limit*(1-s.o.reserve()), shares)
+		FairShares(demands, capacity, shares)
 		// Rounded over this replica's proxies only, so that the replicas'
 		// rounded shares cannot sum above the limit either.
-		Whole(shares[:len(subs)], whole)
-		g.assigned = 0
-		for i, v := range shares {
-			if i < len(subs) {
-				v = float64(whole[i])
-			}
-			g.assigned += v
+		Whole(shares, whole)
+		g.assigned = others
+		for _, v := range whole {
+			g.assigned += float64(v)
 		}
 		rs := stats[g.rule]
 		if rs == nil {

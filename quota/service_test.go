@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -356,33 +358,51 @@ func TestService_BadReports(t *testing.T) {
 	}
 }
 
-// fakeFleet is a Fleet shared by services in one test: each publishes
-// under its name.
+// fakeFleet is a Fleet shared by services in one test, claiming parts
+// as store/redis's demand.lua does: each publishes under its name, and
+// every name that has published is live.
 type fakeFleet struct {
 	name string
-	all  map[string]map[string][]float64 // replica → group → demands
+	all  map[string]map[string]fakeEntry // replica → group → entry
 	fail bool
 }
 
-func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string][]float64) (map[string][]float64, error) {
+type fakeEntry struct {
+	held    float64
+	demands []float64
+}
+
+func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Claim) (Remote, error) {
 	if f.fail {
-		return nil, errors.New("down")
+		return Remote{}, errors.New("down")
 	}
-	f.all[f.name] = local
-	remote := map[string][]float64{}
-	for n, gs := range f.all {
-		if n == f.name {
-			continue
+	mine := map[string]fakeEntry{}
+	f.all[f.name] = mine
+	remote := Remote{Granted: map[string]float64{}, Live: len(f.all)}
+	for k, cl := range local {
+		ds := slices.Clone(cl.Demands)
+		var others float64
+		for n, gs := range f.all {
+			if e, ok := gs[k]; ok && n != f.name {
+				others += e.held
+				ds = append(ds, e.demands...)
+			}
 		}
-		for k, ds := range gs {
-			remote[k] = append(remote[k], ds...)
+		shares := make([]float64, len(ds))
+		FairShares(ds, cl.Capacity, shares)
+		var fair float64
+		for _, v := range shares[:len(cl.Demands)] {
+			fair += v
 		}
+		grant := max(min(fair, cl.Max, cl.Capacity-others), 0)
+		mine[k] = fakeEntry{held: grant, demands: cl.Demands}
+		remote.Granted[k] = grant
 	}
 	return remote, nil
 }
 
 func TestService_FleetDividesGlobally(t *testing.T) {
-	all := map[string]map[string][]float64{}
+	all := map[string]map[string]fakeEntry{}
 	fa := &fakeFleet{name: "a", all: all}
 	fb := &fakeFleet{name: "b", all: all}
 	sa, _ := newTestService(t, Options{Reserve: -1, Fleet: fa})
@@ -517,5 +537,203 @@ func TestService_ConcurrentStreams(t *testing.T) {
 	wg.Wait()
 	if st := s.Stats(); st.Streams != 0 || st.Buckets != 0 {
 		t.Errorf("after every stream closed: %+v", st)
+	}
+}
+
+// fleetSim walks replicas sharing one fakeFleet through time, tracking
+// what every proxy holds of the limit tenant=x (1000/s).
+type fleetSim struct {
+	t        *testing.T
+	replicas []*Service
+	proxies  [][]*Stream // by replica
+	held     map[*Stream]uint64
+	bound    uint64 // the most the proxies may hold
+}
+
+func newFleetSim(t *testing.T, n int) *fleetSim {
+	all := map[string]map[string]fakeEntry{}
+	f := &fleetSim{t: t, held: map[*Stream]uint64{}, proxies: make([][]*Stream, n), bound: 1000}
+	for i := range n {
+		s, _ := newTestService(t, Options{Fleet: &fakeFleet{name: strconv.Itoa(i), all: all}})
+		f.replicas = append(f.replicas, s)
+	}
+	return f
+}
+
+// join opens k proxies on replica r, each reporting its first request.
+func (f *fleetSim) join(now time.Time, r, k int) {
+	for range k {
+		st, _ := f.replicas[r].Open("d")
+		mustReport(f.t, st, now, use("tenant", "x", 1, 0))
+		f.proxies[r] = append(f.proxies[r], st)
+	}
+	f.check(now, "join")
+}
+
+// leave closes the last k proxies of replica r.
+func (f *fleetSim) leave(r, k int) {
+	ps := f.proxies[r]
+	for _, st := range ps[len(ps)-k:] {
+		st.Close()
+		delete(f.held, st)
+	}
+	f.proxies[r] = ps[:len(ps)-k]
+}
+
+// second runs one second from now: every proxy reports 5000 requests, and
+// replica i ticks at now + (i+1)/(n+1) s.
+func (f *fleetSim) second(now time.Time) {
+	for _, ps := range f.proxies {
+		for _, st := range ps {
+			mustReport(f.t, st, now, use("tenant", "x", 5000, 0))
+		}
+	}
+	f.check(now, "reports")
+	for i, s := range f.replicas {
+		at := now.Add(time.Duration(i+1) * time.Second / time.Duration(len(f.replicas)+1))
+		_ = s.Tick(context.Background(), at)
+		f.check(at, "tick of replica "+strconv.Itoa(i))
+	}
+}
+
+// check takes every pending action and fails if the proxies hold more
+// than the limit.
+func (f *fleetSim) check(now time.Time, step string) {
+	f.t.Helper()
+	var sum uint64
+	for _, ps := range f.proxies {
+		for _, st := range ps {
+			for _, a := range st.Pending() {
+				switch a.Kind {
+				case RequestsPerUnit:
+					f.held[st] = a.Requests
+				case DenyAll:
+					f.held[st] = 0
+				default:
+					f.t.Fatalf("%v %s: unexpected %+v", now.Sub(t0), step, a)
+				}
+			}
+			sum += f.held[st]
+		}
+	}
+	if sum > f.bound {
+		f.t.Errorf("%v after %s: the fleet's proxies hold %d > %d", now.Sub(t0), step, sum, f.bound)
+	}
+}
+
+// fair checks that every proxy holds an equal share of 980, give or take
+// the rounding of each replica.
+func (f *fleetSim) fair(step string) {
+	f.t.Helper()
+	n := 0
+	for _, ps := range f.proxies {
+		n += len(ps)
+	}
+	want := 980 / float64(n)
+	for r, ps := range f.proxies {
+		for i, st := range ps {
+			if got := float64(f.held[st]); math.Abs(got-want) > 1 {
+				f.t.Errorf("%s: proxy %d of replica %d holds %v, want %.1f", step, i, r, got, want)
+			}
+		}
+	}
+}
+
+// TestService_FleetStart: three replicas start together with 1, 10 and
+// 10 proxies that each want the whole limit. Until a replica has claimed
+// its part of the limit it divides only its part of the reserve, so the
+// fleet never holds more than the limit (plus, when the replicas have not
+// seen each other yet, one reserve per other replica); from the third
+// second every proxy holds its fair share.
+func TestService_FleetStart(t *testing.T) {
+	for _, registered := range []bool{true, false} {
+		t.Run("registered="+strconv.FormatBool(registered), func(t *testing.T) {
+			f := newFleetSim(t, 3)
+			if registered { // as Run does when it starts, then each interval
+				for _, s := range f.replicas {
+					_ = s.Tick(context.Background(), at(-5))
+				}
+				for _, s := range f.replicas {
+					_ = s.Tick(context.Background(), at(-4))
+				}
+			} else {
+				f.bound += 2 * 20
+			}
+			for r, k := range []int{1, 10, 10} {
+				f.join(at(0.1), r, k)
+			}
+			for sec := 1; sec <= 6; sec++ {
+				f.second(at(float64(sec)))
+				if sec >= 3 {
+					f.fair("second " + strconv.Itoa(sec))
+				}
+			}
+		})
+	}
+}
+
+// TestService_FleetJoinAndLeave: proxies join on every replica at once,
+// one of them on a replica that has no proxy of the limit yet, then
+// leave; the fleet never holds more than the limit and is fair again two
+// seconds after each change.
+func TestService_FleetJoinAndLeave(t *testing.T) {
+	f := newFleetSim(t, 3)
+	for _, now := range []float64{-5, -4} {
+		for _, s := range f.replicas {
+			_ = s.Tick(context.Background(), at(now))
+		}
+	}
+	f.join(at(0.1), 0, 8)
+	f.join(at(0.1), 1, 8)
+	for sec := 1; sec <= 4; sec++ {
+		f.second(at(float64(sec)))
+	}
+	f.fair("before the join")
+	for r := range 3 {
+		f.join(at(4.9), r, 2)
+	}
+	for sec := 5; sec <= 8; sec++ {
+		f.second(at(float64(sec)))
+		if sec >= 7 {
+			f.fair("after the join, second " + strconv.Itoa(sec))
+		}
+	}
+	f.leave(0, 4)
+	for sec := 9; sec <= 11; sec++ {
+		f.second(at(float64(sec)))
+	}
+	f.fair("after the leave")
+}
+
+// TestService_FleetFailure: a replica cut off from the fleet keeps the
+// part it claimed while the others still count it (3 intervals), then
+// divides only its part of the reserve, and after a TTL the whole limit
+// among its own proxies.
+func TestService_FleetFailure(t *testing.T) {
+	f := newFleetSim(t, 2)
+	for _, now := range []float64{-5, -4} {
+		for _, s := range f.replicas {
+			_ = s.Tick(context.Background(), at(now))
+		}
+	}
+	f.join(at(0.1), 0, 1)
+	f.join(at(0.1), 1, 1)
+	for sec := 1; sec <= 3; sec++ {
+		f.second(at(float64(sec)))
+	}
+	f.fair("before the failure")
+	f.replicas[0].o.Fleet.(*fakeFleet).fail = true
+	a := f.proxies[0][0]
+	// The last claim was at 3.33 s.
+	want := map[int]uint64{4: 490, 6: 490, 7: 10, 13: 10, 14: 980}
+	for sec := 4; sec <= 15; sec++ {
+		mustReport(t, a, at(float64(sec)), use("tenant", "x", 5000, 0))
+		_ = f.replicas[0].Tick(context.Background(), at(float64(sec)))
+		for _, act := range a.Pending() {
+			f.held[a] = act.Requests
+		}
+		if w, ok := want[sec]; ok && f.held[a] != w {
+			t.Errorf("at %d s, after the last claim at 3.33 s, the proxy holds %d, want %d", sec, f.held[a], w)
+		}
 	}
 }

@@ -100,7 +100,7 @@ func TestService_RulesPerRule(t *testing.T) {
 }
 
 func TestService_StatsShared(t *testing.T) {
-	s, _ := newTestService(t, Options{Fleet: &fakeFleet{name: "a", all: map[string]map[string][]float64{}}})
+	s, _ := newTestService(t, Options{Fleet: &fakeFleet{name: "a", all: map[string]map[string]fakeEntry{}}})
 	if !s.Stats().Shared {
 		t.Error("Shared = false with a Fleet")
 	}

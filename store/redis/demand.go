@@ -2,21 +2,33 @@ package redis
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluicehq/sluice/quota"
 )
+
+//go:embed demand.lua
+var demandLua string
+
+var demandScript = newScript(demandLua)
 
 // Demand shares the rate-limit-quota demand of a fleet of replicas through
 // Redis (quota.Fleet). Each group (one limit's counter key) is one hash,
 // <prefix>rlqs:<group>, with one field per replica holding the time it was
-// written and the demands of that replica's proxies. Every command names
-// one key, so the layout works on Redis Cluster. Safe for concurrent use.
+// written, the part of the limit the replica holds and the demands of its
+// proxies (equal ones once, with their count); demand.lua claims a
+// replica's part atomically. One more hash, <prefix>rlqs-replicas, holds
+// each live replica's last Exchange. Every
+// command names one key, so the layout works on Redis Cluster. Safe for
+// concurrent use.
 type Demand struct {
 	s       *Store
 	replica string
@@ -24,7 +36,13 @@ type Demand struct {
 
 	mu        sync.Mutex
 	published map[string]struct{} // groups written by the last Exchange
+	gone      []string            // replicas long dead, deleted at the next Exchange
 }
+
+// goneAfter is how many stale periods a replica's membership may be old
+// before an Exchange deletes it (long after it stopped counting, so that a
+// replica restarted under the same name is not deleted as it comes back).
+const goneAfter = 10
 
 // Demand returns the demand exchange of replica (a name unique in the
 // fleet). A replica's entries older than stale are ignored, and a hash no
@@ -35,24 +53,39 @@ func (s *Store) Demand(replica string, stale time.Duration) *Demand {
 
 func (d *Demand) key(group string) string { return d.s.opt.KeyPrefix + "rlqs:" + group }
 
-// Exchange writes this replica's demand for each group in local, deletes
-// its entries of groups it no longer has, and returns the other replicas'
-// fresh demands of the groups in local, in one pipelined round trip (one
-// per node on Cluster).
-func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][]float64) (map[string][]float64, error) {
+func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas" }
+
+// Exchange claims this replica's part of each group in local, records its
+// membership, deletes its entries of groups it no longer has, and returns
+// the parts granted and the number of live replicas, in one pipelined
+// round trip (one per node on Cluster). A group whose claim failed has no
+// part in the result.
+func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]quota.Claim) (quota.Remote, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c := d.s.client
+	ms := strconv.FormatInt(now.UnixMilli(), 10)
+	stale := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
+	mk := d.membersKey()
+	cmds := make(rueidis.Commands, 0, len(local)+len(d.published)+4)
+	cmds = append(cmds,
+		c.B().Hset().Key(mk).FieldValue().FieldValue(d.replica, ms).Build(),
+		c.B().Arbitrary("PEXPIRE").Keys(mk).Args(strconv.FormatInt(max(goneAfter*d.stale.Milliseconds(), 1), 10)).Build(),
+		c.B().Hgetall().Key(mk).Build())
+	if len(d.gone) > 0 {
+		cmds = append(cmds, c.B().Hdel().Key(mk).Field(d.gone...).Build())
+		d.gone = nil
+	}
+	first := len(cmds)
 	groups := make([]string, 0, len(local))
-	cmds := make(rueidis.Commands, 0, 3*len(local)+len(d.published))
-	ttl := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
-	for g, ds := range local {
-		k := d.key(g)
+	args := make([][]string, 0, len(local))
+	for g, cl := range local {
+		a := make([]string, 0, 5+len(cl.Demands))
+		a = append(a, d.replica, ms, stale, formatCapacity(cl.Capacity), formatCapacity(min(cl.Max, cl.Capacity)))
+		a = appendDemands(a, cl.Demands, cl.Capacity)
 		groups = append(groups, g)
-		cmds = append(cmds,
-			c.B().Hset().Key(k).FieldValue().FieldValue(d.replica, encodeDemand(now, ds)).Build(),
-			c.B().Arbitrary("PEXPIRE").Keys(k).Args(ttl).Build(),
-			c.B().Hgetall().Key(k).Build())
+		args = append(args, a)
+		cmds = append(cmds, c.B().Evalsha().Sha1(demandScript.sha).Numkeys(1).Key(d.key(g)).Arg(a...).Build())
 	}
 	for g := range d.published {
 		if _, ok := local[g]; !ok {
@@ -64,26 +97,48 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 	for _, g := range groups {
 		d.published[g] = struct{}{}
 	}
-	remote := map[string][]float64{}
+	remote := quota.Remote{Granted: make(map[string]float64, len(groups))}
 	var errs []error
-	for i, g := range groups {
-		m, err := res[3*i+2].AsStrMap()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("redis: rlqs demand of %q: %w", g, err))
-			continue
-		}
+	if m, err := res[2].AsStrMap(); err != nil {
+		errs = append(errs, fmt.Errorf("redis: rlqs replicas: %w", err))
+	} else {
 		for replica, v := range m {
-			if replica == d.replica {
-				continue
+			at, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case err != nil || now.Sub(time.UnixMilli(at)) > goneAfter*d.stale:
+				d.gone = append(d.gone, replica)
+			case now.Sub(time.UnixMilli(at)) <= d.stale:
+				remote.Live++
 			}
-			at, ds, ok := decodeDemand(v)
-			if !ok || now.Sub(at) > d.stale {
-				continue
-			}
-			remote[g] = append(remote[g], ds...)
 		}
 	}
-	for _, r := range res {
+	var failed int
+	var firstErr error
+	for i, g := range groups {
+		r := res[first+i]
+		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+			r = c.Do(ctx, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(d.key(g)).Arg(args[i]...).Build())
+		}
+		v, err := r.ToString()
+		if err == nil {
+			remote.Granted[g], err = strconv.ParseFloat(v, 64)
+		}
+		if err != nil {
+			delete(remote.Granted, g)
+			if failed++; firstErr == nil {
+				firstErr = fmt.Errorf("redis: rlqs claim of %q: %w", g, err)
+			}
+		}
+	}
+	if failed > 1 {
+		errs = append(errs, fmt.Errorf("%w (and %d more claims failed)", firstErr, failed-1))
+	} else if firstErr != nil {
+		errs = append(errs, firstErr)
+	}
+	for i, r := range res {
+		if i >= first && i < first+len(groups) {
+			continue // checked above
+		}
 		if err := r.Error(); err != nil {
 			errs = append(errs, err)
 			break
@@ -92,33 +147,33 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string][
 	return remote, errors.Join(errs...)
 }
 
-// encodeDemand writes "<unix ms> <demand> <demand>...".
-func encodeDemand(now time.Time, ds []float64) string {
-	b := make([]byte, 0, 16+8*len(ds))
-	b = strconv.AppendInt(b, now.UnixMilli(), 10)
+// appendDemands appends ds, each at most capacity, for demand.lua:
+// rounded to 3 significant digits (a share moves by less than 0.5 %), and
+// equal ones once, with their count ("<value>*<count>"), so that a claim
+// costs Redis the distinct demands, a few dozen, not the proxies.
+func appendDemands(a []string, ds []float64, capacity float64) []string {
+	counts := make(map[string]int, len(ds))
 	for _, v := range ds {
-		b = append(b, ' ')
-		b = strconv.AppendFloat(b, v, 'g', 6, 64)
+		v = min(v, capacity)
+		if !(v >= 0) {
+			v = 0
+		}
+		counts[strconv.FormatFloat(v, 'g', 3, 64)]++
 	}
-	return string(b)
+	for v, c := range counts {
+		if c > 1 {
+			v += "*" + strconv.Itoa(c)
+		}
+		a = append(a, v)
+	}
+	return a
 }
 
-func decodeDemand(v string) (time.Time, []float64, bool) {
-	fs := strings.Fields(v)
-	if len(fs) == 0 {
-		return time.Time{}, nil, false
+// formatCapacity writes a capacity for demand.lua: a finite, non-negative
+// number.
+func formatCapacity(v float64) string {
+	if !(v >= 0) || math.IsInf(v, 1) {
+		v = 0
 	}
-	ms, err := strconv.ParseInt(fs[0], 10, 64)
-	if err != nil {
-		return time.Time{}, nil, false
-	}
-	ds := make([]float64, 0, len(fs)-1)
-	for _, f := range fs[1:] {
-		x, err := strconv.ParseFloat(f, 64)
-		if err != nil || !(x >= 0) {
-			return time.Time{}, nil, false
-		}
-		ds = append(ds, x)
-	}
-	return time.UnixMilli(ms), ds, true
+	return strconv.FormatFloat(v, 'g', 10, 64)
 }

@@ -2,9 +2,14 @@ package redis
 
 import (
 	"context"
-	"slices"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/quota"
 
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -29,28 +34,45 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	b := newStore(t).Demand("b", 3*time.Second)
 	now := time.UnixMilli(1_800_000_000_000)
 
-	exchange := func(step string, d *Demand, at time.Time, local map[string][]float64) map[string][]float64 {
+	exchange := func(step string, d *Demand, at time.Time, local map[string]quota.Claim) quota.Remote {
 		t.Helper()
 		r, err := d.Exchange(ctx, at, local)
 		if err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
-		for _, ds := range r {
-			slices.Sort(ds)
-		}
 		return r
 	}
-	if r := exchange("a first", a, now, map[string][]float64{"g1": {10, 20}, "g2": {5}}); len(r) != 0 {
-		t.Errorf("a alone sees %v", r)
+	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-6 }
+	// a alone: it is granted its fair part, all of the capacity.
+	r := exchange("a first", a, now, map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g2": {Capacity: 10, Max: 10, Demands: []float64{5}}})
+	if !near(r.Granted["g1"], 900) || !near(r.Granted["g2"], 10) || r.Live != 1 {
+		t.Errorf("a alone: %+v, want g1 900, g2 10, 1 live", r)
 	}
-	r := exchange("b", b, now, map[string][]float64{"g1": {0.5}, "g3": {1}})
-	if !slices.Equal(r["g1"], []float64{10, 20}) || len(r) != 1 {
-		t.Errorf("b sees %v, want g1: [10 20]", r)
+	// b's fair part of g1 is 400 (100, then 400 each), but a holds 900.
+	r = exchange("b", b, now, map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	if !near(r.Granted["g1"], 0) || r.Live != 2 {
+		t.Errorf("b while a holds all 900: %+v, want 0 granted, 2 live", r)
 	}
-	r = exchange("a again", a, now.Add(time.Second), map[string][]float64{"g1": {30}})
-	if !slices.Equal(r["g1"], []float64{0.5}) || len(r) != 1 {
-		t.Errorf("a sees %v, want g1: [0.5]", r)
+	// a claims again: its fair part, 500, leaving 400 for b.
+	r = exchange("a again", a, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	if !near(r.Granted["g1"], 500) {
+		t.Errorf("a again: %+v, want 500", r)
 	}
+	r = exchange("b again", b, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	if !near(r.Granted["g1"], 400) {
+		t.Errorf("b again: %+v, want 400", r)
+	}
+	// Equal demands travel once, with their count: four proxies of 5 on a
+	// and one of 50 on b share 100 as 5 proxies would.
+	g3 := func(ds ...float64) map[string]quota.Claim {
+		return map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
+	}
+	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5))
+	exchange("b g3", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
+	if r := exchange("a g3 again", a, now.Add(2*time.Second), g3(5, 5, 5, 5)); !near(r.Granted["g3"], 44) {
+		t.Errorf("a's four proxies of 5 beside b's one of 50 on 100: %+v, want 44 (4 × (5 + 30/5))", r)
+	}
+	exchange("b g3 again", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if cli != nil {
 		// a no longer has g2: its field is deleted (and the hash with it);
 		// the hashes expire.
@@ -61,22 +83,56 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 			t.Errorf("PTTL d:rlqs:g1 = %s, want an expiry", got)
 		}
 	}
-	// b stops writing: its entry goes stale after 3 s.
-	r = exchange("a late", a, now.Add(4*time.Second), map[string][]float64{"g1": {30}})
-	if len(r) != 0 {
-		t.Errorf("a sees stale entries %v", r)
+	// b stops writing: its entry goes stale after 3 s, and it is no
+	// longer live.
+	r = exchange("a late", a, now.Add(6*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	if !near(r.Granted["g1"], 900) || r.Live != 1 {
+		t.Errorf("a after b went stale: %+v, want 900, 1 live", r)
 	}
 }
 
-func TestDecodeDemand(t *testing.T) {
-	at := time.UnixMilli(1234)
-	got, ds, ok := decodeDemand(encodeDemand(at, []float64{1.5, 0, 1e9}))
-	if !ok || !got.Equal(at) || !slices.Equal(ds, []float64{1.5, 0, 1e9}) {
-		t.Errorf("round trip: %v %v %v", got, ds, ok)
+// TestDemand_ClaimsNeverExceed: replicas claim the same limit at once
+// with changing demands; the parts recorded never sum above the capacity,
+// and with steady demands each replica ends up with its fair part.
+func TestDemand_ClaimsNeverExceed(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const replicas, capacity = 4, 1000.0
+	st := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "c:"})
+	ds := make([]*Demand, replicas)
+	for i := range ds {
+		ds[i] = st.Demand(strconv.Itoa(i), time.Hour)
 	}
-	for _, bad := range []string{"", "x 1", "12 y", "12 -1", "12 NaN"} {
-		if _, _, ok := decodeDemand(bad); ok {
-			t.Errorf("decodeDemand(%q) accepted", bad)
+	now := time.UnixMilli(1_800_000_000_000)
+	for round := range 30 {
+		var wg sync.WaitGroup
+		for i, d := range ds {
+			wg.Go(func() {
+				// Demands move every round until round 20, then hold.
+				v := float64((i*7+min(round, 20)*13)%50) * 40
+				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}})
+				if err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		var held float64
+		vals, err := st.client.Do(ctx, st.client.B().Hvals().Key("c:rlqs:g").Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vals {
+			f := strings.Fields(v)
+			x, _ := strconv.ParseFloat(f[1], 64)
+			held += x
+		}
+		if held > capacity+1e-6 {
+			t.Fatalf("round %d: the replicas hold %v > %v", round, held, capacity)
+		}
+		if round == 29 && held < capacity-1e-6 {
+			t.Errorf("with steady demands the replicas hold %v, want %v", held, capacity)
 		}
 	}
 }
