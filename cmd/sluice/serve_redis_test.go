@@ -427,7 +427,8 @@ func TestServeRedis_LogsOutage(t *testing.T) {
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() {
 		done <- serve(ctx, []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--config", dir,
-			"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--store-failure-mode", "deny"},
+			"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--store-failure-mode", "deny",
+			"--rlqs=false"}, // RLQS logs its own failed exchanges with Redis
 			func(string) string { return "" }, &logs, func(net.Addr, net.Addr) { close(ready) })
 	}()
 	defer func() {
