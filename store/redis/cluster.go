@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -112,7 +113,9 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		if len(rkeys) == 0 {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Timeout)
+		// The refund outlives its caller's deadline, not by much: the
+		// caller is waiting for it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, maxRefundWait))
 		if err := s.eval(rctx, takeScript, rkeys, rargs).Error(); err != nil {
 			s.refundFailures.Add(1)
 		}
@@ -154,3 +157,7 @@ func (s *Store) owed(now int64, r reply, sub []store.Hit, keys []string, out []s
 	}
 	return owed
 }
+
+// maxRefundWait bounds a Cluster refund's wait for Redis. A refund that
+// fails leaves the denied batch's hits counted: fewer grants, never more.
+const maxRefundWait = 50 * time.Millisecond

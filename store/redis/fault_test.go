@@ -281,3 +281,29 @@ func TestUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestTake_NoTimeLeftKeepsTheProbe: a caller whose deadline has passed
+// does not use up the open breaker's one probe call; the next caller with
+// time is the probe, and Redis's answer closes the breaker.
+func TestTake_NoTimeLeftKeepsTheProbe(t *testing.T) {
+	srv := redistest.Start(t)
+	s := open(t, Options{URL: "redis://" + srv.Addr, BreakerCooldown: time.Hour})
+	s.breaker.trip()
+	// Past the cooldown: the next call to Redis is the probe; after it
+	// the breaker waits an hour.
+	s.breaker.openUntil.Store(time.Now().Add(-time.Second).UnixNano())
+	r := must(store.NewFixedWindow(10, time.Hour))
+	hits := []store.Hit{{Key: "probe", Rule: r, Cost: 1}}
+	out := make([]store.Decision, 1)
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	if err := s.Take(expired, time.Now().UnixNano(), hits, out); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Take with no time left: %v, want a deadline error", err)
+	}
+	if err := s.Take(context.Background(), time.Now().UnixNano(), hits, out); err != nil || !out[0].Allowed {
+		t.Fatalf("the probe Take: %v %+v, want allowed (the expired caller must not have used the probe)", err, out[0])
+	}
+	if !s.breaker.closed() {
+		t.Error("the breaker is still open after the probe's answer")
+	}
+}

@@ -270,7 +270,9 @@ func (s *Store) Run(ctx context.Context) error {
 			if err := s.ping(ctx); err == nil {
 				s.lastLatency.Store(int64(time.Since(lastProbe)))
 				s.breaker.success()
-			} else if ctx.Err() == nil {
+			} else if ctx.Err() == nil && s.breaker.lastOK.Load() < lastProbe.UnixNano() {
+				// A call that Redis answered during the probe outweighs
+				// it (on Cluster the probe also asks replicas no call uses).
 				s.lastErr.Store(&err)
 				s.breaker.trip()
 			}

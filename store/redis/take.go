@@ -118,17 +118,19 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		calls.Put(c)
 		return nil
 	}
-	if !s.breaker.allow() {
-		calls.Put(c)
-		s.failed.Add(1)
-		return ErrOpen
-	}
+	// The deadline first: a Take with no time left must not use up the
+	// open breaker's one probe call.
 	start := time.Now()
 	deadline, ok := s.deadline(ctx, start)
 	if !ok {
 		calls.Put(c)
 		s.failed.Add(1)
 		return fmt.Errorf("redis: no time left to ask Redis: %w", context.DeadlineExceeded)
+	}
+	if !s.breaker.allow() {
+		calls.Put(c)
+		s.failed.Add(1)
+		return ErrOpen
 	}
 	var (
 		r         reply
