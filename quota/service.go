@@ -36,6 +36,9 @@ const (
 	MaxCount = 1 << 40
 	// MaxValueBytes bounds each key and value of a bucket id.
 	MaxValueBytes = 4096
+	// MaxBucketBytes bounds a bucket id's keys and values together, so
+	// that a stream's buckets hold at most its bucket cap times this.
+	MaxBucketBytes = 2 * MaxValueBytes
 )
 
 // Errors a report can get, wrapped with the reason. server/ turns
@@ -362,6 +365,7 @@ func checkUsage(u *Usage) error {
 	case u.Allowed > MaxCount || u.Denied > MaxCount:
 		return fmt.Errorf("request counts %d allowed, %d denied: above %d", u.Allowed, u.Denied, uint64(MaxCount))
 	}
+	size := 0
 	for k, v := range u.Bucket {
 		if k == "" {
 			return errors.New("bucket_id has an empty key")
@@ -369,6 +373,10 @@ func checkUsage(u *Usage) error {
 		if len(k) > MaxValueBytes || len(v) > MaxValueBytes {
 			return fmt.Errorf("bucket_id key or value longer than %d bytes", MaxValueBytes)
 		}
+		size += len(k) + len(v)
+	}
+	if size > MaxBucketBytes {
+		return fmt.Errorf("bucket_id of %d keys and %d bytes: above %d bytes", len(u.Bucket), size, MaxBucketBytes)
 	}
 	return nil
 }

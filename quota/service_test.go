@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,6 +337,9 @@ func TestService_BadReports(t *testing.T) {
 		{Bucket: map[string]string{"k": "v"}, Elapsed: -time.Second},
 		{Bucket: map[string]string{"k": "v"}, Elapsed: 25 * time.Hour},
 		{Bucket: map[string]string{"k": "v"}, Elapsed: time.Second, Allowed: 1 << 41},
+		{Bucket: map[string]string{"k": strings.Repeat("v", MaxValueBytes+1)}, Elapsed: time.Second},
+		// Every value within its bound, the bucket id too large together.
+		{Bucket: map[string]string{"a": strings.Repeat("v", MaxValueBytes), "b": strings.Repeat("v", MaxValueBytes), "c": "v"}, Elapsed: time.Second},
 	}
 	for i, u := range bad {
 		if err := st.Report(at(0), []Usage{use("tenant", "ok", 1, 0), u}); !errors.Is(err, ErrInvalid) {

@@ -184,7 +184,11 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 		}
 	}
 	// The reference's TLS files count only with GRPC_SERVER_USE_TLS=true.
-	if strings.EqualFold(getenv("GRPC_SERVER_USE_TLS"), "true") {
+	useTLS, err := refBool(getenv, "GRPC_SERVER_USE_TLS")
+	if err != nil {
+		return nil, err
+	}
+	if useTLS {
 		if !has("GRPC_SERVER_TLS_CERT") || !has("GRPC_SERVER_TLS_KEY") {
 			return nil, errors.New("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
 		}
@@ -299,4 +303,18 @@ func backendNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// refBool reads one of the reference's boolean variables as it does
+// (strconv.ParseBool: 1, t, true, TRUE, 0, f, false, ...); unset is false.
+func refBool(getenv func(string) string, name string) (bool, error) {
+	v := getenv(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s=%q: want true or false", name, v)
+	}
+	return b, nil
 }

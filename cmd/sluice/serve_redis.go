@@ -280,10 +280,18 @@ func splitList(s string) []string {
 // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and CACHE_KEY_PREFIX. A separate
 // per-second Redis (REDIS_PERSECOND) is refused.
 func redisRefEnv(getenv func(string) string, set func(flag, value string)) error {
-	if strings.EqualFold(getenv("REDIS_PERSECOND"), "true") {
+	b := map[string]bool{}
+	for _, k := range []string{"REDIS_PERSECOND", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "REDIS_TLS"} {
+		v, err := refBool(getenv, k)
+		if err != nil {
+			return err
+		}
+		b[k] = v
+	}
+	if b["REDIS_PERSECOND"] {
 		return errors.New("REDIS_PERSECOND=true is not supported: Sluice keeps every limit in one Redis")
 	}
-	if strings.EqualFold(getenv("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"), "true") {
+	if b["REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"] {
 		return errors.New("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not supported: set --redis-tls-server-name to the name in Redis's certificate")
 	}
 	if v := getenv("REDIS_SENTINEL_AUTH"); v != "" {
@@ -298,10 +306,10 @@ func redisRefEnv(getenv func(string) string, set func(flag, value string)) error
 	if v := getenv("REDIS_PIPELINE_WINDOW"); v != "" {
 		set("redis-pipeline-window", v)
 	}
-	if strings.EqualFold(getenv("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"), "true") {
+	if b["REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"] {
 		set("redis-health", "true")
 	}
-	tlsOn := strings.EqualFold(getenv("REDIS_TLS"), "true")
+	tlsOn := b["REDIS_TLS"]
 	if tlsOn {
 		set("redis-tls", "true")
 		for env, fl := range map[string]string{"REDIS_TLS_CACERT": "redis-tls-ca",

@@ -72,6 +72,10 @@ func TestServeRedis_RefEnv(t *testing.T) {
 		{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "only-master"},
 		{"REDIS_TYPE": "ring", "REDIS_URL": "x:1"},
 		{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+		// The reference reads its booleans with strconv.ParseBool.
+		{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "1"},
+		{"REDIS_PERSECOND": "T"},
+		{"REDIS_TLS": "maybe"},
 	} {
 		if _, _, err := parseServe(t, nil, env); err == nil {
 			t.Errorf("%v: no error", env)
