@@ -66,9 +66,30 @@ func (c quotaCollector) Collect(ch chan<- prometheus.Metric) {
 	for k := quota.AllowAll; k <= quota.Abandon; k++ {
 		counter(rlqsPushedDesc, s.Pushed[k], k.String())
 	}
+	// Two rules can share a path (key "a_b" value "c" and key "a" value
+	// "b_c" are both "a_b_c"): their figures add up in one series, as the
+	// per-rule counters do, since a series may appear once per scrape.
+	type sum struct {
+		domain, path           string
+		buckets, demand, share float64
+	}
+	var sums []sum
+	at := map[[2]string]int{}
 	for _, r := range c.q.Rules() {
-		gauge(rlqsRuleBucketDesc, float64(r.Buckets), r.Rule.Domain, r.Rule.Path)
-		gauge(rlqsDemandDesc, r.Demand, r.Rule.Domain, r.Rule.Path)
-		gauge(rlqsShareDesc, r.Share, r.Rule.Domain, r.Rule.Path)
+		k := [2]string{r.Rule.Domain, r.Rule.Path}
+		i, ok := at[k]
+		if !ok {
+			i = len(sums)
+			at[k] = i
+			sums = append(sums, sum{domain: k[0], path: k[1]})
+		}
+		sums[i].buckets += float64(r.Buckets)
+		sums[i].demand += r.Demand
+		sums[i].share += r.Share
+	}
+	for _, r := range sums {
+		gauge(rlqsRuleBucketDesc, r.buckets, r.domain, r.path)
+		gauge(rlqsDemandDesc, r.demand, r.domain, r.path)
+		gauge(rlqsShareDesc, r.share, r.domain, r.path)
 	}
 }

@@ -55,3 +55,32 @@ func TestRegisterQuota(t *testing.T) {
 		st.Close()
 	}
 }
+
+// TestRegisterQuota_SharedPath: two rules whose stats paths are the same
+// (key a_b value c, key a value b_c) make one series each, summed, and the
+// scrape does not fail.
+func TestRegisterQuota_SharedPath(t *testing.T) {
+	q := quota.New(tables{loadTable(t, "domain: web\ndescriptors:\n"+
+		"  - {key: a_b, value: c, rate_limit: {unit: minute, requests_per_unit: 10}}\n"+
+		"  - {key: a, value: b_c, rate_limit: {unit: minute, requests_per_unit: 20}}\n")}, quota.Options{Reserve: -1})
+	reg := prometheus.NewRegistry()
+	if err := observe.RegisterQuota(reg, q); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	st, err := q.Open("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, b := range []map[string]string{{"a_b": "c"}, {"a": "b_c"}} {
+		if err := st.Report(t0, []quota.Usage{{Bucket: b, Elapsed: time.Minute, Allowed: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.Tick(context.Background(), t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	fams := scrape(t, reg)
+	check(t, fams, "sluice_rlqs_rule_buckets", map[string]string{"domain": "web", "rule": "a_b_c"}, 2)
+}
