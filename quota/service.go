@@ -533,25 +533,42 @@ func (s *Service) queue(now time.Time, b *sub, a Action) {
 // Run calls Tick every interval until ctx is done. With a Fleet, it first
 // calls Tick at once, so that the replica is known to the others before
 // its first interval ends.
+// A failed exchange is logged at most once per fleetLogInterval, with the
+// count of those not logged (all are in sluice_rlqs_fleet_errors_total): a
+// Redis outage must not log a line every interval.
 func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.Interval)
 	defer t.Stop()
-	if s.o.Fleet != nil {
-		if err := s.Tick(ctx, time.Now()); err != nil {
-			s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err)
+	var logged time.Time
+	var quiet int
+	tick := func(now time.Time) {
+		err := s.Tick(ctx, now)
+		if err == nil {
+			return
 		}
+		if !logged.IsZero() && now.Sub(logged) < fleetLogInterval {
+			quiet++
+			return
+		}
+		s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err, "failures_not_logged", quiet)
+		logged, quiet = now, 0
+	}
+	if s.o.Fleet != nil {
+		tick(time.Now())
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
-			if err := s.Tick(ctx, now); err != nil {
-				s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err)
-			}
+			tick(now)
 		}
 	}
 }
+
+// fleetLogInterval is the least time between two log lines of failed
+// fleet exchanges.
+const fleetLogInterval = time.Minute
 
 // How a group is divided, by what this replica knows of the fleet.
 const (
