@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -144,7 +143,6 @@ func xdsRefEnv(getenv func(string) string, set func(flag, value string)) (warnin
 	set("xds-server", server)
 	for ref, fl := range map[string]string{
 		"CONFIG_GRPC_XDS_NODE_ID":                   "xds-node-id",
-		"CONFIG_GRPC_XDS_NODE_METADATA":             "xds-node-metadata",
 		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "xds-headers",
 		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL":       "xds-backoff-initial",
 		"XDS_CLIENT_BACKOFF_MAX_INTERVAL":           "xds-backoff-max",
@@ -155,25 +153,29 @@ func xdsRefEnv(getenv func(string) string, set func(flag, value string)) (warnin
 			set(fl, v)
 		}
 	}
-	boolEnv := func(name string) (bool, error) {
-		v := getenv(name)
-		if v == "" {
-			return false, nil
+	// The reference skips a metadata entry without '=' (its own settings
+	// comment shows "key1:val1,key2=val2"); so does Sluice, with a warning.
+	if v := getenv("CONFIG_GRPC_XDS_NODE_METADATA"); v != "" {
+		var kept []string
+		for item := range strings.SplitSeq(v, ",") {
+			if strings.Contains(item, "=") {
+				kept = append(kept, item)
+			} else {
+				warnings = append(warnings, fmt.Sprintf("CONFIG_GRPC_XDS_NODE_METADATA: entry %q has no '=': skipped, as the reference skips it", item))
+			}
 		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return false, fmt.Errorf("%s=%q: want true or false", name, v)
+		if len(kept) > 0 {
+			set("xds-node-metadata", strings.Join(kept, ","))
 		}
-		return b, nil
 	}
 	if v := getenv("XDS_CLIENT_BACKOFF_JITTER"); v != "" {
-		if on, err := boolEnv("XDS_CLIENT_BACKOFF_JITTER"); err != nil {
+		if on, err := refBool(getenv, "XDS_CLIENT_BACKOFF_JITTER"); err != nil {
 			return nil, err
 		} else if !on {
 			set("xds-backoff-jitter", "0")
 		}
 	}
-	force, err := boolEnv("FORCE_START_WITHOUT_INITIAL_CONFIG")
+	force, err := refBool(getenv, "FORCE_START_WITHOUT_INITIAL_CONFIG")
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +183,7 @@ func xdsRefEnv(getenv func(string) string, set func(flag, value string)) (warnin
 		set("start-without-config", "true")
 	}
 	// The reference reads the TLS files only with USE_TLS=true.
-	useTLS, err := boolEnv("CONFIG_GRPC_XDS_SERVER_USE_TLS")
+	useTLS, err := refBool(getenv, "CONFIG_GRPC_XDS_SERVER_USE_TLS")
 	if err != nil {
 		return nil, err
 	}
