@@ -113,13 +113,14 @@ func refEnv(getenv func(string) string, set func(flag, value string)) (warnings 
 	bools := map[string]bool{}
 	for _, k := range []string{"USE_STATSD", "USE_PROMETHEUS", "USE_DOG_STATSD", "DISABLE_STATS",
 		"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "TRACING_ENABLED", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT"} {
-		if v := getenv(k); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return nil, fmt.Errorf("%s=%q: want true or false", k, v)
-			}
-			bools[k] = b
+		if getenv(k) == "" {
+			continue // unset: the map says so (USE_STATSD's default depends on it)
 		}
+		b, err := refBool(getenv, k)
+		if err != nil {
+			return nil, err
+		}
+		bools[k] = b
 	}
 	if bools["USE_DOG_STATSD"] {
 		return nil, errors.New("USE_DOG_STATSD=true is not supported: Sluice sends plain statsd (USE_STATSD=true) or serves the reference's Prometheus series (USE_PROMETHEUS=true)")
