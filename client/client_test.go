@@ -89,8 +89,9 @@ func TestClient_Check(t *testing.T) {
 	if r.Allowed || r.RetryAfter != 125*time.Millisecond || r.Statuses[0].RetryAfter != 125*time.Millisecond || r.Limit != 2 {
 		t.Fatalf("over the limit: %+v", r)
 	}
-	// Cost 0 checks without consuming; a cost above the burst never fits.
-	if r, err := c.Check(ctx, "api", d, 0); err != nil || !r.Allowed {
+	// Cost 0 checks, without consuming, whether one more would fit (not
+	// yet); a cost above the burst never fits.
+	if r, err := c.Check(ctx, "api", d, 0); err != nil || r.Allowed || r.RetryAfter != 125*time.Millisecond {
 		t.Fatalf("check only: %+v, %v", r, err)
 	}
 	clock.Add(time.Second)

@@ -21,7 +21,9 @@ const DefaultMaxValueBytes = 256
 //	domain|key=value|sw:10/60s
 //
 // The domain comes first, then one key=value part per descriptor entry, then
-// the algorithm with its window (fw:<seconds>s) or, for a token bucket, its
+// the algorithm with its window (fw:<seconds>s; fw64:<seconds>s for a limit
+// above store.MaxFixedWindowLimit, whose state takes two words, so a narrow
+// and a wide rule never share a state) or, for a token bucket, its
 // rate, period and burst (tb:<rate>/<seconds>s:<burst>), for a sliding
 // window its limit and window (sw:<limit>/<seconds>s), because a bucket's
 // or a sliding window's stored state is only meaningful for those
@@ -67,6 +69,9 @@ func keySuffix(r *Rule) string {
 			strconv.FormatUint(r.Limit.Burst(), 10)
 	case store.SlidingWindow:
 		return "|sw:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + secs + "s"
+	}
+	if r.Limit.Wide() {
+		return "|fw64:" + secs + "s"
 	}
 	return "|fw:" + secs + "s"
 }

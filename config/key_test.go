@@ -59,6 +59,24 @@ descriptors:
 	}
 }
 
+// A fixed window past 2^32-3 is wide: its state takes two words, under a
+// key of its own.
+func TestKey_WideFixedWindow(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: api
+descriptors:
+  - key: narrow
+    rate_limit: {unit: minute, requests_per_unit: 4294967293}
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 4294967294}
+`)
+	for _, c := range []struct{ entry, want string }{{"narrow=a", "api|narrow=a|fw:60s"}, {"wide=a", "api|wide=a|fw64:60s"}} {
+		if _, key := tbl.Match("api", entries(c.entry), nil); string(key) != c.want {
+			t.Errorf("key of %s = %q, want %q", c.entry, key, c.want)
+		}
+	}
+}
+
 // Overrides hash long values at the table's limit, like rule keys.
 func TestOverrideKey_MaxValueBytes(t *testing.T) {
 	tbl, err := compile([]source{{name: "a.yaml", data: []byte("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")}}, Options{MaxValueBytes: 8}, nil)

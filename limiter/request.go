@@ -49,9 +49,44 @@ type Descriptor struct {
 	// descriptor; zero checks without consuming.
 	Cost    uint64
 	HasCost bool
+	// Kind says how the cost counts: the request's own hits (the zero
+	// value), a charge or a refund.
+	Kind Kind
 	// Override, when set (Unit != 0), replaces the matched rule by a
 	// fixed window of RequestsPerUnit per Unit.
 	Override Override
+}
+
+// Kind says how a descriptor's cost counts.
+type Kind uint8
+
+const (
+	// Hits are the request's own: consumed only if the whole request is
+	// allowed (all or nothing; --denied-hits saturate consumes what is
+	// left of a denied one). A cost of 0 checks whether one more unit
+	// would fit.
+	Hits Kind = iota
+	// Charge is usage that already happened (Envoy's per-descriptor
+	// hits_addend: Envoy Gateway's cost, apply_on_stream_done): recorded
+	// whole, past the limit too and whatever the request's outcome. It
+	// reports over the limit, and denies the request, when it did not
+	// fit.
+	Charge
+	// Refund gives usage back (Envoy's is_negative_hits): never below
+	// empty, never above the limit's capacity, whatever the request's
+	// outcome. It is never over the limit.
+	Refund
+)
+
+// String returns "hits", "charge" or "refund".
+func (k Kind) String() string {
+	switch k {
+	case Charge:
+		return "charge"
+	case Refund:
+		return "refund"
+	}
+	return "hits"
 }
 
 // Override is a limit carried by the request itself (Envoy's
@@ -122,6 +157,8 @@ type Status struct {
 	// nothing applied. Per-rule metrics count it, as the reference's
 	// stats add hits_addend.
 	Hits uint64
+	// Kind is how Hits counted: the request's own, a charge or a refund.
+	Kind Kind
 	// Decision is the store's answer. For a rule in shadow mode it keeps
 	// Allowed=false when the rule was exceeded although Code is OK.
 	Decision store.Decision
