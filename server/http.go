@@ -93,7 +93,7 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	writeProto(w, code, marshalRLS, h.rls.response(&c.req, &c.resp))
 }
 
-// checkQuery is GET /v1/check?domain=D&key=K&value=V[&cost=N].
+// checkQuery is GET /v1/check?domain=D&key=K&value=V[&cost=N][&kind=K].
 func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	in := &sluicev1.CheckRequest{Domain: q.Get("domain"), Key: q.Get("key"), Value: q.Get("value")}
@@ -104,6 +104,16 @@ func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		in.Cost = &n
+	}
+	switch q.Get("kind") {
+	case "", "hits":
+	case "charge":
+		in.Kind = sluicev1.CostKind_COST_KIND_CHARGE
+	case "refund":
+		in.Kind = sluicev1.CostKind_COST_KIND_REFUND
+	default:
+		writeError(w, &limiter.InvalidError{Reason: "kind must be hits, charge or refund"})
+		return
 	}
 	if in.Key == "" {
 		writeError(w, &limiter.InvalidError{Reason: "key is required"})

@@ -102,12 +102,36 @@ func TestHTTP_Check(t *testing.T) {
 	if r.code != 429 || r.header.Get("Retry-After") != "" {
 		t.Errorf("never: %d Retry-After %q, want 429 without it", r.code, r.header.Get("Retry-After"))
 	}
-	for _, q := range []string{"?domain=e2e", "?key=a&value=b", "?domain=e2e&key=a&cost=-1", "?domain=e2e&key=a&cost=x"} {
+	for _, q := range []string{"?domain=e2e", "?key=a&value=b", "?domain=e2e&key=a&cost=-1", "?domain=e2e&key=a&cost=x", "?domain=e2e&key=a&kind=debit"} {
 		if r = e.do(t, "GET", "/v1/check"+q, ""); r.code != 400 || r.body["error"] == nil {
 			t.Errorf("GET /v1/check%s: %d %v, want 400 with an error", q, r.code, r.body)
 		}
 	}
 	if r = e.do(t, "POST", "/v1/check", `[]`); r.code != 400 {
 		t.Errorf("POST bad JSON: %d, want 400", r.code)
+	}
+}
+
+// TestHTTP_ChargeAndRefund: /v1/check says a cost's kind with kind=charge
+// or kind=refund (GET) or "kind" (POST): a charge past the limit is
+// recorded whole, a refund gives usage back.
+func TestHTTP_ChargeAndRefund(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{})
+	for i, c := range []struct {
+		method, q, body string
+		code            int
+		remaining       string
+	}{
+		{"GET", "domain=e2e&key=path&value=/c&cost=7&kind=charge", "", 429, "0"},
+		{"GET", "domain=e2e&key=path&value=/c&cost=0", "", 429, "0"},
+		{"GET", "domain=e2e&key=path&value=/c&cost=4&kind=refund", "", 200, "2"},
+		{"POST", "", `{"domain":"e2e","key":"path","value":"/c","cost":2,"kind":"COST_KIND_CHARGE"}`, 200, "0"},
+		{"POST", "", `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"/c"}],"kind":"COST_KIND_REFUND"}],"cost":1}`, 200, "1"},
+		{"GET", "domain=e2e&key=path&value=/c&kind=hits", "", 200, "0"},
+	} {
+		r := e.do(t, c.method, "/v1/check?"+c.q, c.body)
+		if r.code != c.code || r.body["remaining"] != c.remaining {
+			t.Errorf("step %d %s %s%s: %d %v, want %d remaining %s", i, c.method, c.q, c.body, r.code, r.body, c.code, c.remaining)
+		}
 	}
 }

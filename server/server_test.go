@@ -248,11 +248,14 @@ func TestShouldRateLimit(t *testing.T) {
 		{name: "replaces", in: req(0, d("small", "r"), d("big", "r")), want: overall(ok, noRule, st(ok, "", 100, minute, 99, time.Minute))},
 		{name: "replaced rule not counted", in: req(0, d("small", "r")), want: overall(ok, st(ok, "small_rule", 1, minute, 0, time.Minute))},
 		{name: "request hits_addend", in: req(3, d("path", "/a")), want: overall(ok, st(ok, "", 5, minute, 2, time.Minute))},
-		{name: "descriptor hits_addend wins", in: req(3, hits(d("path", "/a"), 1)), want: overall(ok, st(ok, "", 5, minute, 1, time.Minute))},
+		{name: "descriptor hits_addend wins (a charge)", in: req(3, hits(d("path", "/a"), 1)), want: overall(ok, st(ok, "", 5, minute, 1, time.Minute))},
 		{name: "descriptor hits_addend 0 checks", in: req(0, hits(d("path", "/a"), 0)), want: overall(ok, st(ok, "", 5, minute, 1, time.Minute))},
-		{name: "all-or-nothing", in: req(0, d("path", "/b"), hits(d("path", "/a"), 2)),
+		{name: "all-or-nothing: a charge that does not fit denies", in: req(0, d("path", "/b"), hits(d("path", "/a"), 2)),
 			want: overall(over, st(ok, "", 5, minute, 5, time.Minute), st(over, "", 5, minute, 0, time.Minute))},
 		{name: "nothing consumed", in: req(0, hits(d("path", "/b"), 0)), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
+		{name: "the charge was recorded whole: a check is over", in: req(0, hits(d("path", "/a"), 0)), want: overall(over, st(over, "", 5, minute, 0, time.Minute))},
+		{name: "is_negative_hits gives 3 of the 6 back", in: req(0, negative(hits(d("path", "/a"), 3))), want: overall(ok, st(ok, "", 5, minute, 2, time.Minute))},
+		{name: "a check fits again", in: req(0, hits(d("path", "/a"), 0)), want: overall(ok, st(ok, "", 5, minute, 2, time.Minute))},
 		{name: "override", in: req(0, override(d("shadow", "o"), 1, typepb.RateLimitUnit_HOUR)), want: overall(ok, st(ok, "", 1, hour, 0, time.Hour))},
 		{name: "override, no shadow", in: req(0, override(d("shadow", "o"), 1, typepb.RateLimitUnit_HOUR)), want: overall(over, st(over, "", 1, hour, 0, time.Hour))},
 		{name: "override without a rule", in: req(0, override(d("nothing", "o"), 7, typepb.RateLimitUnit_DAY)),
@@ -261,7 +264,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: overall(ok, withMultiplier(st(ok, "", 2, minute, 1, 5*time.Minute), 5))},
 		{name: "override with a multiplier counts apart", in: req(0, override(d("nothing", "m"), 2, typepb.RateLimitUnit_MINUTE)),
 			want: overall(ok, st(ok, "", 2, minute, 1, time.Minute))},
-		{name: "negative hits only check", in: req(0, negative(hits(d("path", "/neg"), 3))), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
+		{name: "is_negative_hits never goes below empty", in: req(0, negative(hits(d("path", "/neg"), 3))), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
 		{name: "token bucket", in: req(15, d("tokens", "t")), want: overall(ok, st(ok, "", 10, second, 5, 2*time.Second))},
 		{name: "token bucket refills", advance: time.Second, in: req(0, hits(d("tokens", "t"), 0)), want: overall(ok, st(ok, "", 10, second, 15, time.Second))},
 		{name: "window resets", advance: 59 * time.Second, in: req(0, d("remote_address", "10.0.0.1")), want: overall(ok, st(ok, "per_ip", 2, minute, 1, time.Minute))},
@@ -433,6 +436,43 @@ func TestCheck(t *testing.T) {
 	_, err = e.api.Check(ctx(t), &sluicev1.CheckRequest{Domain: "e2e", Key: "k", Descriptors: []*sluicev1.Descriptor{{}}})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("key and descriptors: %v, want InvalidArgument", err)
+	}
+	_, err = e.api.Check(ctx(t), &sluicev1.CheckRequest{Domain: "e2e", Key: "k", Kind: 7})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("an unknown cost kind: %v, want InvalidArgument", err)
+	}
+}
+
+// TestCheck_ChargeAndRefund: Sluice's own API says a cost's kind in
+// CheckRequest.kind (every descriptor) or Descriptor.kind (one).
+func TestCheck_ChargeAndRefund(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{})
+	cost := func(n uint64) *uint64 { return &n }
+	kind := func(k sluicev1.CostKind) *sluicev1.CostKind { return &k }
+	path := func(v string) []*sluicev1.Entry { return []*sluicev1.Entry{{Key: "path", Value: v}} }
+	for i, c := range []struct {
+		in        *sluicev1.CheckRequest
+		allowed   bool
+		remaining []uint64
+	}{
+		{&sluicev1.CheckRequest{Domain: "e2e", Key: "path", Value: "/u", Cost: cost(8), Kind: sluicev1.CostKind_COST_KIND_CHARGE}, false, []uint64{0}},
+		{&sluicev1.CheckRequest{Domain: "e2e", Descriptors: []*sluicev1.Descriptor{
+			{Entries: path("/u"), Cost: cost(0)}, {Entries: path("/v"), Cost: cost(2)}}}, false, []uint64{0, 5}},
+		{&sluicev1.CheckRequest{Domain: "e2e", Cost: cost(5), Kind: sluicev1.CostKind_COST_KIND_REFUND, Descriptors: []*sluicev1.Descriptor{
+			{Entries: path("/u")}, {Entries: path("/v"), Cost: cost(2), Kind: kind(sluicev1.CostKind_COST_KIND_UNSPECIFIED)}}}, true, []uint64{2, 3}},
+	} {
+		got, err := e.api.Check(ctx(t), c.in)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got.Allowed != c.allowed {
+			t.Errorf("step %d: allowed %v, want %v", i, got.Allowed, c.allowed)
+		}
+		for j, want := range c.remaining {
+			if r := got.Results[j].Remaining; r != want {
+				t.Errorf("step %d descriptor %d: remaining %d, want %d", i, j, r, want)
+			}
+		}
 	}
 }
 
