@@ -78,10 +78,11 @@ func keySuffix(r *Rule) string {
 
 // OverrideKey appends the counter key for a descriptor's limit override:
 // the domain, the request's entries as sent and the override's unit, as a
-// fixed window. It is the key a rule matching the same entries exactly with
-// the same unit uses, as in envoyproxy/ratelimit. Parts longer than the
-// table's MaxValueBytes are hashed, as in rule keys.
-func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Unit) []byte {
+// fixed window (wide when its limit exceeds store.MaxFixedWindowLimit). It
+// is the key a rule matching the same entries exactly with the same unit
+// uses, as in envoyproxy/ratelimit. Parts longer than the table's
+// MaxValueBytes are hashed, as in rule keys.
+func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Unit, wide bool) []byte {
 	dst = appendPart(dst, domain, t.max)
 	for _, e := range entries {
 		dst = append(dst, '|')
@@ -89,7 +90,11 @@ func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Uni
 		dst = append(dst, '=')
 		dst = appendPart(dst, e.Value, t.max)
 	}
-	dst = append(dst, "|fw:"...)
+	if wide {
+		dst = append(dst, "|fw64:"...)
+	} else {
+		dst = append(dst, "|fw:"...)
+	}
 	dst = strconv.AppendInt(dst, int64(unit.Duration()/time.Second), 10)
 	return append(dst, 's')
 }

@@ -37,7 +37,7 @@ func TestUnit(t *testing.T) {
 }
 
 func TestOverrideKey(t *testing.T) {
-	got := string((&Table{max: DefaultMaxValueBytes}).OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute))
+	got := string((&Table{max: DefaultMaxValueBytes}).OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute, false))
 	if want := "x:api|user=bob|path=/a%7Cb|fw:60s"; got != want {
 		t.Errorf("OverrideKey = %q, want %q", got, want)
 	}
@@ -51,7 +51,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
 	_, key := tbl.Match("api", entries("user=bob"), nil)
-	if ov := tbl.OverrideKey(nil, "api", entries("user=bob"), Minute); string(ov) != string(key) {
+	if ov := tbl.OverrideKey(nil, "api", entries("user=bob"), Minute, false); string(ov) != string(key) {
 		t.Errorf("OverrideKey %q differs from the rule's key %q", ov, key)
 	}
 	if p := tbl.KeyPrefix("api"); !strings.HasPrefix(string(key), p) || p != "api|" {
@@ -85,7 +85,7 @@ func TestOverrideKey_MaxValueBytes(t *testing.T) {
 	}
 	long := entries("user=" + strings.Repeat("x", 9))
 	_, key := tbl.Match("api", long, nil)
-	if ov := tbl.OverrideKey(nil, "api", long, Minute); string(ov) != string(key) || strings.Contains(string(ov), "xxxxxxxxx") {
+	if ov := tbl.OverrideKey(nil, "api", long, Minute, false); string(ov) != string(key) || strings.Contains(string(ov), "xxxxxxxxx") {
 		t.Errorf("override key %q, rule key %q: want the same, hashed", ov, key)
 	}
 }

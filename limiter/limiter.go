@@ -298,7 +298,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			}
 			p.override = true
 			start := len(s.keys)
-			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit)
+			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit, r.Wide())
 			if m := d.Override.UnitMultiplier; m > 1 {
 				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
 			}
@@ -631,7 +631,7 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 		case p.override:
 			d := req.Descriptors[i].Override
 			st.Limited = true
-			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = d.RequestsPerUnit, d.Unit, d.UnitMultiplier
+			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = uint64(d.RequestsPerUnit), d.Unit, d.UnitMultiplier
 			st.Decision, st.Hits = s.out[s.lims[p.first].hit], p.cost
 		case p.rule == nil:
 			continue
@@ -732,7 +732,7 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 		st.Limited, st.Hits = true, p.cost
 		if p.override {
 			o := req.Descriptors[i].Override
-			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier
+			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = uint64(o.RequestsPerUnit), o.Unit, o.UnitMultiplier
 		} else {
 			st.Rule = lp.rule
 			st.Name, st.RequestsPerUnit, st.Unit, st.UnitMultiplier = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit, lp.rule.UnitMultiplier
@@ -749,13 +749,12 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 }
 
 // overrideRule returns the fixed-window rule of an override, compiled once
-// per override while the cache has room. A limit above what a fixed
-// window holds is clamped to it.
+// per override while the cache has room.
 func (l *Limiter) overrideRule(o Override) (*store.Rule, error) {
 	if r, ok := l.overrides.Load(o); ok {
 		return r, nil
 	}
-	r, err := store.NewFixedWindow(min(uint64(o.RequestsPerUnit), store.MaxFixedWindowLimit), o.window())
+	r, err := store.NewFixedWindow(uint64(o.RequestsPerUnit), o.window())
 	if err != nil {
 		return nil, err
 	}

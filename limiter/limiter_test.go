@@ -152,7 +152,7 @@ type want struct {
 	code      limiter.Code
 	limited   bool
 	name      string
-	rpu       uint32
+	rpu       uint64
 	remaining uint32
 	reset     time.Duration
 }

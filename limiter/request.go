@@ -144,9 +144,10 @@ type Status struct {
 	// Unlimited reports a rule with `unlimited: true`.
 	Unlimited bool
 	// Name, RequestsPerUnit and Unit describe the limit in Envoy's terms:
-	// for a token bucket RequestsPerUnit is the refill per Unit.
+	// for a token bucket RequestsPerUnit is the refill per Unit. It is
+	// exact (up to 2^53); Envoy's field holds at most 4294967295.
 	Name            string
-	RequestsPerUnit uint32
+	RequestsPerUnit uint64
 	Unit            config.Unit
 	// UnitMultiplier is the override's or the rule's (rate_limit's
 	// unit_multiplier): the window is that many Units; 0 or 1 means one.
@@ -165,19 +166,31 @@ type Status struct {
 }
 
 // Remaining is Envoy's limit_remaining: requests or whole tokens left,
-// saturated to uint32; 0 when the descriptor's hit was denied (shadow mode
-// included) or had no limit, as in envoyproxy/ratelimit; 4294967295 for
-// an unlimited rule. Decision.Remaining keeps what is really left.
+// saturated to uint32 (4294967295 for more); 0 when the descriptor's hit
+// was denied (shadow mode included) or had no limit, as in
+// envoyproxy/ratelimit; 4294967295 for an unlimited rule. ExactRemaining
+// is the same, not saturated.
 func (s *Status) Remaining() uint32 {
+	return uint32(min(s.ExactRemaining(), math.MaxUint32))
+}
+
+// ExactRemaining is Remaining up to 2^53: requests or whole tokens left,
+// 0 when denied or without a limit, 4294967295 for an unlimited rule.
+// Decision.Remaining keeps what is left even when denied.
+func (s *Status) ExactRemaining() uint64 {
 	switch {
 	case s.Unlimited:
 		return math.MaxUint32
 	case !s.Decision.Allowed:
 		return 0
-	case s.Decision.Remaining > math.MaxUint32:
-		return math.MaxUint32
 	}
-	return uint32(s.Decision.Remaining)
+	return s.Decision.Remaining
+}
+
+// EnvoyRequestsPerUnit is RequestsPerUnit as Envoy's uint32
+// current_limit.requests_per_unit holds it: 4294967295 for more.
+func (s *Status) EnvoyRequestsPerUnit() uint32 {
+	return uint32(min(s.RequestsPerUnit, math.MaxUint32))
 }
 
 // ResetAfter is Envoy's duration_until_reset: the time until the window

@@ -79,6 +79,8 @@ descriptors:
   - key: quota
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1, name: quota_rule}
+  - key: budget
+    rate_limit: {unit: day, requests_per_unit: 10000000000, name: budget}
 `
 
 // t0 is a minute boundary: a minute window resets 60 s after it.
@@ -533,5 +535,56 @@ func TestNewGRPC_StreamWorkers(t *testing.T) {
 	// (A margin for goroutines of earlier tests still exiting.)
 	if n := runtime.NumGoroutine() - before; n < 450 {
 		t.Errorf("%d goroutines more after NewGRPC, want the 500 workers", n)
+	}
+}
+
+// TestBigLimits: a budget of 10^10 charged in steps of 3×10^9 is counted
+// exactly; Envoy's statuses report min(value, 4294967295) in their uint32
+// fields, Sluice's own API and HTTP the exact values.
+func TestBigLimits(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{ResponseHeaders: true})
+	const u32 = math.MaxUint32
+	day := rlspb.RateLimitResponse_RateLimit_DAY
+	for i, want := range []*resp{
+		overall(ok, st(ok, "budget", u32, day, u32, 24*time.Hour)),         // 7×10^9 left
+		overall(ok, st(ok, "budget", u32, day, 4e9, 24*time.Hour)),         // 4×10^9 left
+		overall(ok, st(ok, "budget", u32, day, 1e9, 24*time.Hour)),         // 10^9 left
+		overall(over, st(over, "budget", u32, day, 0, 24*time.Hour)),       // 1.2×10^10 counted
+		overall(over, st(over, "budget", u32, day, 0, 24*time.Hour)),       // a check
+		overall(ok, st(ok, "budget", u32, day, 500_000_000, 24*time.Hour)), // 2.5×10^9 refunded
+	} {
+		in := req(0, hits(d("budget", "tenant"), 3e9))
+		switch i {
+		case 4:
+			in = req(0, hits(d("budget", "tenant"), 0))
+		case 5:
+			in = req(0, negative(hits(d("budget", "tenant"), 25e8)))
+		}
+		got, err := e.rls.ShouldRateLimit(ctx(t), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.ResponseHeadersToAdd = nil
+		if !proto.Equal(got, want) {
+			t.Errorf("step %d:\n got %s\nwant %s", i, protojson.Format(got), protojson.Format(want))
+		}
+	}
+	cost := uint64(0)
+	api, err := e.api.Check(ctx(t), &sluicev1.CheckRequest{Domain: "e2e", Key: "budget", Value: "tenant", Cost: &cost})
+	if err != nil || api.Limit != 1e10 || api.Remaining != 5e8 || api.Results[0].Limit != 1e10 || api.Results[0].Remaining != 5e8 {
+		t.Errorf("sluice.v1: %v %v, want limit 10^10 and 5×10^8 left", api, err)
+	}
+	r := e.do(t, "GET", "/v1/check?domain=e2e&key=budget&value=tenant&cost=0", "")
+	if r.body["limit"] != "10000000000" || r.body["remaining"] != "500000000" || r.header.Get("RateLimit-Limit") != "10000000000" {
+		t.Errorf("/v1/check: %v %v, want exact values", r.body, r.header)
+	}
+	got, err := e.rls.ShouldRateLimit(ctx(t), req(0, hits(d("budget", "tenant"), 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range got.ResponseHeadersToAdd {
+		if h.Key == "RateLimit-Limit" && h.Value != "10000000000" || h.Key == "RateLimit-Remaining" && h.Value != "500000000" {
+			t.Errorf("response header %s: %s, want the exact value", h.Key, h.Value)
+		}
 	}
 }
