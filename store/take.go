@@ -76,20 +76,7 @@ func Rollback(s, after State, r *Rule, now int64, cost uint64) State {
 // does not fit, it consumes what is left (up to cost) and reports the
 // denial as seen from the drained state.
 func Saturate(s State, r *Rule, now int64, cost uint64) (State, Decision) {
-	n, d := Take(s, r, now, cost)
-	if d.Allowed {
-		return n, d
-	}
-	switch r.alg {
-	case TokenBucket:
-		n = saturateTokens(s, r, now, cost)
-	case SlidingWindow:
-		n = saturateSliding(s, r, now, cost)
-	default:
-		n = saturateWindow(s, r, now, cost)
-	}
-	_, d = Take(n, r, now, cost)
-	return n, d
+	return pastLimit(s, r, now, cost, ModeSaturate)
 }
 
 // Charge records cost, usage that already happened, whole: as Take when
@@ -98,24 +85,35 @@ func Saturate(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 // (repaid by refills before anything else is granted), bounded (see
 // docs/STORE.md). A charge that does not fit is reported denied, with
 // what a check of the charged state reports: no remaining, and the time
-// until one unit fits again. A rule with a limit of 0 records nothing.
+// until one unit fits again (a state charged past its limit fits no
+// unit). A rule with a limit of 0 records nothing.
 func Charge(s State, r *Rule, now int64, cost uint64) (State, Decision) {
+	return pastLimit(s, r, now, cost, ModeCharge)
+}
+
+// pastLimit is Take for a saturating hit or a charge: a hit that does not
+// fit moves the state by the algorithm's saturate or charge, and reports
+// what a take of cost (saturate) or a check (charge) of the result gets.
+func pastLimit(s State, r *Rule, now int64, cost uint64, m Mode) (State, Decision) {
 	n, d := Take(s, r, now, cost)
 	if d.Allowed {
 		return n, d
 	}
-	switch r.alg {
-	case TokenBucket:
-		n = chargeTokens(s, r, now, cost)
-	case SlidingWindow:
-		n = chargeSliding(s, r, now, cost)
-	default:
-		n = chargeWindow(s, r, now, cost)
+	move, check := beyond[r.alg][0], cost
+	if m == ModeCharge {
+		move, check = beyond[r.alg][1], 0
 	}
-	// A state charged past its limit (or a limit of 0) fits no unit: the
-	// check is denied.
-	_, d = Take(n, r, now, 0)
+	n = move(s, r, now, cost)
+	_, d = Take(n, r, now, check)
 	return n, d
+}
+
+// beyond holds each algorithm's moves for a hit that does not fit:
+// saturate, then charge.
+var beyond = [...][2]func(State, *Rule, int64, uint64) State{
+	FixedWindow:   {saturateWindow, chargeWindow},
+	TokenBucket:   {saturateTokens, chargeTokens},
+	SlidingWindow: {saturateSliding, chargeSliding},
 }
 
 // Refund gives cost back at now: a fixed window's count in the window

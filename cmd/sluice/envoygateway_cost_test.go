@@ -1,12 +1,9 @@
 package main
 
 import (
-	"crypto/tls"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,8 +19,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/sluicehq/sluice/config/xds/xdstest"
-	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -84,18 +79,9 @@ func TestBinary_EnvoyGatewayCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Redis, an xDS server and four sluice processes")
 	}
-	dir := t.TempDir()
-	ca := testcert.NewCA(t)
-	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ca.Peer(t).WriteFiles(t, filepath.Join(dir, "certs"), "tls")
-	ca.WriteFile(t, filepath.Join(dir, "certs"))
-	xs := xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{ca.Peer(t).TLS(t)},
-		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	dir, xs, clientTLS := egControlPlane(t)
 	rdb := redistest.Start(t)
 	bin := sluiceBinary(t)
-	clientTLS := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Peer(t).TLS(t)}, MinVersion: tls.VersionTLS12}
 
 	// Envoy Gateway's default Deployment, with the test's addresses.
 	env := func(redis bool) []string {

@@ -212,7 +212,11 @@ func (s *Store) apply(h *store.Hit, now int64) (sl slot, before, after store.Sta
 				break
 			}
 			before = store.State{Word: w}
-			after, d = store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+			if h.Mode == store.ModeTake {
+				after, d = store.Take(before, h.Rule, now, h.Cost) // (one call less: the hot path)
+			} else {
+				after, d = store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+			}
 			if after.Word == w || c.state.CompareAndSwap(w, after.Word) {
 				return slot{c: c}, before, after, d
 			}

@@ -494,13 +494,20 @@ func rule(t testing.TB, alg store.Algorithm, budget int) *store.Rule {
 // All callers take from one key at one instant: exactly the budget is
 // granted.
 func testConcurrentOneKey(t *testing.T, x *tester, alg store.Algorithm, o Options) {
-	r := rule(t, alg, o.Budget)
+	if g := grantedAtOnce(t, x, rule(t, alg, o.Budget), 1, o); g != int64(o.Budget) {
+		t.Fatalf("granted %d of %d takes, want exactly the budget %d", g, o.Goroutines*o.Takes, o.Budget)
+	}
+}
+
+// grantedAtOnce has o.Goroutines callers take cost o.Takes times each
+// from one key of r at one instant, and returns how many were granted.
+func grantedAtOnce(t *testing.T, x *tester, r *store.Rule, cost uint64, o Options) int64 {
 	var granted atomic.Int64
 	var wg sync.WaitGroup
 	for range o.Goroutines {
 		wg.Go(func() {
 			ctx := context.Background()
-			hits := []store.Hit{x.hit("one", r, 1)}
+			hits := []store.Hit{x.hit("one", r, cost)}
 			out := make([]store.Decision, 1)
 			for range o.Takes {
 				if err := x.st.Take(ctx, T0, hits, out); err != nil {
@@ -514,9 +521,7 @@ func testConcurrentOneKey(t *testing.T, x *tester, alg store.Algorithm, o Option
 		})
 	}
 	wg.Wait()
-	if g := granted.Load(); g != int64(o.Budget) {
-		t.Fatalf("granted %d of %d takes, want exactly the budget %d", g, o.Goroutines*o.Takes, o.Budget)
-	}
+	return granted.Load()
 }
 
 // Callers take batches over overlapping keys: each key is granted at most
@@ -763,27 +768,7 @@ func testConcurrentCharges(t *testing.T, x *tester, alg store.Algorithm, o Optio
 // of 2^23: exactly the budget is granted, counted past 32 bits.
 func testConcurrentWide(t *testing.T, x *tester, o Options) {
 	const cost = 1 << 23
-	r := Window(t, uint64(o.Budget)*cost, 24*time.Hour)
-	var granted atomic.Int64
-	var wg sync.WaitGroup
-	for range o.Goroutines {
-		wg.Go(func() {
-			ctx := context.Background()
-			hits := []store.Hit{x.hit("one", r, cost)}
-			out := make([]store.Decision, 1)
-			for range o.Takes {
-				if err := x.st.Take(ctx, T0, hits, out); err != nil {
-					t.Error(err)
-					return
-				}
-				if out[0].Allowed {
-					granted.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if g := granted.Load(); g != int64(o.Budget) {
+	if g := grantedAtOnce(t, x, Window(t, uint64(o.Budget)*cost, 24*time.Hour), cost, o); g != int64(o.Budget) {
 		t.Fatalf("granted %d takes of 2^23 of a limit of %d × 2^23, want exactly %d", g, o.Budget, o.Budget)
 	}
 }
