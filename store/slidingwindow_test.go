@@ -2,6 +2,7 @@ package store
 
 import (
 	"math"
+	"math/bits"
 	"testing"
 	"time"
 )
@@ -211,7 +212,12 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 		k := (m.debt + r.limit - 1) / r.limit
 		last := m.debt - (k-1)*r.limit
 		b0 := m.debtAt + k*(r.g+1)
-		at := func(i uint64) time.Duration { return time.Duration(i*w - t) }
+		at := func(i uint64) time.Duration {
+			if hi, lo := bits.Mul64(i, w); hi == 0 && lo-t < uint64(Never) {
+				return time.Duration(lo - t)
+			}
+			return Never // (a debt repaid in more than 292 years)
+		}
 		switch {
 		case need > r.limit:
 			d.RetryAfter = Never
