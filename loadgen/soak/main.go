@@ -205,18 +205,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	can := newCanaries(s.canaryLimit)
 	wg.Go(func() { can.run(runCtx, insts, s.canaryRate, &down) })
 	wg.Go(func() {
-		// Canary requests pause from a second before the kill until the
-		// new process answers, and then use new keys, so that no canary
-		// budget spans a restart (Redis forgets its counters). The grace
-		// is for the breakers to close (their probe runs every 100 ms
-		// while open).
-		plan := harness.RestartPlan{Every: s.restartEvery, Down: 2 * time.Second, Grace: 2 * time.Second,
-			Before: func() {
-				can.pause()
-				time.Sleep(1100 * time.Millisecond) // canaries under way end (1 s timeout)
-			},
-			After: can.nextEpoch}
-		if err := rd.RestartEvery(runCtx, plan, &down); err != nil {
+		if err := rd.RestartEvery(runCtx, restartPlan(s.restartEvery, can), &down); err != nil {
 			fmt.Fprintln(os.Stderr, "soak:", err)
 		}
 	})
@@ -303,6 +292,20 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		return false, chunkErr
 	}
 	return summarise(out, s, insts, total, can, &down, rd.Restarts()), w.Error()
+}
+
+// restartPlan kills Redis every period for 2 s. Canary requests pause
+// from a second before the kill until the new process answers, and then
+// use new keys, so that no canary budget spans a restart (Redis forgets
+// its counters). The outage lasts 2 s more, for the breakers to close
+// (their probe runs every 100 ms while open).
+func restartPlan(period time.Duration, can *canaries) harness.RestartPlan {
+	return harness.RestartPlan{Every: period, Down: 2 * time.Second, Grace: 2 * time.Second,
+		Before: func() {
+			can.pause()
+			time.Sleep(1100 * time.Millisecond) // canaries under way end (1 s timeout)
+		},
+		After: can.nextEpoch}
 }
 
 func u(v uint64) string { return strconv.FormatUint(v, 10) }
