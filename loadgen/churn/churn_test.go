@@ -193,7 +193,7 @@ func TestLeastSquares(t *testing.T) {
 func testRecord(series func(rep int, min float64) float64) (settings, *record) {
 	s := settings{duration: 10 * time.Minute, replicas: 2}
 	start := time.Unix(1_800_000_000, 0)
-	rec := &record{start: start, down: &harness.Outages{}, rls: map[int64]*rlsSecond{}, xds: xdsState{Pushed: 600, ACKs: 1200, Streams: 2}}
+	rec := &record{start: start, down: &harness.Outages{}, rls: map[int64]*rlsSecond{}, lag: map[int64]time.Duration{}, xds: xdsState{Pushed: 600, ACKs: 1200, Streams: 2}}
 	rec.down.Begin(start.Add(4 * time.Minute))
 	rec.down.End(start.Add(4*time.Minute + 10*time.Second))
 	for at := 30 * time.Second; at <= s.duration; at += 30 * time.Second {
@@ -207,7 +207,7 @@ func testRecord(series func(rep int, min float64) float64) (settings, *record) {
 		rec.rls[start.Unix()+sec] = &rlsSecond{Offered: []int{200, 40}, Granted: []int{100, 20}, Ambiguous: []int{0, 0}}
 	}
 	for sec := range 600 {
-		rec.fleet = append(rec.fleet, loadgen.Second{T: sec + 1, Start: start.Add(time.Duration(sec) * time.Second), Admitted: 98, Limit: rlqsLimit})
+		rec.fleet = append(rec.fleet, loadgen.Second{T: sec + 1, Start: start.Add(time.Duration(sec) * time.Second), Offered: 200, Admitted: 98, Limit: rlqsLimit})
 	}
 	return s, rec
 }
@@ -252,15 +252,17 @@ func TestAnalyse_Growth(t *testing.T) {
 func TestAnalyse_Limits(t *testing.T) {
 	s, rec := testRecord(func(int, float64) float64 { return 1000 })
 	start := rec.start.Unix()
-	rec.rls[start+245].Granted[0] = 150 // in the outage (4:00–4:10)
-	rec.rls[start+300].Ambiguous[1] = 5 // 20 known + 5 either window
-	rec.fleet[242].Admitted = 300       // in the outage
+	rec.rls[start+245].Granted[0] = 150                        // in the outage (4:00–4:10)
+	rec.rls[start+300].Ambiguous[1] = 5                        // 20 known + 5 either window
+	rec.fleet[242].Admitted = 300                              // in the outage
+	rec.fleet[400].Offered, rec.fleet[400].Admitted = 359, 190 // the simulator caught up a late step
 	if r := analyse(s, rec); !r.pass() {
 		t.Fatalf("fails: %q", failed(r))
 	}
 	rec.rls[start+100].Granted[0] = 101
 	rec.fleet[100].Admitted = 111
 	rec.rls[start+200].ErrUp = 1
+	rec.lag[start+202] = time.Second // the soak ran late: counted all the same
 	rec.samples[len(rec.samples)-1].FleetErrors = 2
 	got := failed(analyse(s, rec))
 	want := []string{"RLS errors while Redis up", "RLQS fleet exchange errors while Redis up", "RLS admitted ≤ limit, every window route a", "RLQS fleet admitted"}
@@ -271,6 +273,9 @@ func TestAnalyse_Limits(t *testing.T) {
 		if !strings.HasPrefix(got[i], w) {
 			t.Errorf("failed check %d: %q, want %q…", i, got[i], w)
 		}
+	}
+	if !strings.Contains(got[0], "1 of them sent while the soak itself ran late") {
+		t.Errorf("the RLS errors do not say the soak ran late: %q", got[0])
 	}
 }
 

@@ -129,6 +129,7 @@ type trafficMinute struct {
 	rlqsLo, rlqsHi    float64 // admitted/limit of the judged fleet seconds
 	rlqsSum           float64
 	rlqsN, redisDownS int
+	lag               time.Duration // the soak's own, the most
 }
 
 func (r *report) trafficMinutes() []trafficMinute {
@@ -144,6 +145,7 @@ func (r *report) trafficMinutes() []trafficMinute {
 		}
 		tm := &ms[m]
 		tm.seconds++
+		tm.lag = max(tm.lag, r.rec.lag[sec])
 		tm.errUp, tm.errDown = tm.errUp+s.ErrUp, tm.errDown+s.ErrDown
 		judged := r.judgedSecond(t)
 		if judged {
@@ -160,7 +162,7 @@ func (r *report) trafficMinutes() []trafficMinute {
 	}
 	for _, s := range r.rec.fleet {
 		m := r.minuteOf(s.Start)
-		if m < 0 || m >= len(ms) || s.T <= rlqsSettle || !r.judgedSecond(s.Start) {
+		if m < 0 || m >= len(ms) || !r.judgedFleetSecond(s) {
 			continue
 		}
 		ratio := s.Admitted / s.Limit
@@ -175,11 +177,12 @@ func (r *report) trafficMinutes() []trafficMinute {
 // and the errors, a row per minute.
 func (r *report) writeTrafficMinutes(w io.Writer) {
 	fmt.Fprintf(w, "\n### Traffic\n\nRLS: admitted per second (mean over the minute) and the most granted in one window that met no outage, against the limit. "+
-		"RLQS: the steady fleet's admitted/limit per settled second that met no outage (min, mean, max).\n\n| minute |")
+		"RLQS: the steady fleet's admitted/limit per judged second (settled, no outage, the simulator keeping up: min, mean, max). "+
+		"The soak's own lag: how late its goroutines ran (a 100 ms ticker), the most in the minute.\n\n| minute |")
 	for _, l := range limited {
 		fmt.Fprintf(w, " route %s: mean/s, most (limit %d) |", l.name, l.perSecond)
 	}
-	fmt.Fprintf(w, " RLS errors, Redis up / down | seconds down | RLQS admitted/limit |\n|---:|%s---:|---:|---|\n", strings.Repeat("---:|", len(limited)))
+	fmt.Fprintf(w, " RLS errors, Redis up / down | seconds down | RLQS admitted/limit | soak's own lag, most |\n|---:|%s---:|---:|---|---:|\n", strings.Repeat("---:|", len(limited)))
 	for m, tm := range r.trafficMinutes() {
 		fmt.Fprintf(w, "| %d |", m+1)
 		for i := range limited {
@@ -191,9 +194,10 @@ func (r *report) writeTrafficMinutes(w io.Writer) {
 		}
 		fmt.Fprintf(w, " %d / %d | %d |", tm.errUp, tm.errDown, tm.redisDownS)
 		if tm.rlqsN == 0 {
-			fmt.Fprintln(w, " – |")
-			continue
+			fmt.Fprint(w, " – |")
+		} else {
+			fmt.Fprintf(w, " %.3f, %.3f, %.3f |", tm.rlqsLo, tm.rlqsSum/float64(tm.rlqsN), tm.rlqsHi)
 		}
-		fmt.Fprintf(w, " %.3f, %.3f, %.3f |\n", tm.rlqsLo, tm.rlqsSum/float64(tm.rlqsN), tm.rlqsHi)
+		fmt.Fprintf(w, " %v |\n", tm.lag.Round(time.Millisecond))
 	}
 }

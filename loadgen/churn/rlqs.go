@@ -64,10 +64,14 @@ func (c *rlqsChurn) buckets(n int) []map[string]string {
 }
 
 // stream is one Envoy: it reports its buckets (5 requests allowed each)
-// every second for c.life, reads the assignments, then leaves.
+// every second for c.life, reads the assignments, then leaves. Its
+// context has no deadline, as Envoy's streams have none: a deadline would
+// reach the server (grpc-timeout), which may end the stream first, an
+// error that is the soak's own doing.
 func (c *rlqsChurn) stream(ctx context.Context, n int) {
-	sctx, cancel := context.WithTimeout(ctx, c.life)
+	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	leave := time.After(c.life)
 	st, err := c.clients[n%len(c.clients)].StreamRateLimitQuotas(sctx)
 	if err != nil {
 		c.failed(sctx, err)
@@ -100,7 +104,10 @@ func (c *rlqsChurn) stream(ctx context.Context, n int) {
 		}
 		select {
 		case <-sctx.Done():
+			return
+		case <-leave:
 			_ = st.CloseSend()
+			cancel()
 			return
 		case <-time.After(time.Second):
 		}

@@ -51,7 +51,8 @@ type record struct {
 	rlsErrs    []string
 	churn      rlqsChurnResult
 	fleet      []loadgen.Second
-	fleetErr   error // the RLQS fleet's proxies' failure
+	lag        map[int64]time.Duration // the soak's own scheduling delay, by Unix second
+	fleetErr   error                   // the RLQS fleet's proxies' failure
 	xds        xdsState
 	down       *harness.Outages
 	restarts   int
@@ -69,6 +70,7 @@ func (f *fleet) soak(ctx context.Context) *record {
 	churn := &rlqsChurn{clients: f.rlqs(), down: rec.down, gen: f.xds.generation, every: f.s.joinEvery,
 		life: f.s.streamLife, fresh: f.s.freshBuckets, renamed: f.s.renamed}
 	var fl rlqsFleet
+	lm := &lagMonitor{lag: map[int64]time.Duration{}}
 	var errMu sync.Mutex
 	fail := func(err error) {
 		errMu.Lock()
@@ -86,6 +88,7 @@ func (f *fleet) soak(ctx context.Context) *record {
 			fail(err)
 		}
 	})
+	wg.Go(func() { lm.run(runCtx) })
 	wg.Go(func() { rls.run(runCtx) })
 	wg.Go(func() { churn.run(runCtx) })
 	wg.Go(func() { rec.fleetErr = fl.run(runCtx, f.targets(), f.s.rlqsProxies, f.s.duration-2*time.Second) })
@@ -96,7 +99,7 @@ func (f *fleet) soak(ctx context.Context) *record {
 	wg.Wait()
 	rec.end = time.Now()
 	rec.rls, rec.rlsErrs = rls.result()
-	rec.churn, rec.fleet = churn.result(), fl.result()
+	rec.churn, rec.fleet, rec.lag = churn.result(), fl.result(), lm.result()
 	rec.xds, rec.restarts = f.xds.state(), f.redis.Restarts()
 	return rec
 }

@@ -82,7 +82,7 @@ func (r *report) writeSeconds(w io.Writer) error {
 	for _, l := range limited {
 		head = append(head, "route_"+l.name+"_offered", "route_"+l.name+"_granted", "route_"+l.name+"_granted_next_second", "route_"+l.name+"_limit")
 	}
-	cw.Write(append(head, "rls_errors_redis_up", "rls_errors_redis_down", "rlqs_offered", "rlqs_admitted", "rlqs_limit"))
+	cw.Write(append(head, "rls_errors_redis_up", "rls_errors_redis_down", "rlqs_offered", "rlqs_admitted", "rlqs_limit", "soak_lag_ms"))
 	for _, sec := range slices.Sorted(maps.Keys(r.rec.rls)) {
 		s := r.rec.rls[sec]
 		row := []string{strconv.FormatInt(sec-r.rec.start.Unix(), 10), strconv.FormatInt(sec, 10), strconv.FormatBool(r.judgedSecond(time.Unix(sec, 0)))}
@@ -95,7 +95,7 @@ func (r *report) writeSeconds(w io.Writer) error {
 		} else {
 			row = append(row, "", "", "")
 		}
-		cw.Write(row)
+		cw.Write(append(row, strconv.FormatInt(r.rec.lag[sec].Milliseconds(), 10)))
 	}
 	cw.Flush()
 	return cw.Error()
