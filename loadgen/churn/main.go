@@ -35,7 +35,7 @@ func flags(fs *flag.FlagSet) *settings {
 	fs.StringVar(&s.secondsPath, "seconds-csv", "soak-churn-seconds.csv", "CSV of the seconds: admitted against the limits, errors")
 	fs.StringVar(&s.mdPath, "md", "soak-churn.md", "markdown report")
 	fs.DurationVar(&s.duration, "duration", 2*time.Minute, "how long to soak (30m for the report)")
-	fs.DurationVar(&s.sample, "sample", 5*time.Second, "how often each replica is read")
+	fs.DurationVar(&s.sample, "sample", 10*time.Second, "how often each replica is read")
 	fs.IntVar(&s.replicas, "replicas", 3, "sluice serve processes on the one Redis")
 	fs.DurationVar(&s.pushEvery, "push-every", time.Second, "an xDS push of renamed rules this often")
 	fs.IntVar(&s.renamed, "renamed", 100, "renamed rules in each push (beside the fixed ones)")

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -51,11 +53,26 @@ func (r *report) writeEvents(w io.Writer) {
 	fmt.Fprintf(w, "\n## Events\n\n- %d Redis restarts, down %v in all (grace included).\n", r.rec.restarts, r.rec.down.Total().Round(time.Millisecond))
 	fmt.Fprintf(w, "- xDS: %d generations pushed, %d ACKs, %d NACKs%s.\n", x.Pushed, x.ACKs, x.NACKs, lastNACK(x.LastNACK))
 	fmt.Fprintf(w, "- RLQS: %d churning streams opened, %d bucket actions received; %d steady-fleet seconds.\n", c.Opened, c.Actions, len(r.rec.fleet))
+	r.writeFailedReads(w)
 	for _, e := range r.rec.rlsErrs {
 		fmt.Fprintf(w, "- error while Redis up: %s\n", e)
 	}
 	for _, e := range c.Errs {
 		fmt.Fprintf(w, "- error: %s\n", e)
+	}
+}
+
+// writeFailedReads counts, per replica, the samples in which a source
+// could not be read within the client's timeout.
+func (r *report) writeFailedReads(w io.Writer) {
+	failed := map[string]int{}
+	for _, s := range r.rec.samples {
+		for _, f := range s.Failed {
+			failed[fmt.Sprintf("sluice%d %s", s.Replica+1, f)]++
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(failed)) {
+		fmt.Fprintf(w, "- not read within %v: %s, %d times.\n", readTimeout, k, failed[k])
 	}
 }
 

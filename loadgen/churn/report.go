@@ -57,6 +57,7 @@ var figures = []figure{
 	{name: "RLQS heap", unit: "MiB", format: "%.1f", get: heapOf("rlqs"), perMinute: true},
 	{name: "config heap", unit: "MiB", format: "%.1f", get: heapOf("config")},
 	{name: "/metrics size", unit: "KiB", format: "%.0f", get: func(s sample) float64 { return s.MetricsKiB }},
+	{name: "/metrics read time", unit: "s", format: "%.2f", get: func(s sample) float64 { return s.ScrapeSec }, perMinute: true},
 	{name: "traffic JSON", unit: "KiB", format: "%.1f", get: func(s sample) float64 { return s.TrafficKiB }},
 	{name: "RLQS buckets", format: "%.0f", get: func(s sample) float64 { return s.Buckets }},
 	{name: "CPU", unit: "cores", format: "%.2f", get: func(s sample) float64 { return s.Cores }, perMinute: true},

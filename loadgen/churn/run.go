@@ -94,7 +94,7 @@ func (f *fleet) soak(ctx context.Context) *record {
 	wg.Go(func() { rec.fleetErr = fl.run(runCtx, f.targets(), f.s.rlqsProxies, f.s.duration-2*time.Second) })
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
-	sp := &sampler{procs: f.procs, client: &http.Client{Transport: tr, Timeout: 20 * time.Second}, heap: f.s.heap, down: rec.down}
+	sp := &sampler{procs: f.procs, client: &http.Client{Transport: tr, Timeout: readTimeout}, heap: f.s.heap, down: rec.down}
 	rec.samples = sp.every(runCtx, f.s.sample)
 	wg.Wait()
 	rec.end = time.Now()
@@ -103,6 +103,10 @@ func (f *fleet) soak(ctx context.Context) *record {
 	rec.xds, rec.restarts = f.xds.state(), f.redis.Restarts()
 	return rec
 }
+
+// readTimeout bounds each read of a replica's endpoints (Prometheus's
+// default scrape timeout is 10 s).
+const readTimeout = 20 * time.Second
 
 func (f *fleet) restartPlan() harness.RestartPlan {
 	return harness.RestartPlan{Every: f.s.restartEvery, First: f.s.restartEvery / 2, Down: f.s.redisDown, Grace: f.s.grace}

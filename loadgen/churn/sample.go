@@ -20,15 +20,21 @@ type sample struct {
 	// RedisDown: the interval since the previous sample met an outage.
 	RedisDown bool
 
+	// Failed names what could not be read.
+	Failed []string
+
 	RSSMiB, FDs         float64 // /proc
 	HeapMiB, Goroutines float64 // go_memstats_heap_inuse_bytes, go_goroutines
 	// Series and MetricsKiB are the samples and size of /metrics;
 	// RefSeries the samples of the reference's Prometheus endpoint.
 	Series, MetricsKiB, RefSeries float64
-	CPU                           float64 // process_cpu_seconds_total
-	Cores                         float64 // CPU since the previous sample (analyse sets it)
-	Streams, Buckets              float64 // sluice_rlqs_streams, sluice_rlqs_buckets
-	FleetErrors                   float64 // sluice_rlqs_fleet_errors_total
+	// ScrapeSec is how long /metrics took to read (NaN: not within the
+	// client's timeout).
+	ScrapeSec        float64
+	CPU              float64 // process_cpu_seconds_total
+	Cores            float64 // CPU since the previous sample (analyse sets it)
+	Streams, Buckets float64 // sluice_rlqs_streams, sluice_rlqs_buckets
+	FleetErrors      float64 // sluice_rlqs_fleet_errors_total
 	// Heap is the live heap by heapGroups, in MiB, from the heap profile.
 	Heap map[string]float64
 	// TrafficKiB is the size of the status page's ui/api/traffic.
@@ -71,30 +77,42 @@ func (sp *sampler) every(ctx context.Context, period time.Duration) []sample {
 	}
 }
 
-// read reads replica i.
+// read reads replica i. What it could not read (within the client's
+// timeout) stays NaN and is named in Failed.
 func (sp *sampler) read(ctx context.Context, i int, at time.Time, down bool) sample {
 	p := sp.procs[i]
 	nan := math.NaN()
-	s := sample{At: at, Replica: i, RedisDown: down, HeapMiB: nan, Goroutines: nan, Series: nan, MetricsKiB: nan,
+	s := sample{At: at, Replica: i, RedisDown: down, HeapMiB: nan, Goroutines: nan, Series: nan, MetricsKiB: nan, ScrapeSec: nan,
 		RefSeries: nan, CPU: nan, Streams: nan, Buckets: nan, FleetErrors: nan, TrafficKiB: nan}
 	rss, fds := harness.ProcStats(p.Pid())
 	s.RSSMiB, s.FDs = rss/1024, float64(fds)
-	if m, err := harness.Scrape(ctx, sp.client, "http://"+p.HTTP+"/metrics"); err == nil {
+	t0 := time.Now()
+	if m, err := harness.Scrape(ctx, sp.client, "http://"+p.HTTP+"/metrics", "go_memstats_heap_inuse_bytes", "go_goroutines",
+		"process_cpu_seconds_total", "sluice_rlqs_fleet_errors_total", "sluice_rlqs_streams", "sluice_rlqs_buckets"); err != nil {
+		s.Failed = append(s.Failed, "/metrics")
+	} else {
+		s.ScrapeSec = time.Since(t0).Seconds()
 		s.Series, s.MetricsKiB = float64(m.Series), float64(m.Bytes)/1024
 		s.HeapMiB, s.Goroutines = m.Sum["go_memstats_heap_inuse_bytes"]/mib, m.Sum["go_goroutines"]
 		s.CPU, s.FleetErrors = m.Sum["process_cpu_seconds_total"], m.Sum["sluice_rlqs_fleet_errors_total"]
 		s.Streams, s.Buckets = m.Sum["sluice_rlqs_streams"], m.Sum["sluice_rlqs_buckets"]
 	}
 	if p.RefMetrics != "" {
-		if m, err := harness.Scrape(ctx, sp.client, "http://"+p.RefMetrics+"/metrics"); err == nil {
+		if m, err := harness.Scrape(ctx, sp.client, "http://"+p.RefMetrics+"/metrics"); err != nil {
+			s.Failed = append(s.Failed, "reference metrics")
+		} else {
 			s.RefSeries = float64(m.Series)
 		}
 	}
-	if n, err := sp.size(ctx, "http://"+p.HTTP+"/ui/api/traffic"); err == nil {
+	if n, err := sp.size(ctx, "http://"+p.HTTP+"/ui/api/traffic"); err != nil {
+		s.Failed = append(s.Failed, "ui/api/traffic")
+	} else {
 		s.TrafficKiB = float64(n) / 1024
 	}
 	if sp.heap {
-		s.Heap = sp.heapOf(ctx, p.Debug)
+		if s.Heap = sp.heapOf(ctx, p.Debug); s.Heap == nil {
+			s.Failed = append(s.Failed, "heap profile")
+		}
 	}
 	return s
 }

@@ -27,7 +27,7 @@ lat_sum 1.5 1700000000000
 odd NaN
 broken{unterminated="x 5
 `
-	m, err := ParseMetrics(strings.NewReader(text))
+	m, err := ParseMetrics(strings.NewReader(text), "go_goroutines", "sluice_rule_hits_total", "lat_bucket", "lat_sum", "odd", "broken", "absent")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +44,16 @@ broken{unterminated="x 5
 	}
 	if _, ok := m.Sum["broken"]; ok {
 		t.Error("a sample with unterminated labels was summed")
+	}
+	if _, ok := m.Sum["absent"]; ok {
+		t.Error("a metric without samples has a sum")
+	}
+	if m, err := ParseMetrics(strings.NewReader(text)); err != nil || m.Series != 7 || len(m.Sum) != 0 {
+		t.Errorf("no names: %+v, %v; want 7 series and no sums", m, err)
+	}
+	long := "big{v=\"" + strings.Repeat("x", 100<<10) + "\"} 1\nlat_sum 2\n"
+	if m, err := ParseMetrics(strings.NewReader(long), "lat_sum"); err != nil || m.Series != 2 || m.Sum["lat_sum"] != 2 || m.Bytes != len(long) {
+		t.Errorf("a line longer than the buffer: %+v, %v", m, err)
 	}
 }
 

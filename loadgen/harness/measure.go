@@ -2,11 +2,14 @@ package harness
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -37,12 +40,13 @@ type Metrics struct {
 	Series int
 	// Bytes is the size of the answer.
 	Bytes int
-	// Sum is each metric name's samples added up, labels dropped.
+	// Sum is the samples of each metric asked for added up, labels
+	// dropped; a metric without samples is absent.
 	Sum map[string]float64
 }
 
-// Scrape reads url (a /metrics) with c.
-func Scrape(ctx context.Context, c *http.Client, url string) (*Metrics, error) {
+// Scrape reads url (a /metrics) with c, summing the samples of names.
+func Scrape(ctx context.Context, c *http.Client, url string, names ...string) (*Metrics, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -55,19 +59,30 @@ func Scrape(ctx context.Context, c *http.Client, url string) (*Metrics, error) {
 	if res.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("harness: %s: %s", url, res.Status)
 	}
-	return ParseMetrics(res.Body)
+	return ParseMetrics(res.Body, names...)
 }
 
-// ParseMetrics reads the Prometheus text format.
-func ParseMetrics(r io.Reader) (*Metrics, error) {
+// ParseMetrics reads the Prometheus text format, counting every sample
+// and summing those of names. Only the lines of names are parsed, so
+// that counting the series of a large endpoint costs little.
+func ParseMetrics(r io.Reader, names ...string) (*Metrics, error) {
 	m := &Metrics{Sum: map[string]float64{}}
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
-		line, err := br.ReadString('\n')
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A line longer than the buffer: read it whole.
+			rest, err2 := br.ReadBytes('\n')
+			line, err = append(slices.Clone(line), rest...), err2
+		}
 		m.Bytes += len(line)
-		if s := strings.TrimSpace(line); s != "" && s[0] != '#' {
+		if s := bytes.TrimSpace(line); len(s) > 0 && s[0] != '#' {
 			m.Series++
-			m.add(s)
+			for _, n := range names {
+				if len(s) > len(n) && string(s[:len(n)]) == n && (s[len(n)] == '{' || s[len(n)] == ' ') {
+					m.add(n, string(s[len(n):]))
+				}
+			}
 		}
 		if err == io.EOF {
 			return m, nil
@@ -78,12 +93,9 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 	}
 }
 
-// add adds one sample line ("name{labels} value [timestamp]") to Sum.
-func (m *Metrics) add(line string) {
-	name, rest := line, ""
-	if i := strings.IndexAny(line, "{ "); i >= 0 {
-		name, rest = line[:i], line[i:]
-	}
+// add adds a sample of name, rest being what follows the name
+// ("{labels} value [timestamp]" or " value [timestamp]"), to Sum.
+func (m *Metrics) add(name, rest string) {
 	if strings.HasPrefix(rest, "{") {
 		// Label values may hold spaces and braces, escaped quotes only.
 		i, quoted := 1, false

@@ -465,7 +465,7 @@ func (in *instance) stop() {
 
 // goroutines reads go_goroutines from an instance's /metrics.
 func goroutines(httpAddr string) float64 {
-	m, err := harness.Scrape(context.Background(), http.DefaultClient, "http://"+httpAddr+"/metrics")
+	m, err := harness.Scrape(context.Background(), http.DefaultClient, "http://"+httpAddr+"/metrics", "go_goroutines")
 	if err != nil {
 		return 0
 	}
