@@ -31,7 +31,8 @@
 // the status page's traffic JSON and its heap profile (the live heap of
 // the status page, the metrics, RLQS and config code). At the end it fits
 // a line to each figure over the second half of the run (the first is
-// warm-up) and judges; see report.go for the thresholds and why. It
+// warm-up) and judges (report.go and judge.go give the thresholds and
+// why; docs/RELIABILITY.md, "Churn soak", the whole). It
 // writes a CSV of the samples, a CSV of the seconds (RLS and RLQS
 // admitted against the limits, errors) and a markdown report with a row
 // per minute.

@@ -52,7 +52,7 @@ type sampler struct {
 const mib = 1 << 20
 
 // every reads every replica each period until ctx ends, and returns the
-// samples.
+// samples; a sample under way when ctx ends is dropped.
 func (sp *sampler) every(ctx context.Context, period time.Duration) []sample {
 	var out []sample
 	t := time.NewTicker(period)
@@ -73,6 +73,9 @@ func (sp *sampler) every(ctx context.Context, period time.Duration) []sample {
 			wg.Go(func() { batch[i] = sp.read(ctx, i, now, down) })
 		}
 		wg.Wait()
+		if ctx.Err() != nil {
+			return out // reads cut short by the end of the soak
+		}
 		out = append(out, batch...)
 	}
 }
