@@ -36,25 +36,26 @@ func (r *report) judgeErrors() {
 		fmt.Sprintf("%d of %d churning streams (%d more while down); steady fleet: %s", c.ErrUp, c.Opened, c.ErrDown, fleet), "0", streamErrs == 0)
 	exUp, exDown := r.fleetExchangeErrors()
 	r.add("RLQS fleet exchange errors while Redis up", "all",
-		fmt.Sprintf("%.0f (sluice_rlqs_fleet_errors_total; %.0f in sample intervals that met an outage)", exUp, exDown), "0", exUp == 0)
+		fmt.Sprintf("%.0f (sluice_rlqs_fleet_errors_total; %.0f more between readings that met an outage)", exUp, exDown), "0", exUp == 0)
 }
 
 // fleetExchangeErrors sums sluice_rlqs_fleet_errors_total's increases
-// between samples, apart for the intervals that met an outage.
+// between a replica's readings, apart for the spans that met an outage
+// (a span runs from one reading to the next that succeeded).
 func (r *report) fleetExchangeErrors() (up, down float64) {
-	prev := map[int]float64{}
+	prev := map[int]sample{}
 	for _, s := range r.rec.samples {
 		if math.IsNaN(s.FleetErrors) {
 			continue
 		}
 		if p, ok := prev[s.Replica]; ok {
-			if s.RedisDown {
-				down += s.FleetErrors - p
+			if r.rec.down.Overlaps(p.At, s.At) {
+				down += s.FleetErrors - p.FleetErrors
 			} else {
-				up += s.FleetErrors - p
+				up += s.FleetErrors - p.FleetErrors
 			}
 		}
-		prev[s.Replica] = s.FleetErrors
+		prev[s.Replica] = s
 	}
 	return up, down
 }
