@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"math"
 	"os"
 	"strings"
@@ -310,5 +311,33 @@ func TestReport_Files(t *testing.T) {
 	}
 	if strings.Contains(md, "\n| 11 |") {
 		t.Errorf("markdown has an 11th minute of a 10-minute run:\n%s", md)
+	}
+}
+
+func TestSettingsCheck(t *testing.T) {
+	defaults := func() *settings { return flags(flag.NewFlagSet("churn", flag.ContinueOnError)) }
+	if err := defaults().check(); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+	for name, bad := range map[string]func(*settings){
+		"no duration":   func(s *settings) { s.duration = 0 },
+		"no replica":    func(s *settings) { s.replicas = 0 },
+		"no value":      func(s *settings) { s.detailedValues = 0 },
+		"negative rate": func(s *settings) { s.churnRate = -1 },
+		"no sampling":   func(s *settings) { s.sample = 0 },
+	} {
+		s := defaults()
+		bad(s)
+		if err := s.check(); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	s := defaults()
+	s.renamed = 0 // no renamed rules: no traffic on them either
+	if err := s.check(); err != nil {
+		t.Errorf("-renamed 0: %v", err)
+	}
+	if tr := newRLSTraffic(nil, nil, *s, func() int { return 1 }); len(tr.classes) != len(limited)+1 {
+		t.Errorf("-renamed 0: %d classes of RLS traffic, want the limited rules and the detailed one", len(tr.classes))
 	}
 }

@@ -30,31 +30,35 @@ type fleet struct {
 // setUp starts the fleet, the first generation of limits already pushed
 // (so that each replica starts with it, as a pod that joins a running
 // gateway does). On error, what was started is stopped.
-func setUp(s settings) (f *fleet, err error) {
-	f = &fleet{s: s}
-	defer func() {
-		if err != nil {
-			f.tearDown()
-		}
-	}()
-	if f.dir, err = os.MkdirTemp("", "sluice-soak-churn-"); err != nil {
+func setUp(s settings) (*fleet, error) {
+	f := &fleet{s: s}
+	if err := f.start(); err != nil {
+		f.tearDown()
 		return nil, err
 	}
-	out, err := exec.Command(s.sluice, "version").Output()
+	return f, nil
+}
+
+func (f *fleet) start() error {
+	var err error
+	if f.dir, err = os.MkdirTemp("", "sluice-soak-churn-"); err != nil {
+		return err
+	}
+	out, err := exec.Command(f.s.sluice, "version").Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s version: %w", s.sluice, err)
+		return fmt.Errorf("%s version: %w", f.s.sluice, err)
 	}
 	f.version = strings.TrimSpace(string(out))
-	if f.redis, err = harness.StartRedis(s.redisServer, f.dir); err != nil {
-		return nil, err
+	if f.redis, err = harness.StartRedis(f.s.redisServer, f.dir); err != nil {
+		return err
 	}
 	if f.xds, err = startXDS(); err != nil {
-		return nil, err
+		return err
 	}
-	if err := f.xds.push(1, s.renamed); err != nil {
-		return nil, err
+	if err := f.xds.push(1, f.s.renamed); err != nil {
+		return err
 	}
-	return f, f.startReplicas()
+	return f.startReplicas()
 }
 
 func (f *fleet) startReplicas() error {

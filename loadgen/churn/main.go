@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -55,9 +56,31 @@ func flags(fs *flag.FlagSet) *settings {
 	return s
 }
 
+// check refuses settings the soak cannot run with.
+func (s *settings) check() error {
+	positive := map[string]time.Duration{"-duration": s.duration, "-sample": s.sample, "-push-every": s.pushEvery,
+		"-restart-every": s.restartEvery, "-join-every": s.joinEvery, "-stream-life": s.streamLife}
+	for name, d := range positive {
+		if d <= 0 {
+			return fmt.Errorf("%s must be positive", name)
+		}
+	}
+	if s.replicas < 1 || s.renamed < 0 || s.detailedValues < 1 || s.rlqsProxies < 1 || s.freshBuckets < 0 {
+		return errors.New("-replicas, -detailed-values and -rlqs-proxies must be at least 1, -renamed and -fresh-buckets at least 0")
+	}
+	if s.overdrive < 0 || s.detailedRate < 0 || s.churnRate < 0 {
+		return errors.New("-overdrive, -detailed-rate and -churn-rate must not be negative")
+	}
+	return nil
+}
+
 func main() {
 	s := flags(flag.CommandLine)
 	flag.Parse()
+	if err := s.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "soak-churn:", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ok, err := run(ctx, *s, os.Stdout)

@@ -66,14 +66,15 @@ func newRLSTraffic(clients []rlspb.RateLimitServiceClient, down *harness.Outages
 		t.classes = append(t.classes, rlsClass{rate: s.overdrive * float64(r.perSecond), limited: i,
 			request: func(int) *rlspb.RateLimitRequest { return rlsRequest(entry(routeKey, r.name)) }})
 	}
-	t.classes = append(t.classes,
-		rlsClass{rate: s.detailedRate, limited: -1, request: func(n int) *rlspb.RateLimitRequest {
-			return rlsRequest(entry(detailedKey, "c"+strconv.Itoa(n%s.detailedValues)))
-		}},
-		rlsClass{rate: s.churnRate, limited: -1, request: func(n int) *rlspb.RateLimitRequest {
+	t.classes = append(t.classes, rlsClass{rate: s.detailedRate, limited: -1, request: func(n int) *rlspb.RateLimitRequest {
+		return rlsRequest(entry(detailedKey, "c"+strconv.Itoa(n%s.detailedValues)))
+	}})
+	if s.renamed > 0 {
+		t.classes = append(t.classes, rlsClass{rate: s.churnRate, limited: -1, request: func(n int) *rlspb.RateLimitRequest {
 			r := renamedRoute(gen(), n%s.renamed)
 			return rlsRequest(entry(r, r), entry(leafKey, "c"+strconv.Itoa(n%7)))
 		}})
+	}
 	return t
 }
 
