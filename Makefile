@@ -91,6 +91,11 @@ SOAK_DURATION ?= 10m
 soak: build ## soak: 3 Redis instances + 1 memory under mixed load, Redis restarted every 2 min, limits rewritten every 10 s; CSV in soak.csv (SOAK_DURATION=10m)
 	$(GO) run ./loadgen/soak -sluice bin/sluice -duration $(SOAK_DURATION) -csv soak.csv $(SOAK_FLAGS)
 
+SOAK_CHURN_DURATION ?= 2m
+.PHONY: soak-churn
+soak-churn: build ## churn soak: 3 replicas over xDS (Envoy Gateway's env), renamed rules pushed every second, RLQS streams coming and going, Redis restarted every 2 min; soak-churn.md and CSVs (SOAK_CHURN_DURATION=2m; 30m for the report)
+	$(GO) run ./loadgen/churn -sluice bin/sluice -duration $(SOAK_CHURN_DURATION) $(SOAK_CHURN_FLAGS)
+
 .PHONY: check-generated
 check-generated: generate ## fail when gen/ or go.mod/go.sum are stale
 	$(GO) mod tidy

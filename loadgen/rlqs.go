@@ -69,8 +69,11 @@ type RLQSOptions struct {
 
 // Second is one second of a simulation.
 type Second struct {
-	T      int `json:"t"`
-	Active int `json:"proxies"`
+	T int `json:"t"`
+	// Start is when the second began (seconds of a run are whole
+	// wall-clock seconds).
+	Start  time.Time `json:"start"`
+	Active int       `json:"proxies"`
 	// Offered and Admitted are the fleet's requests in the second.
 	Offered  float64 `json:"offered"`
 	Admitted float64 `json:"admitted"`
@@ -229,7 +232,7 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 			return nil, ctx.Err()
 		case <-time.After(time.Until(start.Add(time.Duration(s+1)*time.Second + 3*o.Step))):
 		}
-		sec := Second{T: s + 1, Limit: o.Limit}
+		sec := Second{T: s + 1, Start: start.Add(time.Duration(s) * time.Second), Limit: o.Limit}
 		demands = demands[:0]
 		var active []*simProxy
 		for _, p := range proxies {
