@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -50,10 +52,10 @@ type churn struct {
 	values  int // distinct values sent to the detailed rule
 }
 
-func newChurn(t *testing.T, rules int) *churn {
+func newChurn(t testing.TB, rules int) *churn {
 	t.Helper()
 	c := &churn{dir: t.TempDir(), reg: prometheus.NewRegistry()}
-	write(t, c.dir, "limits.yaml", churnLimits(0, rules))
+	writeTB(t, c.dir, churnLimits(0, rules))
 	var err error
 	if c.reload, err = config.NewReloader(c.dir, config.Options{}, nil); err != nil {
 		t.Fatal(err)
@@ -70,7 +72,7 @@ func newChurn(t *testing.T, rules int) *churn {
 
 // step sends traffic to some of the current rules and to ten new values
 // of the detailed rule, samples, and loads the next generation.
-func (c *churn) step(t *testing.T, rules int) {
+func (c *churn) step(t testing.TB, rules int) {
 	t.Helper()
 	for i := 1; i < rules; i += 10 {
 		c.send(t, fmt.Sprintf("g%d_r%d", c.gen, i), "x")
@@ -81,13 +83,20 @@ func (c *churn) step(t *testing.T, rules int) {
 	}
 	c.traffic.Sample(at(float64(c.gen)))
 	c.gen++
-	write(t, c.dir, "limits.yaml", churnLimits(c.gen, rules))
+	writeTB(t, c.dir, churnLimits(c.gen, rules))
 	if err := c.reload.Reload(); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func (c *churn) send(t *testing.T, key, value string) {
+func writeTB(t testing.TB, dir, body string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *churn) send(t testing.TB, key, value string) {
 	t.Helper()
 	req := &limiter.Request{Domain: "churn", Descriptors: []limiter.Descriptor{{Entries: []config.Entry{{Key: key, Value: value}}}}}
 	if err := c.lim.Check(context.Background(), req, new(limiter.Response)); err != nil {
@@ -97,7 +106,7 @@ func (c *churn) send(t *testing.T, key, value string) {
 
 // series counts the sluice_rule_* series of /metrics, parsed from the
 // text exposition, by family.
-func series(t *testing.T, reg *prometheus.Registry) map[string]int {
+func series(t testing.TB, reg *prometheus.Registry) map[string]int {
 	t.Helper()
 	srv := httptest.NewServer(observe.Handler(reg))
 	defer srv.Close()
@@ -181,7 +190,7 @@ func TestChurn_BoundedByLiveConfig(t *testing.T) {
 	}
 }
 
-func scrapeFamilies(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
+func scrapeFamilies(t testing.TB, reg *prometheus.Registry) map[string]*dto.MetricFamily {
 	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {
@@ -200,4 +209,28 @@ func labels(m *dto.Metric) map[string]string {
 		l[p.GetName()] = p.GetValue()
 	}
 	return l
+}
+
+// BenchmarkChurn_Sample measures the traffic sampler once 50 reloads of
+// 2,000 renamed rules went through the real Reloader (issue 23's xDS
+// case, in process): the sampler's cost each second with no traffic,
+// and the heap then held (heap-MB).
+func BenchmarkChurn_Sample(b *testing.B) {
+	const rules, reloads = 2000, 50
+	c := newChurn(b, rules)
+	for range reloads {
+		c.step(b, rules)
+	}
+	for range ui.DefaultWindow + 1 {
+		c.gen++
+		c.traffic.Sample(at(float64(c.gen)))
+	}
+	heap := heapMB()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		c.gen++
+		c.traffic.Sample(at(float64(c.gen)))
+	}
+	b.ReportMetric(heap, "heap-MB")
 }
