@@ -10,8 +10,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
@@ -300,4 +303,141 @@ func TestRules_DetailedRuleLeavesUnderLoad(t *testing.T) {
 			t.Fatalf("round %d: label sets after the detailed rule left: %.200s, want web/k/ only", round, got)
 		}
 	}
+}
+
+// gather reads reg's families by name.
+func gather(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		m[f.GetName()] = f
+	}
+	return m
+}
+
+// TestRefStats_ForgetsRulesThatLeft: the reference's stats follow the
+// config in force: a rule that left is forgotten by the sinks (the
+// in-process exporter drops its series within a second), a rule that
+// stays goes on counting, and a rule that comes back starts from its
+// new counts.
+func TestRefStats_ForgetsRulesThatLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t1 := loadTable(t, "domain: web\ndescriptors:\n  - {key: k, rate_limit: {unit: minute, requests_per_unit: 100}}\n"+
+			"  - {key: gone, rate_limit: {unit: minute, requests_per_unit: 100}}\n"+
+			"  - {key: det, detailed_metric: true, rate_limit: {unit: minute, requests_per_unit: 100}}\n")
+		t2 := loadTable(t, "domain: web\ndescriptors:\n  - {key: k, rate_limit: {unit: minute, requests_per_unit: 100}}\n")
+		rules, err := observe.NewRules(prometheus.NewRegistry(), observe.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := observe.NewRefStats(rules, nil, nil, observe.RefStatsOptions{})
+		reg := prometheus.NewRegistry()
+		mapped, err := observe.NewMappedSink(reg, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mapped.Start()
+		defer mapped.Close()
+		rec := &recordSink{}
+		flush := func() {
+			t.Helper()
+			if err := rs.Flush(rec, mapped); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond) // the exporter's second
+			synctest.Wait()
+		}
+		hit := func(tab *config.Table, path, value string, n int) {
+			for range n {
+				rules.Observe("web", []config.Entry{{Key: path, Value: value}}, ruleOf(t, tab, "web", path), allowed)
+			}
+		}
+		hits := func(key1 string) (float64, bool) {
+			return value(gather(t, reg), "ratelimit_service_rate_limit_total_hits", map[string]string{"domain": "web", "key1": key1})
+		}
+
+		rules.SetTable(t1)
+		hit(t1, "k", "", 2)
+		hit(t1, "gone", "", 1)
+		hit(t1, "det", "a", 1)
+		flush()
+		for _, key1 := range []string{"k", "gone", "det_a"} {
+			if _, ok := hits(key1); !ok {
+				t.Fatalf("no series of %s after the first flush", key1)
+			}
+		}
+
+		rules.SetTable(t2)
+		hit(t2, "k", "", 1)
+		flush()
+		const rl = "ratelimit.service.rate_limit.web."
+		for _, name := range []string{rl + "gone.total_hits", rl + "det_a.within_limit", rl + "det._other.over_limit"} {
+			if !slices.Contains(rec.forgot, name) {
+				t.Errorf("%s not forgotten: %q", name, rec.forgot)
+			}
+		}
+		if slices.ContainsFunc(rec.forgot, func(n string) bool { return strings.HasPrefix(n, rl+"k.") }) {
+			t.Errorf("k, which stays, forgotten: %q", rec.forgot)
+		}
+		if v, _ := hits("k"); v != 3 {
+			t.Errorf("k: %v hits, want 3", v)
+		}
+		for _, key1 := range []string{"gone", "det_a"} {
+			if _, ok := hits(key1); ok {
+				t.Errorf("the series of %s, which left, is still served", key1)
+			}
+		}
+
+		rules.SetTable(t1) // gone comes back, its counts new
+		hit(t1, "gone", "", 1)
+		flush()
+		if v, _ := hits("gone"); v != 1 {
+			t.Errorf("gone, back: %v hits, want 1", v)
+		}
+	})
+}
+
+// TestMappedSink_SharedSeries: a series fed by several stat names (the
+// default mapping keeps two parts of a longer key) stays until every
+// name is forgotten; one fed again before it was dropped stays.
+func TestMappedSink_SharedSeries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		sink, err := observe.NewMappedSink(reg, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sink.Start()
+		defer sink.Close()
+		const a, b = "ratelimit.service.rate_limit.web.x.y.a.total_hits", "ratelimit.service.rate_limit.web.x.y.b.total_hits"
+		served := func(step string, want float64) {
+			t.Helper()
+			if err := sink.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond)
+			synctest.Wait()
+			got, ok := value(gather(t, reg), "ratelimit_service_rate_limit_total_hits", map[string]string{"key1": "x", "key2": "y"})
+			switch {
+			case want == 0 && ok:
+				t.Errorf("%s: the series is served (%v), want it dropped", step, got)
+			case want != 0 && got != want:
+				t.Errorf("%s: %v (served %v), want %v", step, got, ok, want)
+			}
+		}
+		sink.Counter(a, 1)
+		sink.Counter(b, 2)
+		served("fed by a and b", 3)
+		sink.Forget([]string{a})
+		served("a forgotten", 3)
+		sink.Forget([]string{b, "never.sent"})
+		sink.Counter(b, 4) // fed again before the exporter's second
+		served("b forgotten and fed again", 7)
+		sink.Forget([]string{b})
+		served("both forgotten", 0)
+	})
 }
