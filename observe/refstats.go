@@ -50,13 +50,23 @@ type RefStats struct {
 	byRule  map[*counters]*refRule // the live label sets of rules
 }
 
+// refRuleStats end the names of a label set's stats, in the order of
+// refTotals.
+var refRuleStats = [...]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"}
+
 // refRule is one label set of Rules: its stat names, made once, and its
 // totals at the previous flush. It is dropped at the first flush that
 // does not see the label set (its rule left the config).
 type refRule struct {
-	names [6]string // total_hits, over_limit, near_limit, within_limit, shadow_mode, over_limit_with_local_cache
-	last  [6]uint64
+	names [len(refRuleStats)]string
+	last  [len(refRuleStats)]uint64
 	seen  uint64 // the last flush that saw it
+}
+
+// refTotals are c's counts in the order of refRuleStats.
+func refTotals(c *counters) [len(refRuleStats)]uint64 {
+	within, over := c.within.Load(), c.over.Load()
+	return [...]uint64{within + over, over, c.near.Load(), within, c.shadow.Load(), c.local.Load()}
 }
 
 // Sink receives RefStats's stats at each flush.
@@ -159,8 +169,7 @@ func (s *RefStats) flushRules(send func(string, uint64), sinks []Sink) {
 	s.rules.eachCounters(func(c *counters) {
 		k := s.rule(c)
 		k.seen = s.flushes
-		within, over := c.within.Load(), c.over.Load()
-		for i, total := range [6]uint64{within + over, over, c.near.Load(), within, c.shadow.Load(), c.local.Load()} {
+		for i, total := range refTotals(c) {
 			send(k.names[i], total-k.last[i])
 			k.last[i] = total
 		}
@@ -177,7 +186,7 @@ func (s *RefStats) flushRules(send func(string, uint64), sinks []Sink) {
 	}
 	// Another label set may write the same names (sanitizing made them
 	// alike): those stay.
-	live := make(map[string]bool, 6*len(s.byRule))
+	live := make(map[string]bool, len(refRuleStats)*len(s.byRule))
 	for _, k := range s.byRule {
 		for _, n := range k.names {
 			live[n] = true
@@ -250,7 +259,7 @@ func (s *RefStats) rule(c *counters) *refRule {
 	}
 	k := &refRule{}
 	p := "ratelimit.service.rate_limit." + sanitizeStatName(key) + "."
-	for i, n := range [6]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"} {
+	for i, n := range refRuleStats {
 		k.names[i] = p + n + s.tags
 	}
 	s.byRule[c] = k
