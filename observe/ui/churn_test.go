@@ -104,9 +104,9 @@ func (c *churn) send(t testing.TB, key, value string) {
 	}
 }
 
-// series counts the sluice_rule_* series of /metrics, parsed from the
-// text exposition, by family.
-func series(t testing.TB, reg *prometheus.Registry) map[string]int {
+// scrape parses reg's /metrics, served over HTTP, from the text
+// exposition.
+func scrape(t testing.TB, reg *prometheus.Registry) map[string]*dto.MetricFamily {
 	t.Helper()
 	srv := httptest.NewServer(observe.Handler(reg))
 	defer srv.Close()
@@ -120,13 +120,7 @@ func series(t testing.TB, reg *prometheus.Registry) map[string]int {
 	if err != nil {
 		t.Fatalf("/metrics does not parse: %v", err)
 	}
-	n := map[string]int{}
-	for name, f := range fams {
-		if strings.HasPrefix(name, "sluice_rule_") {
-			n[name] = len(f.Metric)
-		}
-	}
-	return n
+	return fams
 }
 
 func heapMB() float64 {
@@ -154,14 +148,13 @@ func TestChurn_BoundedByLiveConfig(t *testing.T) {
 	// Live: rules-1 plain rules, and the detailed rule's 100 values and
 	// _other.
 	want := rules - 1 + observe.DefaultMaxValuesPerRule + 1
-	got := series(t, c.reg)
+	fams := scrape(t, c.reg)
 	for _, name := range []string{"sluice_rule_hits_total", "sluice_rule_within_limit_total", "sluice_rule_over_limit_total",
 		"sluice_rule_near_limit_total", "sluice_rule_shadow_mode_total", "sluice_rule_over_limit_local_cache_total"} {
-		if got[name] != want {
-			t.Errorf("%s: %d series after %d reloads, want %d (the live rules')", name, got[name], reloads, want)
+		if got := len(fams[name].GetMetric()); got != want {
+			t.Errorf("%s: %d series after %d reloads, want %d (the live rules')", name, got, reloads, want)
 		}
 	}
-	fams := scrapeFamilies(t, c.reg)
 	var values, other float64
 	for _, m := range fams["sluice_rule_hits_total"].GetMetric() {
 		l := labels(m)
@@ -188,19 +181,6 @@ func TestChurn_BoundedByLiveConfig(t *testing.T) {
 			t.Errorf("traffic lists %s, a rule that left the config", r.Rule)
 		}
 	}
-}
-
-func scrapeFamilies(t testing.TB, reg *prometheus.Registry) map[string]*dto.MetricFamily {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]*dto.MetricFamily{}
-	for _, f := range fams {
-		m[f.GetName()] = f
-	}
-	return m
 }
 
 func labels(m *dto.Metric) map[string]string {
