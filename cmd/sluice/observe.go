@@ -52,7 +52,8 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 			return err
 		}
 	}
-	rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: f.nearLimitRatio, MaxValuesPerRule: f.maxValuesPerRule})
+	rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: f.nearLimitRatio, MaxValuesPerRule: f.maxValuesPerRule,
+		Tables: x.Config})
 	if err != nil {
 		return err
 	}
