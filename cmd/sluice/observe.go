@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/observe"
 )
 
@@ -80,7 +82,7 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if err != nil {
 		return fmt.Errorf("--debug-addr: %w", err)
 	}
-	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock}
+	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock, Cmdline: redact.Args(os.Args, flagSecrecy)}
 	if kr, ok := x.Store.(observe.KeyRanger); ok {
 		dbg.Keys = kr
 	}

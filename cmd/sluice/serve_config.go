@@ -89,7 +89,8 @@ func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
 		return nil, fmt.Errorf("--xds-node-metadata: %w", err)
 	}
 	if xo.Headers, err = pairs(s.xdsHeaders, ":"); err != nil {
-		return nil, fmt.Errorf("--xds-headers: %w", err)
+		// The headers carry tokens: the error does not quote them.
+		return nil, errors.New("--xds-headers: want key:value,key2:value2 (an entry has no ':' or no key)")
 	}
 	if s.xdsTLS || s.xdsCert != "" || s.xdsKey != "" || s.xdsCA != "" || s.xdsName != "" {
 		if xo.TLS, err = xds.ClientTLS(s.xdsCert, s.xdsKey, s.xdsCA, s.xdsName); err != nil {
@@ -110,7 +111,7 @@ func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
 // configName names the config source in the "serving" log line.
 func (f *serveFlags) configName() string {
 	if f.source.kind == "xds" {
-		return "xds " + f.source.xdsServer
+		return "xds " + shownValue("xds-server", f.source.xdsServer)
 	}
 	return f.config
 }

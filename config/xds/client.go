@@ -194,8 +194,7 @@ func New(opts Options) (*Client, error) {
 	}
 	conn, err := grpc.NewClient(opts.Server, dopts...)
 	if err != nil {
-		// gRPC's error quotes the target, credentials and all.
-		return nil, fmt.Errorf("xds: server %q: not a valid gRPC target", name)
+		return nil, fmt.Errorf("xds: server %q: %w", name, redact.Error(err, opts.Server))
 	}
 	node := &corepb.Node{Id: opts.NodeID, UserAgentName: "sluice"}
 	if len(opts.NodeMetadata) > 0 {
@@ -229,7 +228,8 @@ func (c *Client) Run(ctx context.Context, r *config.Reloader) error {
 			wait, attempt = c.opts.BackoffInitial, 0 // a fresh start: the next attempt is the first
 		}
 		d := c.jittered(wait)
-		c.log.Warn("xds: stream ended; opening it again", "server", c.name, "err", err, "in", d)
+		// gRPC's errors may quote the target, credentials and all.
+		c.log.Warn("xds: stream ended; opening it again", "server", c.name, "err", redact.Error(err, c.opts.Server), "in", d)
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

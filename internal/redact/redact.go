@@ -105,3 +105,21 @@ func redactValue(v string, k Kind) string {
 	}
 	return Addrs(v)
 }
+
+// Error returns err with every occurrence of raw in its message (a URL an
+// error quotes, credentials and all) replaced by Addr(raw); errors.Is and
+// errors.As still see err.
+func Error(err error, raw string) error {
+	if err == nil || raw == "" || Addr(raw) == raw {
+		return err
+	}
+	return &redacted{err: err, msg: strings.ReplaceAll(err.Error(), raw, Addr(raw))}
+}
+
+type redacted struct {
+	err error
+	msg string
+}
+
+func (e *redacted) Error() string { return e.msg }
+func (e *redacted) Unwrap() error { return e.err }

@@ -1,6 +1,9 @@
 package redact
 
 import (
+	"errors"
+	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -87,4 +90,17 @@ func FuzzAddr(f *testing.F) {
 			t.Errorf("Addr(%q) = %q: user information %q, want %q", s, got, mid, want)
 		}
 	})
+}
+
+func TestError(t *testing.T) {
+	raw := "redis://u:hunter2@r:notaport"
+	inner := &url.Error{Op: "parse", URL: raw, Err: errors.New("invalid port")}
+	err := Error(fmt.Errorf("redis: url: %w", inner), raw)
+	var ue *url.Error
+	if strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "u:xxxxx@r:notaport") || !errors.As(err, &ue) {
+		t.Errorf("Error = %q (unwraps to *url.Error: %v)", err, errors.As(err, &ue))
+	}
+	if e := errors.New("x"); Error(e, "r:6379") != e || Error(nil, raw) != nil {
+		t.Error("Error wrapped an error with nothing to hide")
+	}
 }
