@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"time"
 
 	"google.golang.org/grpc"
 
@@ -86,7 +85,7 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if kr, ok := x.Store.(observe.KeyRanger); ok {
 		dbg.Keys = kr
 	}
-	srv := &http.Server{Handler: dbg.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := x.HTTPBounds.server(dbg.Handler(), x.Logger, false)
 	x.Logger.Info("debug endpoints", "addr", lis.Addr().String())
 	x.Run = append(x.Run, func(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, func() { srv.Close() })
