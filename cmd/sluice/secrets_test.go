@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"regexp"
 	"strings"
 	"testing"
@@ -64,6 +65,31 @@ func TestShownValue(t *testing.T) {
 	} {
 		if got := shownValue(tc.flag, tc.value); got != tc.want {
 			t.Errorf("shownValue(%q, %q) = %q, want %q", tc.flag, tc.value, got, tc.want)
+		}
+	}
+}
+
+// TestRedisDeployment_NoCredentials: the status page's description of
+// the Redis deployment never holds a password, whatever the form of the
+// addresses.
+func TestRedisDeployment_NoCredentials(t *testing.T) {
+	for _, args := range [][]string{
+		{"--redis-url", "redis://u:hunter2@r:6379/0"},
+		{"--redis-url", "redis://u:hun%zzter2@r:6379"},
+		{"--redis-cluster", "c1:7000,u:hunter2@c2:7000"},
+		{"--redis-sentinel", "redis://:hunter2@s1:26379,s2:26379", "--redis-sentinel-master", "m"},
+	} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		var f serveFlags
+		f.register(fs)
+		backends["redis"].flags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range redisDeployment(fs) {
+			if strings.Contains(s.Value, "hunter2") {
+				t.Errorf("%q: %s = %q", args, s.Name, s.Value)
+			}
 		}
 	}
 }
