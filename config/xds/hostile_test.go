@@ -28,10 +28,13 @@ import (
 // minutes of pacing and backoff in no time, and its counts and times are
 // exact (the tests turn jitter off).
 
-// adsFunc serves every stream with a function.
-type adsFunc func(discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error
+// adsStream is the server's side of an ADS stream.
+type adsStream = discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer
 
-func (f adsFunc) StreamAggregatedResources(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+// adsFunc serves every stream with a function.
+type adsFunc func(adsStream) error
+
+func (f adsFunc) StreamAggregatedResources(s adsStream) error {
 	return f(s)
 }
 
@@ -149,11 +152,43 @@ func (e *exchange) reply(req *discoverypb.DiscoveryRequest) {
 	e.replies = append(e.replies, req)
 }
 
+// roundTrip sends resp on s and records the client's reply.
+func (e *exchange) roundTrip(s adsStream, resp *discoverypb.DiscoveryResponse) error {
+	if err := s.Send(resp); err != nil {
+		return err
+	}
+	req, err := s.Recv()
+	if err != nil {
+		return err
+	}
+	e.reply(req)
+	return nil
+}
+
 // seen returns what the server saw, when the test is done with it.
 func (e *exchange) seen() (at []time.Duration, replies []*discoverypb.DiscoveryRequest, streams []time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.at, e.replies, e.streams
+}
+
+// replying is a server that sends next(1) on each stream, then next(n+1)
+// after the client's reply to next(n), for n up to last, recording the
+// replies in ex; then it holds the stream open.
+func replying(ex *exchange, last int, next func(n int) *discoverypb.DiscoveryResponse) adsFunc {
+	return func(s adsStream) error {
+		ex.opened()
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+		for n := 1; n <= last; n++ {
+			if err := ex.roundTrip(s, next(n)); err != nil {
+				return err
+			}
+		}
+		<-s.Context().Done()
+		return nil
+	}
 }
 
 // rounds bounds every hostile loop, so that a client that answers at full
@@ -170,24 +205,9 @@ func TestHostile_SameBadConfigNewVersions(t *testing.T) {
 		bad := broken(2000)
 		ex := newExchange()
 		log := &logCount{}
-		r := hostile(t, log, 10*time.Second, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-			ex.opened()
-			if _, err := s.Recv(); err != nil {
-				return err
-			}
-			for v := 1; v <= rounds; v++ {
-				if err := s.Send(response(t, strconv.Itoa(v), "n"+strconv.Itoa(v), bad)); err != nil {
-					return err
-				}
-				req, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				ex.reply(req)
-			}
-			<-s.Context().Done()
-			return nil
-		})
+		r := hostile(t, log, 10*time.Second, replying(ex, rounds, func(v int) *discoverypb.DiscoveryResponse {
+			return response(t, strconv.Itoa(v), "n"+strconv.Itoa(v), bad)
+		}))
 		at, replies, _ := ex.seen()
 		want := []time.Duration{0, time.Second, 3 * time.Second, 7 * time.Second}
 		if len(at) != len(want) {
@@ -226,7 +246,7 @@ func TestHostile_AlternatingBadConfigs(t *testing.T) {
 		a, b := broken(3), broken(4)
 		ex := newExchange()
 		v := 0
-		r := hostile(t, nil, 2*time.Minute, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+		r := hostile(t, nil, 2*time.Minute, func(s adsStream) error {
 			ex.opened()
 			if _, err := s.Recv(); err != nil {
 				return err
@@ -240,14 +260,9 @@ func TestHostile_AlternatingBadConfigs(t *testing.T) {
 				if v%2 == 0 {
 					cfg = b
 				}
-				if err := s.Send(response(t, strconv.Itoa(v), "n", cfg)); err != nil {
+				if err := ex.roundTrip(s, response(t, strconv.Itoa(v), "n", cfg)); err != nil {
 					return err
 				}
-				req, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				ex.reply(req)
 			}
 			return fmt.Errorf("dropped")
 		})
@@ -272,24 +287,9 @@ func TestHostile_AlternatingBadConfigs(t *testing.T) {
 func TestHostile_SameResponseAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := newExchange()
-		r := hostile(t, nil, 10*time.Second, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-			ex.opened()
-			if _, err := s.Recv(); err != nil {
-				return err
-			}
-			for n := 1; n <= rounds; n++ {
-				if err := s.Send(response(t, "7", "n"+strconv.Itoa(n), limits("eg/http", "http", 10))); err != nil {
-					return err
-				}
-				req, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				ex.reply(req)
-			}
-			<-s.Context().Done()
-			return nil
-		})
+		r := hostile(t, nil, 10*time.Second, replying(ex, rounds, func(n int) *discoverypb.DiscoveryResponse {
+			return response(t, "7", "n"+strconv.Itoa(n), limits("eg/http", "http", 10))
+		}))
 		at, replies, _ := ex.seen()
 		want := []time.Duration{0, time.Second, 3 * time.Second, 7 * time.Second}
 		if len(at) != len(want) {
@@ -313,23 +313,9 @@ func TestHostile_SameResponseAgain(t *testing.T) {
 func TestHostile_SameConfigNewVersions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := newExchange()
-		r := hostile(t, nil, time.Second, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-			if _, err := s.Recv(); err != nil {
-				return err
-			}
-			for v := 1; v <= 20; v++ {
-				if err := s.Send(response(t, strconv.Itoa(v), "n", limits("eg/http", "http", 10))); err != nil {
-					return err
-				}
-				req, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				ex.reply(req)
-			}
-			<-s.Context().Done()
-			return nil
-		})
+		r := hostile(t, nil, time.Second, replying(ex, 20, func(v int) *discoverypb.DiscoveryResponse {
+			return response(t, strconv.Itoa(v), "n", limits("eg/http", "http", 10))
+		}))
 		at, replies, _ := ex.seen()
 		if len(replies) != 20 {
 			t.Fatalf("%d replies, want 20", len(replies))
@@ -356,7 +342,7 @@ func TestHostile_PushAndDrop(t *testing.T) {
 				RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_MINUTE, RequestsPerUnit: 1}})
 		}
 		ex := newExchange()
-		r := hostile(t, nil, 2*time.Minute, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+		r := hostile(t, nil, 2*time.Minute, func(s adsStream) error {
 			if ex.opened() > rounds {
 				<-s.Context().Done()
 				return nil
@@ -364,14 +350,9 @@ func TestHostile_PushAndDrop(t *testing.T) {
 			if _, err := s.Recv(); err != nil {
 				return err
 			}
-			if err := s.Send(response(t, "1", "n", big)); err != nil {
+			if err := ex.roundTrip(s, response(t, "1", "n", big)); err != nil {
 				return err
 			}
-			req, err := s.Recv()
-			if err != nil {
-				return err
-			}
-			ex.reply(req)
 			return fmt.Errorf("dropped")
 		})
 		_, replies, streams := ex.seen()
@@ -401,7 +382,7 @@ func TestHostile_PushAndDrop(t *testing.T) {
 func TestStream_BackoffStartsOverAfterAStableStream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ex := newExchange()
-		hostile(t, nil, 80*time.Second, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+		hostile(t, nil, 80*time.Second, func(s adsStream) error {
 			switch n := ex.opened(); {
 			case n == 4:
 				time.Sleep(DefaultStableAfter - time.Millisecond) // not quite stable
@@ -442,33 +423,23 @@ func TestHostile_RollbackAndFix(t *testing.T) {
 			response(t, "1", "a", good), response(t, "2", "b", bad), response(t, "3", "c", bad),
 			response(t, "4", "d", good), response(t, "5", "e", bad), response(t, "6", "f", bad),
 		}
-		r := hostile(t, nil, time.Minute, func(s discoverypb.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+		r := hostile(t, nil, time.Minute, func(s adsStream) error {
 			if _, err := s.Recv(); err != nil {
 				return err
 			}
 			for _, resp := range script {
-				if err := s.Send(resp); err != nil {
+				if err := ex.roundTrip(s, resp); err != nil {
 					return err
 				}
-				req, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				ex.reply(req)
 			}
 			// Version 6 is NACKed after a delay; the fix comes before.
 			if err := s.Send(response(t, "6", "g", bad)); err != nil {
 				return err
 			}
 			time.Sleep(100 * time.Millisecond)
-			if err := s.Send(response(t, "7", "h", limits("eg/http", "http", 11))); err != nil {
+			if err := ex.roundTrip(s, response(t, "7", "h", limits("eg/http", "http", 11))); err != nil {
 				return err
 			}
-			req, err := s.Recv()
-			if err != nil {
-				return err
-			}
-			ex.reply(req)
 			<-s.Context().Done()
 			return nil
 		})
