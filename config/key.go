@@ -27,7 +27,10 @@ const DefaultMaxValueBytes = 256
 // or a sliding window's stored state is only meaningful for those
 // parameters (a sliding window's buckets depend on the limit). '%', '|', '=' and
 // '#' inside the domain, keys and values are written as %25, %7C, %3D and
-// %23, so a key splits back unambiguously. A part longer than the maximum is
+// %23, so a key splits back unambiguously. '{' and '}' are written as %7B
+// and %7D, so that no part of a key is a Redis Cluster hash tag: the whole
+// key chooses its hash slot, not a client's value (only the store's key
+// prefix, the operator's, may hold a tag). A part longer than the maximum is
 // written as '#' and the first 16 bytes of its SHA-256 in hex.
 
 const hexDigits = "0123456789ABCDEF"
@@ -44,7 +47,7 @@ func appendPart(dst []byte, s string, max int) []byte {
 	}
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; c {
-		case '%', '|', '=', '#':
+		case '%', '|', '=', '#', '{', '}':
 			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
 		default:
 			dst = append(dst, c)

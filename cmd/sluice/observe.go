@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"time"
+	"os"
 
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/observe"
 )
 
@@ -81,11 +82,11 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if err != nil {
 		return fmt.Errorf("--debug-addr: %w", err)
 	}
-	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock}
+	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock, Cmdline: redact.Args(os.Args, flagSecrecy)}
 	if kr, ok := x.Store.(observe.KeyRanger); ok {
 		dbg.Keys = kr
 	}
-	srv := &http.Server{Handler: dbg.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := x.HTTPBounds.server(dbg.Handler(), x.Logger, false)
 	x.Logger.Info("debug endpoints", "addr", lis.Addr().String())
 	x.Run = append(x.Run, func(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, func() { srv.Close() })

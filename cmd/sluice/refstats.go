@@ -123,7 +123,7 @@ func (f *refStatsFlags) servePrometheus(x *serveContext) (*observe.MappedSink, e
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET "+f.promPath, observe.Handler(reg))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := x.HTTPBounds.server(mux, x.Logger, true)
 	x.Logger.Info("envoyproxy/ratelimit metrics", "addr", lis.Addr().String(), "path", f.promPath)
 	x.Run = append(x.Run, func(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, func() { srv.Close() })

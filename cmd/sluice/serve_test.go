@@ -238,7 +238,7 @@ func TestServe_EndToEnd(t *testing.T) {
 	if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health: %v %v", r, err)
 	}
-	res, err := http.Get("http://" + httpAddr + "/v1/check?domain=e2e&key=path&value=/login")
+	res, err := http.Post("http://"+httpAddr+"/v1/check", "application/json", strings.NewReader(`{"domain":"e2e","key":"path","value":"/login"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -152,7 +153,8 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 	case opt.URL != "":
 		var err error
 		if co, err = rueidis.ParseURL(opt.URL); err != nil {
-			return co, fmt.Errorf("redis: url: %w", err)
+			// The parser's error quotes the URL, password and all.
+			return co, fmt.Errorf("redis: url: %w", redact.Error(err, opt.URL))
 		}
 		co.ForceSingleClient = true
 	case len(opt.SentinelAddrs) > 0:
