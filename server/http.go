@@ -109,18 +109,18 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	writeProto(w, code, marshalRLS, h.rls.response(&c.req, &c.resp))
 }
 
-// peekOnly answers a GET /v1/check that does not say cost=0.
-const peekOnly = "GET /v1/check never consumes: add cost=0 to peek, or POST /v1/check with Content-Type: application/json to consume"
+// peekOnly answers a GET /v1/check that asks for a cost.
+const peekOnly = "GET /v1/check never consumes: leave cost out (or cost=0) to peek, or POST /v1/check with Content-Type: application/json to consume"
 
-// checkQuery is GET /v1/check?domain=D&key=K&value=V&cost=0: a peek. A GET
-// is safe (RFC 9110): browsers send it cross-site (an <img>, a link),
+// checkQuery is GET /v1/check?domain=D&key=K&value=V: a peek. A GET is
+// safe (RFC 9110): browsers send it cross-site (an <img>, a link),
 // crawlers and prefetchers follow it, clients retry it. So it never
-// consumes, and says cost=0 so that a caller written when a GET consumed
-// gets an error rather than a peek it takes for a check.
+// consumes; a cost other than 0 is refused, so that a caller written when
+// a GET consumed learns it instead of taking peeks for charges.
 func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	in := &sluicev1.CheckRequest{Domain: q.Get("domain"), Key: q.Get("key"), Value: q.Get("value")}
-	if q.Get("cost") != "0" {
+	if c, ok := q["cost"]; ok && (len(c) != 1 || c[0] != "0") {
 		writeError(w, &limiter.InvalidError{Reason: peekOnly})
 		return
 	}

@@ -124,17 +124,18 @@ func TestHTTP_Check(t *testing.T) {
 }
 
 // TestHTTP_GetCheckPeeks: GET /v1/check answers what a check would get
-// and consumes nothing, however often it is sent; a GET that does not say
-// cost=0 (as a GET that consumed did) is refused.
+// and consumes nothing, however often it is sent, with or without cost=0;
+// a GET that asks for a cost (as a GET that consumed did) is refused.
 func TestHTTP_GetCheckPeeks(t *testing.T) {
 	e := newEnv(t, limiter.Options{}, server.Options{})
-	for i := range 5 {
-		r := e.do(t, "GET", "/v1/check?domain=e2e&key=remote_address&value=1.2.3.4&cost=0", "")
+	for i := range 6 {
+		q := []string{"&cost=0", ""}[i%2]
+		r := e.do(t, "GET", "/v1/check?domain=e2e&key=remote_address&value=1.2.3.4"+q, "")
 		if r.code != 200 || r.body["allowed"] != true || r.body["remaining"] != "2" || r.header.Get("RateLimit-Remaining") != "2" {
 			t.Fatalf("peek %d: %d %v, want 200 with 2 remaining", i, r.code, r.body)
 		}
 	}
-	for _, q := range []string{"", "&cost=1", "&cost=x", "&cost=-1", "&cost="} {
+	for _, q := range []string{"&cost=1", "&cost=x", "&cost=-1", "&cost=", "&cost=0&cost=1"} {
 		r := e.do(t, "GET", "/v1/check?domain=e2e&key=remote_address&value=1.2.3.4"+q, "")
 		if r.code != 400 || !strings.Contains(r.body["error"].(string), "GET /v1/check never consumes") {
 			t.Errorf("GET%s: %d %v, want 400 saying a GET never consumes", q, r.code, r.body)
