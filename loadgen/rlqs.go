@@ -36,15 +36,19 @@ const (
 // rate_limit_quota filter does. Every proxy reports bucket {Key:
 // "shared"}, whose limit L is Limit per second, and Buckets-1 more
 // buckets {Key: "b<j>"} with one request per report (load on the server,
-// not measured). The zero value of each field means its default.
+// not measured; with DistinctBuckets {Key: "p<i>b<j>"}, each proxy's
+// own). The zero value of each field means its default.
 type RLQSOptions struct {
 	Targets     []string
 	DialOptions []grpc.DialOption
 	Domain      string // default "rlqs"
 	Key         string // default "tenant"
 	Buckets     int    // per proxy, default 1
-	Proxies     int    // default 50
-	Demand      string // default steady
+	// DistinctBuckets gives each proxy extra buckets of its own, as a
+	// client inventing bucket ids does: every one is a limit of its own.
+	DistinctBuckets bool
+	Proxies         int    // default 50
+	Demand          string // default steady
 	// Rate is the base demand of one proxy in requests per second;
 	// default 2·Limit/Proxies (Limit/(2·Proxies) for skewed, so that the
 	// light proxies need less than an equal share).
@@ -349,8 +353,12 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 	subscribed := false // a report of the shared bucket was sent since it was created
 	var lastReport time.Time
 	extra := make([]map[string]string, o.Buckets-1)
+	prefix := ""
+	if o.DistinctBuckets {
+		prefix = "p" + strconv.Itoa(p.i)
+	}
 	for j := range extra {
-		extra[j] = map[string]string{o.Key: "b" + strconv.Itoa(j)}
+		extra[j] = map[string]string{o.Key: prefix + "b" + strconv.Itoa(j)}
 	}
 	send := func(now time.Time, first bool) error {
 		el := now.Sub(lastReport)

@@ -17,7 +17,7 @@ func FuzzReport(f *testing.F) {
 	f.Add("free", "1", int64(25*time.Hour), uint64(5), uint64(5), "closed", "z")
 	s, _ := newTestService(f, Options{MaxBucketsPerStream: 3})
 	f.Fuzz(func(t *testing.T, k1, v1 string, elapsed int64, allowed, denied uint64, k2, v2 string) {
-		st, err := s.Open("d")
+		st, err := s.Open()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,7 +28,7 @@ func FuzzReport(f *testing.F) {
 		}
 		for round := range 3 {
 			before := st.Buckets()
-			err := st.Report(at(float64(round)), us)
+			err := st.Report(at(float64(round)), "d", us)
 			after := st.Buckets()
 			switch {
 			case err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrTooManyBuckets):

@@ -15,7 +15,7 @@ import (
 // downFleet fails every exchange, as a fleet whose Redis is down.
 type downFleet struct{}
 
-func (downFleet) Exchange(context.Context, time.Time, map[string]Claim) (Remote, error) {
+func (downFleet) Exchange(context.Context, time.Time, map[string]Claim, []string) (Remote, error) {
 	return Remote{}, errors.New("redis: dial tcp 127.0.0.1:6379: connection refused")
 }
 

@@ -114,6 +114,9 @@ func TestServeRLQS_BadSettings(t *testing.T) {
 		{[]string{"--rlqs-threshold", "1.5"}, "--rlqs-threshold"},
 		{[]string{"--rlqs-reserve", "0.9"}, "--rlqs-reserve"},
 		{[]string{"--rlqs-max-buckets-per-stream", "0"}, "--rlqs-max-buckets-per-stream"},
+		{[]string{"--rlqs-max-streams", "0"}, "--rlqs-max-streams"},
+		{[]string{"--rlqs-max-buckets", "-1"}, "--rlqs-max-buckets"},
+		{[]string{"--rlqs-max-claims", "0"}, "--rlqs-max-claims"},
 		{[]string{"--rlqs-fixed-window-strategy", "leaky"}, "--rlqs-fixed-window-strategy"},
 	} {
 		args := append([]string{"--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, c.args...)

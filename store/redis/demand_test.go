@@ -34,9 +34,9 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	b := newStore(t).Demand("b", 3*time.Second)
 	now := time.UnixMilli(1_800_000_000_000)
 
-	exchange := func(step string, d *Demand, at time.Time, local map[string]quota.Claim) quota.Remote {
+	exchange := func(step string, d *Demand, at time.Time, local map[string]quota.Claim, release ...string) quota.Remote {
 		t.Helper()
-		r, err := d.Exchange(ctx, at, local)
+		r, err := d.Exchange(ctx, at, local, release)
 		if err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
@@ -67,15 +67,15 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	g3 := func(ds ...float64) map[string]quota.Claim {
 		return map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
 	}
-	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5))
+	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5), "g2")
 	exchange("b g3", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
 	if r := exchange("a g3 again", a, now.Add(2*time.Second), g3(5, 5, 5, 5)); !near(r.Granted["g3"], 44) {
 		t.Errorf("a's four proxies of 5 beside b's one of 50 on 100: %+v, want 44 (4 × (5 + 30/5))", r)
 	}
 	exchange("b g3 again", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if cli != nil {
-		// a no longer has g2: its field is deleted (and the hash with it);
-		// the hashes expire.
+		// a gave g2 back: its field is deleted (and the hash with it); the
+		// hashes expire.
 		if got := cli("EXISTS", "d:rlqs:g2"); got != "0" {
 			t.Errorf("EXISTS d:rlqs:g2 = %s after a dropped it", got)
 		}
@@ -111,7 +111,7 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 			wg.Go(func() {
 				// Demands move every round until round 20, then hold.
 				v := float64((i*7+min(round, 20)*13)%50) * 40
-				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}})
+				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}}, nil)
 				if err != nil {
 					t.Error(err)
 				}
