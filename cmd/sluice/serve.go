@@ -62,6 +62,7 @@ type serveFlags struct {
 	maxConnAgeGrace  time.Duration
 	keepaliveTime    time.Duration
 	keepaliveTimeout time.Duration
+	maxStreams       int
 	source           sourceFlags
 }
 
@@ -97,6 +98,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.maxConnAgeGrace, "max-connection-age-grace", 0, "time for in-flight calls after max-connection-age (0: unlimited)")
 	fs.DurationVar(&f.keepaliveTime, "keepalive-time", 0, "ping idle gRPC clients after this long (0: gRPC's 2h)")
 	fs.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", 0, "close a connection whose ping is unanswered this long (0: gRPC's 20s)")
+	fs.IntVar(&f.maxStreams, "grpc-max-concurrent-streams", server.DefaultMaxConcurrentStreams, "most concurrent gRPC calls and streams on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); clients open more connections or wait")
 	f.source.register(fs)
 }
 
@@ -275,6 +277,9 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	if (f.tlsCert == "") != (f.tlsKey == "") || f.tlsClientCA != "" && f.tlsCert == "" {
 		return errors.New("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)")
 	}
+	if f.maxStreams < 1 || f.maxStreams > 1<<31-1 {
+		return errors.New("--grpc-max-concurrent-streams must be between 1 and 2^31-1")
+	}
 
 	reloader, err := f.openConfig(logger)
 	if err != nil {
@@ -316,7 +321,8 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata}
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
-		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions, Quota: x.Quota}
+		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, MaxConcurrentStreams: uint32(f.maxStreams),
+		ServerOptions: x.GRPCOptions, Quota: x.Quota}
 	if b.waits {
 		gopts.StreamWorkers = blockingWorkers * runtime.GOMAXPROCS(0)
 	}

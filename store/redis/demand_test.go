@@ -3,12 +3,15 @@ package redis
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/quota"
 
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -136,3 +139,117 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 		}
 	}
 }
+
+// TestDemand_ClaimFailsAlone: one group's hash is not a hash (a key of the
+// wrong type, as a shard down would do): its claim fails, the others are
+// granted, and the error names it.
+func TestDemand_ClaimFailsAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "w:"}).Demand("a", 3*time.Second)
+	srv.CLI("SET", "w:rlqs:bad", "a string")
+	now := time.UnixMilli(1_800_000_000_000)
+	claim := quota.Claim{Capacity: 100, Max: 100, Demands: []float64{10}}
+	r, err := d.Exchange(ctx, now, map[string]quota.Claim{"good": claim, "bad": claim, "fine": claim}, nil)
+	if err == nil || !strings.Contains(err.Error(), `"bad"`) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("error %v, want one naming the claim of \"bad\"", err)
+	}
+	if _, ok := r.Granted["bad"]; ok || len(r.Granted) != 2 || r.Live != 1 {
+		t.Errorf("remote %+v, want good and fine granted, 1 live", r)
+	}
+	// After a restart, Redis has forgotten the script: the claims load it.
+	srv.CLI("SCRIPT", "FLUSH")
+	r, err = d.Exchange(ctx, now.Add(time.Second), map[string]quota.Claim{"good": claim, "fine": claim}, nil)
+	if err != nil || len(r.Granted) != 2 {
+		t.Errorf("after SCRIPT FLUSH: %+v, %v; want both granted", r, err)
+	}
+}
+
+// TestDemand_ServiceStalesOnlyTheFailedGroup: two replicas (quota services
+// on one Redis) divide two limits between their proxies; then one limit's
+// hash gets the wrong type. The other limit stays divided over the fleet,
+// and only the broken one falls back to the cautious part (its share of
+// the reserve) once its last claim is stale.
+func TestDemand_ServiceStalesOnlyTheFailedGroup(t *testing.T) {
+	srv := redistest.Start(t)
+	p := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(p, []byte("domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	table, err := config.Load(p, config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type replica struct {
+		q         *quota.Service
+		good, bad *quota.Stream
+	}
+	var rs []replica
+	for _, name := range []string{"a", "b"} {
+		d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "s:"}).Demand(name, 3*time.Second)
+		q := quota.New(constTable{table}, quota.Options{Fleet: d})
+		r := replica{q: q}
+		r.good, _ = q.Open()
+		r.bad, _ = q.Open()
+		rs = append(rs, r)
+	}
+	t0 := time.UnixMilli(1_800_000_000_000)
+	held := map[*quota.Stream]uint64{}
+	var tickErr error
+	second := func(sec int) {
+		t.Helper()
+		now := t0.Add(time.Duration(sec) * time.Second)
+		for _, r := range rs {
+			for st, v := range map[*quota.Stream]string{r.good: "good", r.bad: "bad"} {
+				u := quota.Usage{Bucket: map[string]string{"tenant": v}, Elapsed: time.Second, Allowed: 5000}
+				if err := st.Report(now, "d", []quota.Usage{u}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for i, r := range rs {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			tickErr = r.q.Tick(ctx, now.Add(time.Duration(300*(i+1))*time.Millisecond))
+			cancel()
+			for _, st := range []*quota.Stream{r.good, r.bad} {
+				for _, a := range st.Pending() {
+					held[st] = a.Requests
+				}
+			}
+		}
+	}
+	for sec := range 3 {
+		second(sec)
+	}
+	for i, r := range rs {
+		if held[r.good] != 490 || held[r.bad] != 490 {
+			t.Fatalf("replica %d: good %d, bad %d, want 490 each", i, held[r.good], held[r.bad])
+		}
+	}
+	var bad string
+	for _, k := range strings.Fields(srv.CLI("KEYS", "s:rlqs:*tenant=bad*")) {
+		bad = k
+	}
+	if bad == "" {
+		t.Fatal("no hash for tenant=bad")
+	}
+	srv.CLI("DEL", bad)
+	srv.CLI("SET", bad, "a string")
+	for sec := 3; sec < 8; sec++ {
+		second(sec)
+	}
+	if tickErr == nil || !strings.Contains(tickErr.Error(), "WRONGTYPE") {
+		t.Errorf("Tick: %v, want the failed claim", tickErr)
+	}
+	for i, r := range rs {
+		if held[r.good] != 490 || held[r.bad] != 10 {
+			t.Errorf("replica %d with tenant=bad's hash broken for 5 s: good %d, want 490; bad %d, want 10 (the reserve of 20 over 2 replicas)",
+				i, held[r.good], held[r.bad])
+		}
+	}
+}
+
+type constTable struct{ t *config.Table }
+
+func (c constTable) Current() *config.Table { return c.t }
