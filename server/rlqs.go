@@ -19,9 +19,13 @@ import (
 	"github.com/sluicehq/sluice/quota"
 )
 
-// maxActionsPerMessage bounds one RateLimitQuotaResponse; more actions go
-// in further messages.
-const maxActionsPerMessage = 1000
+// maxActionsPerMessage and maxIDBytesPerMessage (the bytes of the bucket
+// ids it echoes) bound one RateLimitQuotaResponse, below gRPC's default
+// limit of 4 MiB a message; more actions go in further messages.
+const (
+	maxActionsPerMessage = 1000
+	maxIDBytesPerMessage = 1 << 20
+)
 
 // RLQS serves Envoy's Rate Limit Quota Service
 // (envoy.service.rate_limit_quota.v3) from a quota.Service: it turns
@@ -138,10 +142,17 @@ func report(st *quota.Stream, m *rlqspb.RateLimitQuotaUsageReports) error {
 	return st.Report(time.Now(), m.GetDomain(), us)
 }
 
-// send writes actions in messages of at most maxActionsPerMessage.
+// send writes actions in messages of at most maxActionsPerMessage and
+// about maxIDBytesPerMessage.
 func send(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, actions []quota.Action) error {
 	for len(actions) > 0 {
-		n := min(len(actions), maxActionsPerMessage)
+		n, size := 0, 0
+		for n < min(len(actions), maxActionsPerMessage) && (n == 0 || size < maxIDBytesPerMessage) {
+			for k, v := range actions[n].Bucket {
+				size += len(k) + len(v)
+			}
+			n++
+		}
 		resp := &rlqspb.RateLimitQuotaResponse{BucketAction: make([]*rlqspb.RateLimitQuotaResponse_BucketAction, n)}
 		for i := range n {
 			resp.BucketAction[i] = bucketAction(&actions[i])

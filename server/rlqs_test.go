@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -449,4 +450,44 @@ func maxConcurrentStreams(addr string) (uint32, error) {
 		}
 	}
 	return 0, errors.New("no SETTINGS_MAX_CONCURRENT_STREAMS")
+}
+
+// TestRLQS_LargeBucketIDsSplit: 600 buckets of 7.5 KiB ids re-sent at
+// once (their TTL nears) come in messages under gRPC's default 4 MiB, which
+// one message of them all (4.5 MB) would pass.
+func TestRLQS_LargeBucketIDsSplit(t *testing.T) {
+	e := newRLQSEnv(t, quota.Options{})
+	s, _ := openStream(t, e)
+	fat := func(i int) *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		u := usage(1, 0, "id", strconv.Itoa(i))
+		for k := range 3 {
+			u.BucketId.Bucket["k"+strconv.Itoa(k)] = strings.Repeat("v", 2500)
+		}
+		return u
+	}
+	for m := range 6 {
+		var us []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+		for i := range 100 {
+			us = append(us, fat(100*m+i))
+		}
+		sendReports(t, s, reports("e2e", us...))
+	}
+	recvN := func(n int) (msgs int) {
+		t.Helper()
+		for got := 0; got < n; msgs++ {
+			r, err := s.Recv()
+			if err != nil {
+				t.Fatalf("after %d of %d actions: %v", got, n, err)
+			}
+			got += len(r.BucketAction)
+		}
+		return msgs
+	}
+	recvN(600)
+	if err := e.q.Tick(ctx(t), time.Now().Add(quota.DefaultTTL)); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := recvN(600); msgs < 5 {
+		t.Errorf("600 re-sent actions of 7.5 KiB ids in %d messages, want at least 5 of about 1 MiB", msgs)
+	}
 }
