@@ -212,9 +212,10 @@ func TestService_ClaimsIsolated(t *testing.T) {
 }
 
 // TestService_MaxClaims: a stream that invents 100 buckets (each its own
-// limit) beside one with 2: at most MaxClaims groups are claimed an
-// interval, the small stream's every interval, the inventor's in turn;
-// the groups it drops are given back, at most MaxClaims an interval.
+// limit) with demands above the cautious part, beside one with 2: at most
+// MaxClaims groups are claimed an interval, the small stream's every
+// interval, the inventor's in turn; the groups it drops are given back,
+// at most MaxClaims an interval.
 func TestService_MaxClaims(t *testing.T) {
 	f := &splitFleet{fakeFleet: fakeFleet{name: "a", all: map[string]map[string]fakeEntry{}}}
 	s, _ := newTestService(t, Options{Fleet: f, MaxClaims: 10})
@@ -222,11 +223,11 @@ func TestService_MaxClaims(t *testing.T) {
 	big, _ := s.Open()
 	var invented []Usage
 	for i := range 100 {
-		invented = append(invented, use("tenant", "i"+strconv.Itoa(i), 1, 0))
+		invented = append(invented, use("tenant", "i"+strconv.Itoa(i), 100, 0))
 	}
 	claimedAt := map[string][]int{} // tenant → the intervals its group was claimed in
 	for sec := range 14 {
-		mustReport(t, small, at(float64(sec)), use("tenant", "s1", 1, 0), use("tenant", "s2", 1, 0))
+		mustReport(t, small, at(float64(sec)), use("tenant", "s1", 5000, 0), use("tenant", "s2", 5000, 0))
 		mustReport(t, big, at(float64(sec)), invented...)
 		_ = s.Tick(context.Background(), at(float64(sec)+0.5))
 		// fakeFleet holds the last Exchange's claims only.
@@ -259,5 +260,39 @@ func TestService_MaxClaims(t *testing.T) {
 	_ = s.Tick(context.Background(), at(14.5))
 	if len(f.released) != 10 || slices.ContainsFunc(f.released, func(g string) bool { return !strings.Contains(g, "tenant=i") }) {
 		t.Errorf("after the inventor left, released %v, want 10 of its groups", f.released)
+	}
+}
+
+// TestService_MaxClaimsSmallDemands: past MaxClaims, a group whose
+// proxies want less than its cautious part (here 10 of 1000/s: the reserve
+// of 20 split between two replicas) is divided without a claim: a stream
+// inventing 100 buckets of 1 request a second costs the fleet no claim
+// once their rates are known.
+func TestService_MaxClaimsSmallDemands(t *testing.T) {
+	all := map[string]map[string]fakeEntry{}
+	f := &splitFleet{fakeFleet: fakeFleet{name: "a", all: all}}
+	s, _ := newTestService(t, Options{Fleet: f, MaxClaims: 10})
+	other, _ := newTestService(t, Options{Fleet: &fakeFleet{name: "b", all: all}})
+	small, _ := s.Open()
+	big, _ := s.Open()
+	var invented []Usage
+	for i := range 100 {
+		invented = append(invented, use("tenant", "i"+strconv.Itoa(i), 1, 0))
+	}
+	for sec := range 4 {
+		mustReport(t, small, at(float64(sec)), use("tenant", "s1", 5000, 0), use("tenant", "s2", 5000, 0))
+		mustReport(t, big, at(float64(sec)), invented...)
+		_ = other.Tick(context.Background(), at(float64(sec)+0.2))
+		_ = s.Tick(context.Background(), at(float64(sec)+0.5))
+	}
+	// In the first interval no rate is known: every group wants a claim.
+	if want := []int{10, 2, 2, 2}; !slices.Equal(f.claims, want) {
+		t.Errorf("claims per interval %v, want %v", f.claims, want)
+	}
+	// Each has the cautious part: what it wants and headroom.
+	for _, a := range big.Pending() {
+		if a.Kind != RequestsPerUnit || a.Requests != 10 {
+			t.Errorf("tenant=%s: %+v, want 10 per second", a.Bucket["tenant"], a)
+		}
 	}
 }

@@ -98,7 +98,7 @@ func (s *Service) cautious(limit float64) float64 {
 // claims returns this interval's claims on the fleet (see claimOrder),
 // the groups they are for, and the groups to give back; s.mu is held.
 func (s *Service) claims(now time.Time) (map[string]Claim, []string, []*group) {
-	gs := s.claimOrder()
+	gs := s.claimOrder(now)
 	local := make(map[string]Claim, len(gs))
 	for _, g := range gs {
 		local[g.key] = s.claim(now, g)
@@ -111,17 +111,23 @@ func (s *Service) claims(now time.Time) (map[string]Claim, []string, []*group) {
 }
 
 // claimOrder returns the groups to claim this interval: all of them, or
-// MaxClaims when there are more. Then the groups of the streams with the
-// fewest buckets come first, so that a stream that invents buckets delays
-// only its own groups' claims; among equals, those claimed longest ago,
-// so that every group has its turn. The others are divided with their
-// last claim while it is fresh, else cautiously (see fleetMode). s.mu is
-// held.
-func (s *Service) claimOrder() []*group {
+// at most MaxClaims when there are more. Then a group whose proxies here
+// want no more than its cautious part (see cautious) is not claimed: that
+// part, which needs no claim, gives them what they want. Of the others,
+// the groups of the streams with the fewest buckets come first, so that a
+// stream that invents buckets delays only its own groups' claims; among
+// equals, those claimed longest ago, so that every group has its turn.
+// The groups not claimed are divided with their last claim while it is
+// fresh, else cautiously (see fleetMode). s.mu is held.
+func (s *Service) claimOrder(now time.Time) []*group {
 	gs := make([]*group, 0, len(s.groups))
 	for _, g := range s.groups {
 		gs = append(gs, g)
 	}
+	if len(gs) <= s.o.MaxClaims {
+		return gs
+	}
+	gs = slices.DeleteFunc(gs, func(g *group) bool { return !s.wantsClaim(now, g) })
 	if len(gs) <= s.o.MaxClaims {
 		return gs
 	}
@@ -136,6 +142,16 @@ func (s *Service) claimOrder() []*group {
 	})
 	s.claimsDeferred.Add(uint64(len(gs) - s.o.MaxClaims))
 	return gs[:s.o.MaxClaims]
+}
+
+// wantsClaim reports whether g's proxies here want more than its
+// cautious part, or have not reported a rate yet; s.mu is held.
+func (s *Service) wantsClaim(now time.Time, g *group) bool {
+	var d float64
+	for b := range g.subs {
+		d += b.currentDemand(now, s.o.Interval)
+	}
+	return d > s.cautious(float64(g.rule.Limit.Limit()))
 }
 
 // claim is this replica's claim on g; s.mu is held.
