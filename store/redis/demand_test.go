@@ -140,9 +140,9 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 	}
 }
 
-// TestDemand_ClaimFailsAlone: one group's hash is not a hash (a key of the
-// wrong type, as a shard down would do): its claim fails, the others are
-// granted, and the error names it.
+// TestDemand_ClaimFailsAlone: one group's hash of 250 is not a hash (a key
+// of the wrong type, as a shard down would do): its claim fails, the
+// others (in several pipelines) are granted, and the error names it.
 func TestDemand_ClaimFailsAlone(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -151,16 +151,20 @@ func TestDemand_ClaimFailsAlone(t *testing.T) {
 	srv.CLI("SET", "w:rlqs:bad", "a string")
 	now := time.UnixMilli(1_800_000_000_000)
 	claim := quota.Claim{Capacity: 100, Max: 100, Demands: []float64{10}}
-	r, err := d.Exchange(ctx, now, map[string]quota.Claim{"good": claim, "bad": claim, "fine": claim}, nil)
+	local := map[string]quota.Claim{"bad": claim}
+	for i := range 249 {
+		local["g"+strconv.Itoa(i)] = claim
+	}
+	r, err := d.Exchange(ctx, now, local, nil)
 	if err == nil || !strings.Contains(err.Error(), `"bad"`) || !strings.Contains(err.Error(), "WRONGTYPE") {
 		t.Errorf("error %v, want one naming the claim of \"bad\"", err)
 	}
-	if _, ok := r.Granted["bad"]; ok || len(r.Granted) != 2 || r.Live != 1 {
-		t.Errorf("remote %+v, want good and fine granted, 1 live", r)
+	if _, ok := r.Granted["bad"]; ok || len(r.Granted) != 249 || r.Live != 1 {
+		t.Errorf("%d granted (bad: %v), %d live; want the 249 others, 1 live", len(r.Granted), ok, r.Live)
 	}
 	// After a restart, Redis has forgotten the script: the claims load it.
 	srv.CLI("SCRIPT", "FLUSH")
-	r, err = d.Exchange(ctx, now.Add(time.Second), map[string]quota.Claim{"good": claim, "fine": claim}, nil)
+	r, err = d.Exchange(ctx, now.Add(time.Second), map[string]quota.Claim{"g0": claim, "g1": claim}, nil)
 	if err != nil || len(r.Granted) != 2 {
 		t.Errorf("after SCRIPT FLUSH: %+v, %v; want both granted", r, err)
 	}
