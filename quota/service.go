@@ -27,7 +27,7 @@ const (
 	DefaultMaxBucketsPerStream = 10000
 	DefaultMaxStreams          = 5000
 	DefaultMaxBuckets          = 200000
-	DefaultMaxClaims           = 2000
+	DefaultMaxClaims           = 1000
 )
 
 // Bounds on a report; anything outside them is malformed.

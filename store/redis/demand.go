@@ -55,16 +55,11 @@ func (d *Demand) key(group string) string { return d.s.opt.KeyPrefix + "rlqs:" +
 
 func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas" }
 
-// exchangeChunk is the most commands an Exchange pipelines at once: the
-// store's other calls (Envoy's requests with their 20 ms, health probes)
-// wait behind one chunk at most, not a whole exchange.
-const exchangeChunk = 100
-
 // Exchange records this replica's membership, deletes its entries of the
 // groups in release, claims its part of each group in local, and returns
-// the parts granted and the number of live replicas, in pipelined round
-// trips of exchangeChunk commands (per node on Cluster; one more for the
-// claims that found the script not loaded, after a Redis restart). A group
+// the parts granted and the number of live replicas, in one pipelined
+// round trip (one per node on Cluster; one more for the claims that found
+// the script not loaded, after a Redis restart). A group
 // whose claim failed has no part in the result, and the error names it;
 // the others are granted all the same. Live is 0 when the membership could
 // not be read.
@@ -158,23 +153,16 @@ func (d *Demand) loadAndRetry(ctx context.Context, res []rueidis.RedisResult, gr
 	return res
 }
 
-// do runs cmds in pipelines of exchangeChunk. Redis answering counts as a
-// success for the store's circuit breaker, as its own calls do: a health
-// probe that waited behind a chunk does not open it.
+// do pipelines cmds. Redis answering counts as a success for the store's
+// circuit breaker, as its own calls do: a health probe that waited behind
+// the exchange's commands does not open it.
 func (d *Demand) do(ctx context.Context, cmds rueidis.Commands) []rueidis.RedisResult {
-	res := make([]rueidis.RedisResult, 0, len(cmds))
-	for len(cmds) > 0 {
-		n := min(len(cmds), exchangeChunk)
-		answered := false
-		for _, r := range d.s.client.DoMulti(ctx, cmds[:n]...) {
-			_, redisErr := rueidis.IsRedisErr(r.Error())
-			answered = answered || redisErr || r.Error() == nil
-			res = append(res, r)
-		}
-		if answered {
+	res := d.s.client.DoMulti(ctx, cmds...)
+	for _, r := range res {
+		if _, answered := rueidis.IsRedisErr(r.Error()); answered || r.Error() == nil {
 			d.s.breaker.success()
+			break
 		}
-		cmds = cmds[n:]
 	}
 	return res
 }

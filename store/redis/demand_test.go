@@ -141,8 +141,8 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 }
 
 // TestDemand_ClaimFailsAlone: one group's hash of 250 is not a hash (a key
-// of the wrong type, as a shard down would do): its claim fails, the
-// others (in several pipelines) are granted, and the error names it.
+// of the wrong type, as a shard down would do): its claim fails, the 249
+// others are granted, and the error names it.
 func TestDemand_ClaimFailsAlone(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
