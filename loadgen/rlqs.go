@@ -35,7 +35,7 @@ const (
 // ReportInterval and enforcing their assignments locally as Envoy's
 // rate_limit_quota filter does. Every proxy reports bucket {Key:
 // "shared"}, whose limit L is Limit per second, and Buckets-1 more
-// buckets {Key: "b<j>"} with one request per report (load on the server,
+// buckets {Key: "b<j>"} with ExtraRequests per report (load on the server,
 // not measured; with DistinctBuckets {Key: "p<i>b<j>"}, each proxy's
 // own). The zero value of each field means its default.
 type RLQSOptions struct {
@@ -47,8 +47,11 @@ type RLQSOptions struct {
 	// DistinctBuckets gives each proxy extra buckets of its own, as a
 	// client inventing bucket ids does: every one is a limit of its own.
 	DistinctBuckets bool
-	Proxies         int    // default 50
-	Demand          string // default steady
+	// ExtraRequests is what each extra bucket reports allowed per report;
+	// default 1.
+	ExtraRequests uint64
+	Proxies       int    // default 50
+	Demand        string // default steady
 	// Rate is the base demand of one proxy in requests per second;
 	// default 2·Limit/Proxies (Limit/(2·Proxies) for skewed, so that the
 	// light proxies need less than an equal share).
@@ -123,6 +126,7 @@ func (o *RLQSOptions) defaults() error {
 		o.Key = "tenant"
 	}
 	o.Buckets = max(o.Buckets, 1)
+	o.ExtraRequests = max(o.ExtraRequests, 1)
 	if o.Proxies <= 0 {
 		o.Proxies = 50
 	}
@@ -374,7 +378,7 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 			NumRequestsAllowed: allowed, NumRequestsDenied: denied})
 		for _, id := range extra {
 			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
-				BucketId: &rlqspb.BucketId{Bucket: id}, TimeElapsed: durationpb.New(el), NumRequestsAllowed: 1})
+				BucketId: &rlqspb.BucketId{Bucket: id}, TimeElapsed: durationpb.New(el), NumRequestsAllowed: o.ExtraRequests})
 		}
 		allowed, denied, lastReport, subscribed = 0, 0, now, true
 		return stream.Send(m)
