@@ -120,8 +120,10 @@ type Options struct {
 	MaxBuckets int
 	// MaxClaims bounds the groups (limits) claimed from the Fleet in one
 	// interval, and so the Fleet's work, however many buckets clients
-	// invent. Past it, the groups of the streams with the fewest buckets
-	// are claimed first, the others in turn (see Tick).
+	// invent. Past it, a group whose proxies want no more than what this
+	// replica may give them unclaimed is not claimed, and of the others
+	// the groups of the streams with the fewest buckets are claimed
+	// first, then in turn (see Tick).
 	MaxClaims int
 	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
 	// (the share per unit, refilled evenly, holding a tenth of it, at least 10)
@@ -686,9 +688,8 @@ const staleAfter = 3
 // threshold or near their TTL. The error is the Fleet's; shares are
 // computed anyway: a group whose claim failed is divided with the part
 // it last claimed while the other replicas still count it (see
-// fleetMode). With more than MaxClaims groups, only MaxClaims are
-// claimed: the groups of the streams with the fewest buckets first, the
-// others in turn (see claimOrder).
+// fleetMode). With more than MaxClaims groups, at most MaxClaims are
+// claimed (see claimOrder).
 func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	local, release, claimed := s.measure(now)
 	remote, err := s.exchange(ctx, now, local, release)
