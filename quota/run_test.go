@@ -40,6 +40,19 @@ func (l *lockedLog) String() string {
 	return l.b.String()
 }
 
+// startRun runs s.Run until the returned stop is called.
+func startRun(t *testing.T, s *Service) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestRun_FleetFailuresLoggedOncePerMinute: with the fleet down for 150
 // intervals of 1 s, Run logs three lines (at 0 s, 60 s, 120 s), the later
 // ones counting the failures in between; every failure is counted.
@@ -49,15 +62,10 @@ func TestRun_FleetFailuresLoggedOncePerMinute(t *testing.T) {
 		tb := &tables{}
 		tb.p.Store(loadTable(t, testLimits))
 		s := New(tb, Options{Interval: time.Second, Fleet: downFleet{}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- s.Run(ctx) }()
+		stop := startRun(t, s)
 		time.Sleep(150*time.Second + time.Millisecond)
 		synctest.Wait()
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		stop()
 		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 		if len(lines) != 3 || !strings.Contains(lines[0], "connection refused") || !strings.Contains(lines[1], "failures_not_logged=59") {
 			t.Fatalf("%d lines for 151 failed exchanges in 150 s, want 3, the second counting 59 not logged:\n%s", len(lines), logs.String())
@@ -96,9 +104,7 @@ func TestRun_PanicRecovered(t *testing.T) {
 		mustReport(t, st, time.Now(), use("tenant", "x", 1, 0))
 		st.Pending()
 		tb.panics.Store(90)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- s.Run(ctx) }()
+		stop := startRun(t, s)
 		time.Sleep(90*time.Second + time.Millisecond)
 		synctest.Wait()
 		if n := s.Stats().Panics; n != 90 {
@@ -110,10 +116,7 @@ func TestRun_PanicRecovered(t *testing.T) {
 		if as := st.Pending(); len(as) != 1 || as[0].Requests != 1000 {
 			t.Errorf("after the panics stopped: %+v, want the whole limit of 1000", as)
 		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		stop()
 		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 		if len(lines) != 2 || !strings.Contains(lines[0], "level=ERROR") || !strings.Contains(lines[0], "injected") ||
 			!strings.Contains(lines[0], "stack=") || !strings.Contains(lines[1], "panics_not_logged=59") {
