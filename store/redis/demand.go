@@ -131,26 +131,41 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	return remote, errors.Join(errs...)
 }
 
-// loadAndRetry runs again, with EVAL (which loads the script), the claims
-// of res that found demand.lua not loaded, all in one pipeline, and
-// returns every claim's result.
+// loadAndRetry runs again the claims of res that found demand.lua not
+// loaded (after a Redis restart) and returns every claim's result. Each
+// round sends the first of them with EVAL, which loads the script, and the
+// others with EVALSHA behind it in one pipeline: on a single Redis one
+// round does, on Cluster one per node that lacked the script (each round
+// ends the EVAL'd claim's NOSCRIPT). EVAL for every claim would send the
+// script's source a thousand times.
 func (d *Demand) loadAndRetry(ctx context.Context, res []rueidis.RedisResult, groups []string, args [][]string) []rueidis.RedisResult {
 	c := d.s.client
-	var idx []int
-	var cmds rueidis.Commands
-	for i, r := range res {
-		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
+	noScript := func(r rueidis.RedisResult) bool {
+		e, ok := rueidis.IsRedisErr(r.Error())
+		return ok && e.IsNoScript()
+	}
+	for {
+		var idx []int
+		var cmds rueidis.Commands
+		for i, r := range res {
+			if !noScript(r) {
+				continue
+			}
+			k := d.key(groups[i])
+			if len(idx) == 0 {
+				cmds = append(cmds, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(k).Arg(args[i]...).Build())
+			} else {
+				cmds = append(cmds, c.B().Evalsha().Sha1(demandScript.sha).Numkeys(1).Key(k).Arg(args[i]...).Build())
+			}
 			idx = append(idx, i)
-			cmds = append(cmds, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(d.key(groups[i])).Arg(args[i]...).Build())
+		}
+		if len(idx) == 0 {
+			return res
+		}
+		for j, r := range d.do(ctx, cmds) {
+			res[idx[j]] = r
 		}
 	}
-	if len(idx) == 0 {
-		return res
-	}
-	for j, r := range d.do(ctx, cmds) {
-		res[idx[j]] = r
-	}
-	return res
 }
 
 // do pipelines cmds. Redis answering counts as a success for the store's
