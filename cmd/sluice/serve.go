@@ -63,6 +63,7 @@ type serveFlags struct {
 	keepaliveTime    time.Duration
 	keepaliveTimeout time.Duration
 	http             httpBounds
+	maxStreams       int
 	source           sourceFlags
 }
 
@@ -99,6 +100,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.keepaliveTime, "keepalive-time", 0, "ping idle gRPC clients after this long (0: gRPC's 2h)")
 	fs.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", 0, "close a connection whose ping is unanswered this long (0: gRPC's 20s)")
 	f.http.register(fs)
+	fs.IntVar(&f.maxStreams, "grpc-max-concurrent-streams", server.DefaultMaxConcurrentStreams, "most concurrent gRPC calls and streams on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); clients open more connections or wait")
 	f.source.register(fs)
 }
 
@@ -282,6 +284,9 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	if err := f.http.check(); err != nil {
 		return err
 	}
+	if f.maxStreams < 1 || f.maxStreams > 1<<31-1 {
+		return errors.New("--grpc-max-concurrent-streams must be between 1 and 2^31-1")
+	}
 
 	reloader, err := f.openConfig(logger)
 	if err != nil {
@@ -323,7 +328,8 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody}
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
-		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions, Quota: x.Quota}
+		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, MaxConcurrentStreams: uint32(f.maxStreams),
+		ServerOptions: x.GRPCOptions, Quota: x.Quota}
 	if b.waits {
 		gopts.StreamWorkers = blockingWorkers * runtime.GOMAXPROCS(0)
 	}

@@ -259,6 +259,7 @@ func TestServe_BadSettings(t *testing.T) {
 		{"--config", "testdata/serve", "--store-failure-mode", "open"},
 		{"--config", "testdata/serve", "--tls-cert", "x.pem"},
 		{"--config", "testdata/serve", "--log-level", "loud"},
+		{"--config", "testdata/serve", "--grpc-max-concurrent-streams", "0"},
 		{"--config", t.TempDir()}, // empty without --allow-empty-config
 		{"--config", filepath.Join(t.TempDir(), "missing"), "--allow-empty-config"},
 	} {
