@@ -279,3 +279,229 @@ func TestCalendarSliding_MonthBuckets(t *testing.T) {
 		{"clock back a day counts in April", 58 * day, 0, ok(4, 0, 3*90*time.Hour+day)},
 	})
 }
+
+// The calendar fuzz targets count in the oracle's zones, from instants
+// next to changes of offset and of month, with steps of calendar sizes.
+
+var calendarUnits = [...]struct {
+	unit   CalendarUnit
+	months int
+}{{CalendarDay, 1}, {CalendarWeek, 1}, {CalendarMonth, 1}, {CalendarMonth, 3}, {CalendarYear, 1}}
+
+var calendarStarts = [...]string{"2024-03-30T22:00:00Z", "2024-10-26T12:00:00Z", "2024-02-28T12:00:00Z",
+	"2023-12-31T12:00:00Z", "2026-11-01T05:59:59Z", "2024-04-06T14:00:00Z"}
+
+const day = 24 * time.Hour
+
+var calendarSteps = [...]time.Duration{0, 0, 1, time.Second, time.Minute, time.Hour, 6 * time.Hour, 23 * time.Hour,
+	day, 25 * time.Hour, 3 * day, 7 * day, 29 * day, 31 * day, -time.Hour, -1}
+
+// fuzzCalendar picks a calendar, its oracle and a start from fuzz bytes.
+func fuzzCalendar(t *testing.T, unit, zone, start byte) (*Calendar, oracle, int64) {
+	u := calendarUnits[int(unit)%len(calendarUnits)]
+	c := mustCalendar(t, u.unit, u.months, oracleZones[int(zone)%len(oracleZones)])
+	return c, oracle{u.unit, u.months, c.Location()}, at(t, calendarStarts[int(start)%len(calendarStarts)])
+}
+
+// FuzzCalendarWindow checks every decision of a calendar fixed window
+// against a model that takes the window's end from time.Date: the reset
+// is exact, a window never grants more than the limit.
+func FuzzCalendarWindow(f *testing.F) {
+	f.Add(uint64(3), byte(2), byte(1), byte(0), []byte{0, 1, 0, 8, 3, 0, 11, 1, 0, 15, 250, 1, 12, 2, 0})
+	f.Add(uint64(1), byte(0), byte(2), byte(4), []byte{5, 1, 0, 5, 1, 0, 14, 1, 0, 7, 1, 0, 6, 0, 0})
+	f.Add(uint64(0), byte(1), byte(0), byte(3), []byte{0, 0, 0, 10, 1, 0})
+	f.Add(uint64(MaxFixedWindowLimit), byte(4), byte(6), byte(2), []byte{0, 250, 0, 13, 252, 1, 13, 254, 0})
+	f.Fuzz(func(t *testing.T, limit uint64, unit, zone, start byte, prog []byte) {
+		c, o, now := fuzzCalendar(t, unit, zone, start)
+		r, err := NewCalendarWindow(limit, c)
+		if err != nil {
+			t.Skip()
+		}
+		var s, mEnd, mCount uint64 // the state, and the model's window end (s) and count
+		for i := 0; i+2 < len(prog); i += 3 {
+			now += int64(calendarSteps[prog[i]%byte(len(calendarSteps))])
+			cost := fuzzCost(prog[i+1], limit)
+			end := max(uint64(o.start(o.index(now)+1))/nsPerSec, mEnd)
+			count := uint64(0)
+			if end == mEnd {
+				count = mCount
+			}
+			want := Decision{Limit: limit, ResetAfter: time.Duration(end*nsPerSec - uint64(now))}
+			switch {
+			case limit > 0 && cost <= limit-min(count, limit) && count <= limit:
+				want.Allowed = true
+				if cost > 0 {
+					count += cost
+					mEnd, mCount = end, count
+				}
+			case limit == 0 || cost > limit:
+				want.RetryAfter = Never
+			default:
+				want.RetryAfter = want.ResetAfter
+			}
+			if count < limit {
+				want.Remaining = limit - count
+			}
+			s0 := s
+			var d Decision
+			s, d = TakeWindow(s, r, now, cost)
+			if d != want {
+				t.Fatalf("op %d: TakeWindow(%#x, %s, %d) = %+v, model %+v", i/3, s0, time.Unix(0, now).In(o.loc), cost, d, want)
+			}
+			if d.Allowed && cost > 0 && prog[i+2]&1 == 1 {
+				s = Refund(s, s, r, now, cost)
+				mCount -= cost
+			}
+			if windowCount(s, mEnd) != mCount || mCount > limit {
+				t.Fatalf("op %d: state %#x, model %d in the window ending %d", i/3, s, mCount, mEnd)
+			}
+		}
+	})
+}
+
+// calendarModel is a calendar sliding window without packing: a count per
+// bucket, the buckets from the oracle's periods.
+type calendarModel struct {
+	r      *Rule
+	o      oracle
+	n      uint64 // newest bucket taken into
+	counts map[uint64]uint64
+}
+
+func (m *calendarModel) bucket(t int64) uint64 {
+	k := m.o.index(t)
+	s, e := m.o.start(k), m.o.start(k+1)
+	return uint64(k)*m.r.g + uint64(t-s)*m.r.g/uint64(e-s)
+}
+
+func (m *calendarModel) bucketStart(i uint64) int64 {
+	k, j := int64(i/m.r.g), i%m.r.g
+	s, e := m.o.start(k), m.o.start(k+1)
+	return s + int64((j*uint64(e-s)+m.r.g-1)/m.r.g)
+}
+
+func (m *calendarModel) take(now int64, cost uint64) Decision {
+	r := m.r
+	n := max(m.bucket(now), m.n)
+	sum := func(from, to uint64) (s uint64) {
+		for i := from; i <= to; i++ {
+			s += m.counts[i]
+		}
+		return s
+	}
+	used := sum(n-r.g, n)
+	d := Decision{Limit: r.limit}
+	switch {
+	case r.limit > 0 && used+cost <= r.limit && cost <= r.limit:
+		d.Allowed = true
+		if cost > 0 {
+			m.counts[n] += cost
+			m.n = n
+			used += cost
+		}
+	case r.limit == 0 || cost > r.limit:
+		d.RetryAfter = Never
+	default:
+		for k := uint64(1); ; k++ {
+			if sum(n+k-r.g, n)+cost <= r.limit {
+				d.RetryAfter = time.Duration(m.bucketStart(n+k) - now)
+				break
+			}
+		}
+	}
+	if used < r.limit {
+		d.Remaining = r.limit - used
+	}
+	for i := n - r.g; i <= n; i++ {
+		if m.counts[i] > 0 {
+			d.ResetAfter = time.Duration(m.bucketStart(i+r.g+1) - now)
+			break
+		}
+	}
+	return d
+}
+
+// FuzzCalendarSliding checks every decision of a calendar sliding window
+// against an unpacked model whose buckets come from time.Date, and the
+// guarantee: at every admitted hit (placed at its instant, or at the start
+// of the later bucket it counted in when the clock had stepped back),
+// the hits since the same share of the previous period, and so the hits of
+// the last span as long as the shorter of those two periods, are at most
+// the limit.
+func FuzzCalendarSliding(f *testing.F) {
+	f.Add(uint64(4), byte(2), byte(1), byte(0), []byte{0, 1, 0, 8, 3, 0, 11, 1, 0, 12, 250, 1, 11, 2, 0})
+	f.Add(uint64(10), byte(0), byte(2), byte(4), []byte{5, 4, 0, 5, 4, 0, 7, 5, 0, 6, 5, 0, 14, 1, 0, 9, 9, 0})
+	f.Add(uint64(0), byte(1), byte(0), byte(3), []byte{0, 0, 0, 10, 1, 0})
+	f.Add(uint64(MaxSlidingWindowLimit), byte(4), byte(6), byte(2), []byte{0, 250, 0, 13, 254, 1, 13, 252, 0})
+	f.Add(uint64(100), byte(3), byte(3), byte(5), []byte{11, 60, 0, 12, 60, 0, 11, 40, 0, 15, 1, 0})
+	f.Fuzz(func(t *testing.T, limit uint64, unit, zone, start byte, prog []byte) {
+		c, o, now := fuzzCalendar(t, unit, zone, start)
+		r, err := NewCalendarSliding(limit, c)
+		if err != nil || len(prog) > 3*200 {
+			t.Skip() // (the window check is cubic in the program's length)
+		}
+		m := &calendarModel{r: r, o: o, counts: map[uint64]uint64{}}
+		var s uint64
+		type hit struct {
+			at   int64
+			cost uint64
+		}
+		var admitted []hit
+		for i := 0; i+2 < len(prog); i += 3 {
+			now += int64(calendarSteps[prog[i]%byte(len(calendarSteps))])
+			cost := fuzzCost(prog[i+1], limit)
+			s0 := s
+			var d Decision
+			s, d = TakeSliding(s, r, now, cost)
+			if want := m.take(now, cost); d != want {
+				t.Fatalf("op %d: TakeSliding(%#x, %s, %d) = %+v, model %+v", i/3, s0, time.Unix(0, now).In(o.loc), cost, d, want)
+			}
+			if !d.Allowed && s != s0 {
+				t.Fatalf("op %d: a denial consumed", i/3)
+			}
+			if !d.Allowed || cost == 0 {
+				continue
+			}
+			if prog[i+2]&1 == 1 {
+				s = Refund(s, s, r, now, cost)
+				m.counts[m.n] -= cost
+				continue
+			}
+			admitted = append(admitted, hit{max(now, m.bucketStart(m.n)), cost})
+			for _, x := range admitted {
+				k := o.index(x.at)
+				span := min(o.start(k)-o.start(k-1), o.start(k+1)-o.start(k))
+				from := m.bucketStart(m.bucket(x.at) - r.g)
+				var since, last uint64
+				for _, h := range admitted {
+					if h.at <= x.at && h.at >= from {
+						since += h.cost
+					}
+					if h.at <= x.at && h.at > x.at-span {
+						last += h.cost
+					}
+				}
+				if since > limit || last > limit {
+					t.Fatalf("op %d: at %s, %d admitted since %s, %d in the last %v; limit %d", i/3,
+						time.Unix(0, x.at).In(o.loc), since, time.Unix(0, from).In(o.loc), last, time.Duration(span), limit)
+				}
+			}
+		}
+	})
+}
+
+// TestCalendar_Allocations: once a calendar knows the period, takes on it
+// allocate nothing.
+func TestCalendar_Allocations(t *testing.T) {
+	c := mustCalendar(t, CalendarMonth, 1, "Europe/Berlin")
+	w, sw := mustCalendarWindow(t, 10, c), mustCalendarSliding(t, 10, c)
+	now := at(t, "2024-03-15T12:00:00Z")
+	var s uint64
+	if n := testing.AllocsPerRun(100, func() {
+		Take(0, w, now, 1) // a fresh key: the window's end is looked up
+		s, _ = Take(s, sw, now, 1)
+		s = Refund(s, s, sw, now, 1)
+	}); n != 0 {
+		t.Fatalf("%v allocations per take", n)
+	}
+}
