@@ -602,7 +602,7 @@ func (l *loader) calendarFields(file, path string, r *Rule, fields map[string]fi
 			l.errorf(file, f.key.Line, path, "calendar needs algorithm fixed_window or sliding_window (a token bucket refills continuously: it has no periods)")
 		case r.Unit == UnitUnknown:
 		case !unitOK:
-			l.errorf(file, f.key.Line, path, "calendar periods are a day, week, month or year, not a %s (windows of a %s are aligned to the clock already)", r.Unit, r.Unit)
+			l.errorf(file, f.key.Line, path, "calendar periods are days, weeks, months or years, not %ss (those windows are aligned to the clock already)", r.Unit)
 		case r.UnitMultiplier > 1 && (r.Unit != Month || 12%r.UnitMultiplier != 0):
 			l.errorf(file, fields["unit_multiplier"].val.Line, path, "unit_multiplier: %d calendar %ss: only months run in multiples, of 2, 3, 4, 6 or 12 (aligned to January)", r.UnitMultiplier, r.Unit)
 		default:
