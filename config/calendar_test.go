@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	_ "time/tzdata" // the zones below, whatever the host has
 
 	"github.com/sluicehq/sluice/store"
 )

@@ -16,6 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	// time_zone names resolve the same on every host, the image (FROM
+	// scratch, no /usr/share/zoneinfo) included; a host's zoneinfo (or
+	// $ZONEINFO) is still read first where there is one.
+	_ "time/tzdata"
 
 	"go.yaml.in/yaml/v3"
 
