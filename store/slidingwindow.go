@@ -79,6 +79,11 @@ func (r *Rule) bucketStart(i, t uint64) (uint64, bool) {
 		b0, l = p.b0, p.length
 	case 1:
 		b0, l = p.b1, p.length1
+	case 2:
+		if j == 0 { // where a take's last bucket leaves the window
+			return uint64(p.b2), p.b2 != math.MaxInt64
+		}
+		fallthrough
 	default:
 		b0 = r.cal.start(k)
 		b1 := r.cal.start(k + 1)
