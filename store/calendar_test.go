@@ -1,7 +1,11 @@
 package store
 
 import (
+	"io/fs"
+	"math"
 	"math/rand/v2"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -503,5 +507,53 @@ func TestCalendar_Allocations(t *testing.T) {
 		s = Refund(s, s, sw, now, 1)
 	}); n != 0 {
 		t.Fatalf("%v allocations per take", n)
+	}
+}
+
+// TestCalendar_OffsetChangesApart pins what reach assumes: no zone of the
+// host's database changes its offset twice within changeStep, from 1970
+// to the end of the zones' tables (2037), where ZoneBounds is exact.
+func TestCalendar_OffsetChangesApart(t *testing.T) {
+	const dir = "/usr/share/zoneinfo"
+	var zones []string
+	filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		name, _ := filepath.Rel(dir, p)
+		switch {
+		case err != nil || e.IsDir() && (name == "posix" || name == "right"):
+			return filepath.SkipDir
+		case !e.IsDir() && !strings.Contains(name, "."):
+			zones = append(zones, name)
+		}
+		return nil
+	})
+	if len(zones) == 0 {
+		t.Skip("no zone database in " + dir)
+	}
+	from, until := at(t, "1970-01-01T00:00:00Z")/1e9, at(t, "2037-01-01T00:00:00Z")/1e9
+	checked := 0
+	for _, name := range zones {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			continue // not a zone file
+		}
+		checked++
+		last := int64(math.MinInt64 / 2)
+		_, off := time.Unix(from, 0).In(loc).Zone()
+		for s := from; s < until; {
+			_, end := time.Unix(s, 0).In(loc).ZoneBounds()
+			if end.IsZero() {
+				break
+			}
+			s = max(end.Unix(), s+1)
+			if _, o := time.Unix(s, 0).In(loc).Zone(); o != off {
+				if s-last < changeStep {
+					t.Errorf("%s changes its offset at %v, %v after the last change", name, time.Unix(s, 0).UTC(), time.Duration(s-last)*time.Second)
+				}
+				last, off = s, o
+			}
+		}
+	}
+	if checked < 300 {
+		t.Fatalf("only %d zones in %s", checked, dir)
 	}
 }
