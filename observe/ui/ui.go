@@ -344,12 +344,12 @@ type RuleInfo struct {
 	RequestsPerUnit uint32   `json:"requests_per_unit"`
 	Burst           uint64   `json:"burst,omitempty"`
 	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
-	// TimeZone is a calendar rule's zone ("Europe/Berlin"): its windows
-	// are calendar periods there. Empty for windows aligned to the epoch.
-	TimeZone string `json:"time_zone,omitempty"`
 	Unlimited       bool     `json:"unlimited"`
 	Shadow          bool     `json:"shadow_mode"`
 	Replaces        []string `json:"replaces,omitempty"`
+	// TimeZone is a calendar rule's zone ("Europe/Berlin"): its windows
+	// are calendar periods there. Empty for windows aligned to the epoch.
+	TimeZone string `json:"time_zone,omitempty"`
 	// Flags lists the rule's other options that are set
 	// (detailed_metric, value_to_metric, quota_mode).
 	Flags []string `json:"flags,omitempty"`
