@@ -363,68 +363,6 @@ func FuzzCalendarWindow(f *testing.F) {
 	})
 }
 
-// calendarModel is a calendar sliding window without packing: a count per
-// bucket, the buckets from the oracle's periods.
-type calendarModel struct {
-	r      *Rule
-	o      oracle
-	n      uint64 // newest bucket taken into
-	counts map[uint64]uint64
-}
-
-func (m *calendarModel) bucket(t int64) uint64 {
-	k := m.o.index(t)
-	s, e := m.o.start(k), m.o.start(k+1)
-	return uint64(k)*m.r.g + uint64(t-s)*m.r.g/uint64(e-s)
-}
-
-func (m *calendarModel) bucketStart(i uint64) int64 {
-	k, j := int64(i/m.r.g), i%m.r.g
-	s, e := m.o.start(k), m.o.start(k+1)
-	return s + int64((j*uint64(e-s)+m.r.g-1)/m.r.g)
-}
-
-func (m *calendarModel) take(now int64, cost uint64) Decision {
-	r := m.r
-	n := max(m.bucket(now), m.n)
-	sum := func(from, to uint64) (s uint64) {
-		for i := from; i <= to; i++ {
-			s += m.counts[i]
-		}
-		return s
-	}
-	used := sum(n-r.g, n)
-	d := Decision{Limit: r.limit}
-	switch {
-	case r.limit > 0 && used+cost <= r.limit && cost <= r.limit:
-		d.Allowed = true
-		if cost > 0 {
-			m.counts[n] += cost
-			m.n = n
-			used += cost
-		}
-	case r.limit == 0 || cost > r.limit:
-		d.RetryAfter = Never
-	default:
-		for k := uint64(1); ; k++ {
-			if sum(n+k-r.g, n)+cost <= r.limit {
-				d.RetryAfter = time.Duration(m.bucketStart(n+k) - now)
-				break
-			}
-		}
-	}
-	if used < r.limit {
-		d.Remaining = r.limit - used
-	}
-	for i := n - r.g; i <= n; i++ {
-		if m.counts[i] > 0 {
-			d.ResetAfter = time.Duration(m.bucketStart(i+r.g+1) - now)
-			break
-		}
-	}
-	return d
-}
-
 // FuzzCalendarSliding checks every decision of a calendar sliding window
 // against an unpacked model whose buckets come from time.Date, and the
 // guarantee: at every admitted hit (placed at its instant, or at the start
@@ -444,10 +382,10 @@ func FuzzCalendarSliding(f *testing.F) {
 		if err != nil || len(prog) > 3*200 {
 			t.Skip() // (the window check is cubic in the program's length)
 		}
-		m := &calendarModel{r: r, o: o, counts: map[uint64]uint64{}}
+		m := &slidingModel{r: r, counts: map[uint64]uint64{}, cal: &o}
 		var s uint64
 		type hit struct {
-			at   int64
+			at   uint64
 			cost uint64
 		}
 		var admitted []hit
@@ -471,11 +409,11 @@ func FuzzCalendarSliding(f *testing.F) {
 				m.counts[m.n] -= cost
 				continue
 			}
-			admitted = append(admitted, hit{max(now, m.bucketStart(m.n)), cost})
+			admitted = append(admitted, hit{max(uint64(now), m.start(m.n)), cost})
 			for _, x := range admitted {
-				k := o.index(x.at)
-				span := min(o.start(k)-o.start(k-1), o.start(k+1)-o.start(k))
-				from := m.bucketStart(m.bucket(x.at) - r.g)
+				k := o.index(int64(x.at))
+				span := uint64(min(o.start(k)-o.start(k-1), o.start(k+1)-o.start(k)))
+				from := m.start(m.bucket(x.at) - r.g)
 				var since, last uint64
 				for _, h := range admitted {
 					if h.at <= x.at && h.at >= from {
@@ -487,7 +425,7 @@ func FuzzCalendarSliding(f *testing.F) {
 				}
 				if since > limit || last > limit {
 					t.Fatalf("op %d: at %s, %d admitted since %s, %d in the last %v; limit %d", i/3,
-						time.Unix(0, x.at).In(o.loc), since, time.Unix(0, from).In(o.loc), last, time.Duration(span), limit)
+						time.Unix(0, int64(x.at)).In(o.loc), since, time.Unix(0, int64(from)).In(o.loc), last, time.Duration(span), limit)
 				}
 			}
 		}
