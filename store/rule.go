@@ -13,12 +13,14 @@ type Algorithm uint8
 
 const (
 	// FixedWindow counts requests in windows aligned to the Unix epoch,
-	// like envoyproxy/ratelimit.
+	// like envoyproxy/ratelimit, or in calendar periods
+	// (NewCalendarWindow).
 	FixedWindow Algorithm = iota + 1
 	// TokenBucket refills Rate tokens per Period up to Burst.
 	TokenBucket
 	// SlidingWindow admits at most Limit in any window of length Period
-	// ending now, counted in buckets of Period/G (see TakeSliding).
+	// ending now, counted in buckets of Period/G (see TakeSliding), or
+	// over calendar periods (NewCalendarSliding).
 	SlidingWindow
 )
 
