@@ -37,6 +37,8 @@ descriptors:
     rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 60}
   - key: sliding
     rate_limit: {unit: minute, requests_per_unit: 60, algorithm: sliding_window}
+  - key: calendar
+    rate_limit: {unit: day, requests_per_unit: 86400, calendar: true, time_zone: Europe/Berlin}
 `
 
 // tables is a settable Tables.
@@ -104,9 +106,11 @@ func TestService_FirstReportAnsweredAtOnce(t *testing.T) {
 		{use("shadow", "x", 1, 0), AllowAll},
 		{use("closed", "x", 1, 0), DenyAll},
 		{use("nomatch", "x", 1, 0), AllowAll},
-		// Envoy names no period of several units, nor a sliding window.
+		// Envoy names no period of several units, nor a sliding window,
+		// nor a calendar period.
 		{use("halfminute", "x", 1, 0), TokenBucket},
 		{use("sliding", "x", 1, 0), TokenBucket},
+		{use("calendar", "x", 1, 0), TokenBucket},
 	}
 	for i, c := range cases {
 		mustReport(t, st, at(0), c.u)

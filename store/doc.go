@@ -12,6 +12,11 @@
 //     counted in epoch-aligned buckets of T/G: never more than N in any
 //     window, a hit counted for at most T/G longer than T.
 //
+// A Calendar aligns fixed and sliding windows to the days, ISO weeks,
+// months or years of a time zone instead (NewCalendarWindow,
+// NewCalendarSliding): periods of unequal length that start at local
+// midnight.
+//
 // Take dispatches on the rule; Refund, Saturate and Fresh support stores'
 // batch rollback, saturating hits and lossless sweeping. WallClock is the
 // production Clock.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"math"
 	"math/bits"
 	"time"
 )
@@ -27,7 +28,7 @@ const MaxSlidingWindowLimit = 1<<16 - 1
 // back, even with no count left after a refund) and the counts of s
 // shifted to it.
 func slidingView(s uint64, r *Rule, t uint64) (n, c uint64) {
-	j := t / r.bucket
+	j := r.bucketOf(t)
 	if s == 0 {
 		return j, 0
 	}
@@ -52,17 +53,73 @@ func slidingSum(c uint64, r *Rule) uint64 {
 	return sum
 }
 
+// bucketOf returns the index of the bucket holding t: since the epoch, or
+// for a calendar rule G per period since the calendar's first.
+func (r *Rule) bucketOf(t uint64) uint64 {
+	if r.cal == nil {
+		return t / r.bucket
+	}
+	p := r.cal.span(int64(t))
+	return uint64(p.k)*r.g + (t-uint64(p.b0))*r.g/uint64(p.length)
+}
+
+// bucketStart returns the Unix nanoseconds at which bucket i starts, for a
+// bucket after t's; false if that is past 2^64-1 ns (or, for a calendar
+// rule, past 2262).
+func (r *Rule) bucketStart(i, t uint64) (uint64, bool) {
+	if r.cal == nil {
+		hi, lo := bits.Mul64(i, r.bucket)
+		return lo, hi == 0
+	}
+	p := r.cal.span(int64(t))
+	k, j := int64(i/r.g), i%r.g
+	var b0, l int64
+	switch k - p.k {
+	case 0:
+		b0, l = p.b0, p.length
+	case 1:
+		b0, l = p.b1, p.length1
+	case 2:
+		if j == 0 { // where a take's last bucket leaves the window
+			return uint64(p.b2), p.b2 != math.MaxInt64
+		}
+		fallthrough
+	default:
+		b0 = r.cal.start(k)
+		b1 := r.cal.start(k + 1)
+		if b1 == math.MaxInt64 {
+			return 0, false
+		}
+		l = b1 - b0
+	}
+	if b0+l == math.MaxInt64 {
+		return 0, false
+	}
+	// ceil(j·L/G): a bucket holds every t with floor((t-b0)·G/L) = j.
+	return uint64(b0 + int64((j*uint64(l)+r.g-1)/r.g)), true
+}
+
+// SlidingBucket returns the index of the bucket a take at now (Unix
+// nanoseconds; earlier instants count as the epoch) counts in, and the
+// time from now until that bucket leaves the window (saturating at
+// Never): for stores that run the algorithm elsewhere.
+func (r *Rule) SlidingBucket(now int64) (index uint64, leaves time.Duration) {
+	t := clampNow(now)
+	index = r.bucketOf(t)
+	return index, slidingAt(r, index+r.g+1, t)
+}
+
 // slidingAt is the time from t until bucket i starts (i is after t's
 // bucket), saturating at Never.
 func slidingAt(r *Rule, i, t uint64) time.Duration {
-	hi, lo := bits.Mul64(i, r.bucket)
+	start, ok := r.bucketStart(i, t)
 	switch {
-	case hi != 0 || lo > t && lo-t >= uint64(Never):
+	case !ok || start > t && start-t >= uint64(Never):
 		return Never
-	case lo <= t:
+	case start <= t:
 		return 0
 	}
-	return time.Duration(lo - t)
+	return time.Duration(start - t)
 }
 
 // TakeSliding applies cost at now (Unix nanoseconds) to the sliding window
@@ -143,6 +200,6 @@ func saturateSliding(s uint64, r *Rule, now int64, cost uint64) uint64 {
 // now (or later) and no bucket after now's (which a backwards clock would
 // keep counting in).
 func freshSliding(s uint64, r *Rule, now int64) bool {
-	d := int32(uint32(clampNow(now)/r.bucket) - uint32(s>>32))
+	d := int32(uint32(r.bucketOf(clampNow(now))) - uint32(s>>32))
 	return s == 0 || d >= 0 && (s&0xffffffff == 0 || uint64(d) > r.g)
 }

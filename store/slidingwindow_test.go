@@ -155,13 +155,33 @@ type slidingModel struct {
 	r      *Rule
 	n      uint64 // newest bucket taken into
 	counts map[uint64]uint64
+	cal    *oracle // a calendar rule's periods; nil for buckets aligned to the epoch
+}
+
+// bucket is the index of the bucket holding t.
+func (m *slidingModel) bucket(t uint64) uint64 {
+	if m.cal == nil {
+		return t / m.r.bucket
+	}
+	k := m.cal.index(int64(t))
+	s, e := m.cal.start(k), m.cal.start(k+1)
+	return uint64(k)*m.r.g + (t-uint64(s))*m.r.g/uint64(e-s)
+}
+
+// start is when bucket i starts: G equal shares of each calendar period.
+func (m *slidingModel) start(i uint64) uint64 {
+	if m.cal == nil {
+		return i * m.r.bucket
+	}
+	k, j := int64(i/m.r.g), i%m.r.g
+	s, e := m.cal.start(k), m.cal.start(k+1)
+	return uint64(s) + (j*uint64(e-s)+m.r.g-1)/m.r.g
 }
 
 func (m *slidingModel) take(now int64, cost uint64) Decision {
 	r := m.r
 	t := clampNow(now)
-	w := r.bucket
-	n := t / w
+	n := m.bucket(t)
 	sum := func(from, to uint64) (s uint64) {
 		for i := from; i <= to; i++ {
 			s += m.counts[i]
@@ -184,7 +204,7 @@ func (m *slidingModel) take(now int64, cost uint64) Decision {
 	default:
 		for k := uint64(1); ; k++ {
 			if sum(n+k-r.g, n)+cost <= r.limit {
-				d.RetryAfter = time.Duration((n+k)*w - t)
+				d.RetryAfter = time.Duration(m.start(n+k) - t)
 				break
 			}
 		}
@@ -194,7 +214,7 @@ func (m *slidingModel) take(now int64, cost uint64) Decision {
 	}
 	for i := n - r.g; i <= n; i++ {
 		if m.counts[i] > 0 {
-			d.ResetAfter = time.Duration((i+r.g+1)*w - t)
+			d.ResetAfter = time.Duration(m.start(i+r.g+1) - t)
 			break
 		}
 	}
@@ -248,7 +268,7 @@ func FuzzSlidingWindow(f *testing.F) {
 					m.counts[m.n] -= cost
 					continue
 				}
-				admitted = append(admitted, hit{max(uint64(now), m.n*r.bucket), cost})
+				admitted = append(admitted, hit{max(uint64(now), m.start(m.n)), cost})
 				for _, x := range admitted {
 					var sum uint64
 					for _, h := range admitted {

@@ -393,11 +393,9 @@ func unreachable(err error) bool {
 }
 
 // windowEnd is the end, in Unix seconds, of the fixed window holding now
-// (store.TakeWindow's windows: before the epoch counts as the epoch).
-func windowEnd(r *store.Rule, now int64) uint64 {
-	w := uint64(r.Period() / time.Second)
-	return (clampNow(now)/uint64(time.Second)/w + 1) * w
-}
+// (store.TakeWindow's windows, calendar periods included: before the epoch
+// counts as the epoch).
+func windowEnd(r *store.Rule, now int64) uint64 { return r.WindowEnd(now) }
 
 // windowTTL is the expiry, in milliseconds from now, of a key counting the
 // window that ends at end (Unix seconds): a second after the window. A late
@@ -434,12 +432,12 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), "", "")
 	}
 	if r.Algorithm() == store.SlidingWindow {
-		g, bucket, bits := r.Buckets()
-		j := clampNow(now) / uint64(bucket)
+		g, _, bits := r.Buckets()
+		j, leaves := r.SlidingBucket(now)
 		// The key expires a second after now's bucket has left the
 		// window, when a take at now counts in it (a later bucket the key
 		// holds keeps the key's expiry).
-		ttl := ((j+g+1)*uint64(bucket)-clampNow(now))/uint64(time.Millisecond) + 1000
+		ttl := uint64(leaves/time.Millisecond) + 1000
 		return append(args, "s", flags, strconv.FormatUint(min(h.Cost, r.Limit()+1), 10), strconv.FormatUint(r.Limit(), 10),
 			strconv.FormatUint(uint64(uint32(j)), 10), strconv.FormatUint(g, 10), strconv.FormatUint(bits, 10), strconv.FormatUint(ttl, 10))
 	}
