@@ -154,6 +154,7 @@ RELEASE_TEST = SLUICE_RELEASE_DIST=$(abspath $(1)) SLUICE_RELEASE_VERSION=$(2) S
 release: ## build release VERSION=vX.Y.Z of the committed tree into dist/ (archives, SBOMs, SHA256SUMS) and check it; see docs/RELEASING.md
 	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "release: VERSION=$(VERSION): want vX.Y.Z or vX.Y.Z-pre"; exit 1; }
 	@[ -z "$$(git status --porcelain)" ] || { echo "release: the tree has uncommitted or untracked files; a release is built from a commit"; git status --short; exit 1; }
+	@! t=$$(git rev-parse -q --verify "refs/tags/$(VERSION)^{commit}") || [ "$$t" = "$$(git rev-parse HEAD)" ] || { echo "release: tag $(VERSION) is not HEAD"; exit 1; }
 	$(MAKE) --no-print-directory release-dist
 	cd $(DIST) && sha256sum -c SHA256SUMS
 	$(call RELEASE_TEST,$(DIST),$(VERSION))
