@@ -22,8 +22,9 @@ func init() {
 
 // stamp returns the version and commit to report: the ones set at link
 // time, else what the Go toolchain recorded in bi (the module version of
-// `go install github.com/sluicehq/sluice/cmd/sluice@v1.2.3`, the VCS
-// revision of a build in a checkout), else "dev" and "unknown".
+// `go install github.com/sluicehq/sluice/cmd/sluice@v1.2.3`; the tag or
+// pseudo-version and the VCS revision of a build in a clone), else "dev"
+// and "unknown".
 func stamp(linkVersion, linkCommit string, bi *debug.BuildInfo) (v, c string) {
 	v, c = linkVersion, linkCommit
 	if bi != nil {
