@@ -52,9 +52,13 @@ $(BIN)/staticcheck:
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 $(BIN)/ghz:
 	GOBIN=$(BIN) $(GO) install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
-# -trimpath: the SBOMs carry this tool's hash.
-$(BIN)/cyclonedx-gomod:
-	GOBIN=$(BIN) $(GO) install -trimpath github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION)
+# The SBOMs name this tool's version and carry its hash: the file is named
+# after the version (a new one is installed when it changes) and built with
+# -trimpath (the same bytes wherever the module cache is).
+CYCLONEDX_GOMOD := $(BIN)/cyclonedx-gomod-$(CYCLONEDX_GOMOD_VERSION)
+$(CYCLONEDX_GOMOD):
+	GOBIN=$(BIN)/cyclonedx-gomod.tmp $(GO) install -trimpath github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION)
+	mv $(BIN)/cyclonedx-gomod.tmp/cyclonedx-gomod $@ && rmdir $(BIN)/cyclonedx-gomod.tmp
 
 .PHONY: tools
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl ## install the pinned Go tools into .bin/
@@ -163,7 +167,7 @@ release: ## build release VERSION=vX.Y.Z of the committed tree into dist/ (archi
 # binary, its SBOM and an archive with LICENSE and README.md; then
 # SHA256SUMS over the archives and SBOMs.
 .PHONY: release-dist
-release-dist: $(BIN)/cyclonedx-gomod
+release-dist: $(CYCLONEDX_GOMOD)
 	@[ -n "$(COMMIT)" ] && [ -n "$(SOURCE_DATE_EPOCH)" ] || { echo "release: COMMIT and SOURCE_DATE_EPOCH are needed (a git checkout sets them)"; exit 1; }
 	rm -rf $(DIST) && mkdir -p $(DIST)
 	@set -e; for p in $(RELEASE_PLATFORMS); do \
@@ -173,14 +177,14 @@ release-dist: $(BIN)/cyclonedx-gomod
 	  mkdir -p $(DIST)/$$name; \
 	  env $(RELEASE_ENV) GOOS=$$os GOARCH=$$arch $(GO) build $(RELEASE_BUILD) -o $(DIST)/$$name/$$exe ./cmd/sluice; \
 	  cp LICENSE README.md $(DIST)/$$name/; \
-	  env $(RELEASE_ENV) GOOS=$$os GOARCH=$$arch cyclonedx-gomod bin -json -std -noserial -notimestamp \
+	  env $(RELEASE_ENV) GOOS=$$os GOARCH=$$arch $(CYCLONEDX_GOMOD) bin -json -std -noserial -notimestamp \
 	    -version $(VERSION) -output $(DIST)/$$name.cdx.json $(DIST)/$$name/$$exe; \
 	  $(GO) run ./internal/release archive -mtime $(SOURCE_DATE_EPOCH) -o $(DIST)/$$name.$$ext $(DIST)/$$name; \
 	done
 	shopt -s nullglob; $(GO) run ./internal/release sums -o $(DIST)/SHA256SUMS $(DIST)/*.tar.gz $(DIST)/*.zip $(DIST)/*.cdx.json
 
 .PHONY: release-check
-release-check: $(BIN)/cyclonedx-gomod ## build this platform as a release twice (the second from a copy of the tree elsewhere), compare the bytes, check sums, version and SBOM
+release-check: $(CYCLONEDX_GOMOD) ## build this platform as a release twice (the second from a copy of the tree elsewhere), compare the bytes, check sums, version and SBOM
 	rm -rf $(RELEASE_CHECK_DIR)
 	$(MAKE) --no-print-directory release-dist VERSION=$(RELEASE_CHECK_VERSION) RELEASE_PLATFORMS=$$($(GO) env GOOS)/$$($(GO) env GOARCH) DIST=$(RELEASE_CHECK_DIR)/a
 	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
