@@ -26,30 +26,30 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: release archive|sums [flags] ...")
 		return 2
 	}
-	fs := flag.NewFlagSet("release "+args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("o", "", "output file")
+	flags := flag.NewFlagSet("release "+args[0], flag.ContinueOnError)
+	flags.SetOutput(stderr)
+	out := flags.String("o", "", "output file")
 	var err error
 	switch args[0] {
 	case "archive":
-		mtime := fs.Int64("mtime", -1, "modification time of every entry, in seconds since the epoch")
-		if fs.Parse(args[1:]) != nil {
+		mtime := flags.Int64("mtime", -1, "modification time of every entry, in seconds since the epoch")
+		if flags.Parse(args[1:]) != nil {
 			return 2
 		}
-		if *out == "" || *mtime < 0 || fs.NArg() != 1 {
+		if *out == "" || *mtime < 0 || flags.NArg() != 1 {
 			fmt.Fprintln(stderr, "usage: release archive -mtime SECONDS -o OUT.tar.gz|OUT.zip DIR")
 			return 2
 		}
-		err = writeFile(*out, func(w io.Writer) error { return archive(w, *out, fs.Arg(0), time.Unix(*mtime, 0).UTC()) })
+		err = writeFile(*out, func(w io.Writer) error { return archive(w, *out, flags.Arg(0), time.Unix(*mtime, 0).UTC()) })
 	case "sums":
-		if fs.Parse(args[1:]) != nil {
+		if flags.Parse(args[1:]) != nil {
 			return 2
 		}
-		if *out == "" || fs.NArg() == 0 {
+		if *out == "" || flags.NArg() == 0 {
 			fmt.Fprintln(stderr, "usage: release sums -o SHA256SUMS FILE...")
 			return 2
 		}
-		err = writeFile(*out, func(w io.Writer) error { return sums(w, fs.Args()) })
+		err = writeFile(*out, func(w io.Writer) error { return sums(w, flags.Args()) })
 	default:
 		fmt.Fprintf(stderr, "release: unknown command %q (archive, sums)\n", args[0])
 		return 2
@@ -88,7 +88,8 @@ type entry struct {
 	data []byte
 }
 
-// readDir returns dir's files in name order with their normalised modes.
+// readDir returns dir's files in name order (os.ReadDir's) with their
+// normalised modes.
 func readDir(dir string) ([]entry, error) {
 	des, err := os.ReadDir(dir)
 	if err != nil {
@@ -116,9 +117,6 @@ func readDir(dir string) ([]entry, error) {
 	if len(es) == 0 {
 		return nil, fmt.Errorf("release: %s: no files", dir)
 	}
-	// os.ReadDir sorts by name already; the order is the archive's, so
-	// say it here too.
-	slices.SortFunc(es, func(a, b entry) int { return strings.Compare(a.name, b.name) })
 	return es, nil
 }
 
