@@ -41,7 +41,7 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if f.nearLimitRatio <= 0 || f.nearLimitRatio > 1 || f.maxValuesPerRule < 1 {
 		return errors.New("--near-limit-ratio must be in (0, 1] and --metrics-max-values-per-rule at least 1")
 	}
-	reg, build := x.Registry, observe.Build{Version: version, Commit: buildCommit()}
+	reg, build := x.Registry, observe.Build{Version: buildVersion(), Commit: buildCommit()}
 	if err := observe.RegisterProcess(reg, build); err != nil {
 		return err
 	}

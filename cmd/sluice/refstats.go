@@ -110,7 +110,7 @@ func (f *refStatsFlags) servePrometheus(x *serveContext) (*observe.MappedSink, e
 		mapping = strings.Replace(observe.DefaultStatsdMapping, "    scale: 0.001\n", "", 1)
 	}
 	reg := prometheus.NewRegistry()
-	if err := observe.RegisterProcess(reg, observe.Build{Version: version, Commit: buildCommit()}); err != nil {
+	if err := observe.RegisterProcess(reg, observe.Build{Version: buildVersion(), Commit: buildCommit()}); err != nil {
 		return nil, err
 	}
 	sink, err := observe.NewMappedSink(reg, mapping, x.Logger)

@@ -75,7 +75,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 		Traffic: traffic,
 		Store:   storeStatus(x, f.fs),
 		Serving: x.Health.Serving,
-		Build:   observe.Build{Version: version, Commit: buildCommit()},
+		Build:   observe.Build{Version: buildVersion(), Commit: buildCommit()},
 		Started: time.Now(),
 	})
 	if err != nil {
