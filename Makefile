@@ -11,16 +11,26 @@ PROTOC_GEN_GRPC_VERSION:= v1.6.2
 GRPCURL_VERSION        := v1.9.4
 STATICCHECK_VERSION    := v0.8.2
 GHZ_VERSION            := v0.120.0
+CYCLONEDX_GOMOD_VERSION:= v1.10.0
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The commit's time (seconds since the epoch): the date of every release
+# archive's entries and of the image's created label.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+# How release binaries (and the image's) are built: static, no paths, no
+# build ID, no VCS stamping (the version and commit are stamped by -X), a
+# clean GOFLAGS and the baseline instruction sets, so that the same commit
+# and Go toolchain give the same bytes (docs/RELEASING.md).
+RELEASE_ENV   := GOFLAGS= CGO_ENABLED=0 GOAMD64=v1 GOARM64=v8.0
+RELEASE_BUILD := -trimpath -buildvcs=false -ldflags '-s -w -buildid= $(LDFLAGS)'
 
 .DEFAULT_GOAL := help
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-15s %s\n", $$1, $$2}'
 
 .PHONY: build
 build: ## build bin/sluice
@@ -42,6 +52,13 @@ $(BIN)/staticcheck:
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 $(BIN)/ghz:
 	GOBIN=$(BIN) $(GO) install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+# The SBOMs name this tool's version and carry its hash: the file is named
+# after the version (a new one is installed when it changes) and built with
+# -trimpath (the same bytes wherever the module cache is).
+CYCLONEDX_GOMOD := $(BIN)/cyclonedx-gomod-$(CYCLONEDX_GOMOD_VERSION)
+$(CYCLONEDX_GOMOD):
+	GOBIN=$(BIN)/cyclonedx-gomod.tmp $(GO) install -trimpath github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION)
+	mv $(BIN)/cyclonedx-gomod.tmp/cyclonedx-gomod $@ && rmdir $(BIN)/cyclonedx-gomod.tmp
 
 .PHONY: tools
 tools: $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/grpcurl ## install the pinned Go tools into .bin/
@@ -91,6 +108,11 @@ SOAK_DURATION ?= 10m
 soak: build ## soak: 3 Redis instances + 1 memory under mixed load, Redis restarted every 2 min, limits rewritten every 10 s; CSV in soak.csv (SOAK_DURATION=10m)
 	$(GO) run ./loadgen/soak -sluice bin/sluice -duration $(SOAK_DURATION) -csv soak.csv $(SOAK_FLAGS)
 
+SOAK_CHURN_DURATION ?= 2m
+.PHONY: soak-churn
+soak-churn: build ## churn soak: 3 replicas over xDS (Envoy Gateway's env), renamed rules pushed every second, RLQS streams coming and going, Redis restarted every 2 min; soak-churn.md and CSVs (SOAK_CHURN_DURATION=2m; 30m for the report)
+	$(GO) run ./loadgen/churn -sluice bin/sluice -duration $(SOAK_CHURN_DURATION) $(SOAK_CHURN_FLAGS)
+
 .PHONY: check-generated
 check-generated: generate ## fail when gen/ or go.mod/go.sum are stale
 	$(GO) mod tidy
@@ -98,6 +120,10 @@ check-generated: generate ## fail when gen/ or go.mod/go.sum are stale
 
 IMAGE     ?= localhost/sluice:$(VERSION)
 IMAGE_DIR := bin/image
+# The commit's time in RFC 3339 (GNU date, else BSD date).
+CREATED    = $(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ 2>/dev/null || date -u -r $(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+# The Containerfile's labels (org.opencontainers.image.*).
+IMAGE_ARGS = --build-arg VERSION=$(VERSION) --build-arg REVISION=$(COMMIT) --build-arg CREATED=$(CREATED)
 
 .PHONY: image-deps
 image-deps: ## install podman and buildah (image targets) when missing
@@ -108,21 +134,71 @@ image-deps: ## install podman and buildah (image targets) when missing
 .PHONY: image
 image: image-deps ## build the container image $(IMAGE) (static binary FROM scratch; see Containerfile)
 	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)/rootfs/bin $(IMAGE_DIR)/rootfs/etc/ssl/certs
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(IMAGE_DIR)/rootfs/bin/sluice ./cmd/sluice
+	env $(RELEASE_ENV) $(GO) build $(RELEASE_BUILD) -o $(IMAGE_DIR)/rootfs/bin/sluice ./cmd/sluice
 	ln -s sluice $(IMAGE_DIR)/rootfs/bin/ratelimit
 	cp /etc/ssl/certs/ca-certificates.crt $(IMAGE_DIR)/rootfs/etc/ssl/certs/
 	printf 'root:x:0:0:root:/:/sbin/nologin\nsluice:x:65532:65532:sluice:/:/sbin/nologin\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n' > $(IMAGE_DIR)/rootfs/etc/passwd
 	printf 'root:x:0:\nsluice:x:65532:\nnogroup:x:65534:\n' > $(IMAGE_DIR)/rootfs/etc/group
 	cp Containerfile $(IMAGE_DIR)/
-	if command -v podman >/dev/null; then podman build -q -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); \
-	else buildah bud -q -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); fi
+	if command -v podman >/dev/null; then podman build -q $(IMAGE_ARGS) -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); \
+	else buildah bud -q $(IMAGE_ARGS) -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); fi
 
 .PHONY: image-test
 image-test: image ## export the image, check its config and layout, run its /bin/ratelimit with Envoy Gateway's environment
 	rm -f $(IMAGE_DIR)/image.tar
 	if command -v podman >/dev/null; then podman save --format oci-archive -o $(IMAGE_DIR)/image.tar $(IMAGE); \
 	else buildah push $(IMAGE) oci-archive:$(IMAGE_DIR)/image.tar; fi
-	SLUICE_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_DIR)/image.tar $(GO) test -count=1 -run TestImage ./deploy/
+	SLUICE_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_DIR)/image.tar SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
+	  SLUICE_IMAGE_CREATED=$(CREATED) $(GO) test -count=1 -run TestImage ./deploy/
+
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+DIST              ?= dist
+RELEASE_CHECK_DIR := bin/release-check
+RELEASE_CHECK_VERSION := v0.0.0-check
+# The release's own test on the dist directory $(1) of version $(2).
+RELEASE_TEST = SLUICE_RELEASE_DIST=$(abspath $(1)) SLUICE_RELEASE_VERSION=$(2) SLUICE_RELEASE_COMMIT=$(COMMIT) \
+  SLUICE_RELEASE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) test -count=1 -run '^TestRelease$$' ./internal/release
+
+.PHONY: release
+release: ## build release VERSION=vX.Y.Z of the committed tree into dist/ (archives, SBOMs, SHA256SUMS) and check it; see docs/RELEASING.md
+	@[[ "$(VERSION)" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$ ]] || { echo "release: VERSION=$(VERSION): want vX.Y.Z or vX.Y.Z-pre"; exit 1; }
+	@[ -z "$$(git status --porcelain)" ] || { echo "release: the tree has uncommitted or untracked files; a release is built from a commit"; git status --short; exit 1; }
+	@! t=$$(git rev-parse -q --verify "refs/tags/$(VERSION)^{commit}") || [ "$$t" = "$$(git rev-parse HEAD)" ] || { echo "release: tag $(VERSION) is not HEAD"; exit 1; }
+	$(MAKE) --no-print-directory release-dist
+	cd $(DIST) && sha256sum -c SHA256SUMS
+	$(call RELEASE_TEST,$(DIST),$(VERSION))
+
+# release-dist builds RELEASE_PLATFORMS into DIST: per platform the
+# binary, its SBOM and an archive with LICENSE and README.md; then
+# SHA256SUMS over the archives and SBOMs.
+.PHONY: release-dist
+release-dist: $(CYCLONEDX_GOMOD)
+	@[ -n "$(COMMIT)" ] && [ -n "$(SOURCE_DATE_EPOCH)" ] || { echo "release: COMMIT and SOURCE_DATE_EPOCH are needed (a git checkout sets them)"; exit 1; }
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	@set -e; for p in $(RELEASE_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; name=sluice_$(VERSION)_$${os}_$${arch}; exe=sluice; ext=tar.gz; \
+	  if [ "$$os" = windows ]; then exe=sluice.exe; ext=zip; fi; \
+	  echo "release: $(DIST)/$$name.$$ext"; \
+	  mkdir -p $(DIST)/$$name; \
+	  env $(RELEASE_ENV) GOOS=$$os GOARCH=$$arch $(GO) build $(RELEASE_BUILD) -o $(DIST)/$$name/$$exe ./cmd/sluice; \
+	  cp LICENSE README.md $(DIST)/$$name/; \
+	  env $(RELEASE_ENV) GOOS=$$os GOARCH=$$arch $(CYCLONEDX_GOMOD) bin -json -std -noserial -notimestamp \
+	    -version $(VERSION) -output $(DIST)/$$name.cdx.json $(DIST)/$$name/$$exe; \
+	  $(GO) run ./internal/release archive -mtime $(SOURCE_DATE_EPOCH) -o $(DIST)/$$name.$$ext $(DIST)/$$name; \
+	done
+	shopt -s nullglob; $(GO) run ./internal/release sums -o $(DIST)/SHA256SUMS $(DIST)/*.tar.gz $(DIST)/*.zip $(DIST)/*.cdx.json
+
+.PHONY: release-check
+release-check: $(CYCLONEDX_GOMOD) ## build this platform as a release twice (the second from a copy of the tree elsewhere), compare the bytes, check sums, version and SBOM
+	rm -rf $(RELEASE_CHECK_DIR)
+	$(MAKE) --no-print-directory release-dist VERSION=$(RELEASE_CHECK_VERSION) RELEASE_PLATFORMS=$$($(GO) env GOOS)/$$($(GO) env GOARCH) DIST=$(RELEASE_CHECK_DIR)/a
+	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+	  tar --exclude-vcs --exclude=./bin --exclude=./.bin --exclude=./dist -cf - . | (umask 077 && tar -xmf - -C "$$src") && \
+	  $(MAKE) --no-print-directory -C "$$src" release-dist VERSION=$(RELEASE_CHECK_VERSION) RELEASE_PLATFORMS=$$($(GO) env GOOS)/$$($(GO) env GOARCH) \
+	    DIST=$(CURDIR)/$(RELEASE_CHECK_DIR)/b BIN=$(BIN) COMMIT=$(COMMIT) SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH)
+	diff -r $(RELEASE_CHECK_DIR)/a $(RELEASE_CHECK_DIR)/b
+	cd $(RELEASE_CHECK_DIR)/a && sha256sum -c SHA256SUMS
+	$(call RELEASE_TEST,$(RELEASE_CHECK_DIR)/a,$(RELEASE_CHECK_VERSION))
 
 .PHONY: ci
-ci: lint check-generated test image-test ## what CI runs: lint, stale-code checks, tests, the image's test
+ci: lint check-generated test release-check image-test ## what CI runs: lint, stale-code checks, tests, the release check, the image's test

@@ -2,8 +2,10 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrEmpty is wrapped by Load's error when a config directory holds no
@@ -50,4 +52,42 @@ func (es *Errors) Error() string {
 		lines[i] = e.Error()
 	}
 	return strings.Join(lines, "\n")
+}
+
+// maxSummaryLine bounds each problem in a Summary.
+const maxSummaryLine = 512
+
+// Summary is err's message bounded to about limit bytes (at least 1024): its problems, one a line, each cut to 512 bytes, as many as fit,
+// then how many more there are ("(12 more problems not shown)"). An xDS
+// NACK carries it.
+func Summary(err error, limit int) string {
+	limit = max(limit, 1024)
+	lines := strings.Split(err.Error(), "\n")
+	room := limit - len(fmt.Sprintf("\n(%d more problems not shown)", len(lines)))
+	var b strings.Builder
+	for i, line := range lines {
+		line = clip(line, maxSummaryLine)
+		if i > 0 && b.Len()+1+len(line) > room {
+			fmt.Fprintf(&b, "\n(%d more problems not shown)", len(lines)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(line)
+	}
+	return b.String()
+}
+
+// clip cuts s to at most n bytes (on a character boundary), saying how
+// long it was.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,8 @@ const DefaultMaxValueBytes = 256
 //	domain|key=value|key2=value2|fw:60s
 //	domain|key=value|tb:10/60s:20
 //	domain|key=value|sw:10/60s
+//	domain|key=value|fw:month@Europe/Berlin
+//	domain|key=value|sw:10/3month@UTC
 //
 // The domain comes first, then one key=value part per descriptor entry, then
 // the algorithm with its window (fw:<seconds>s; fw64:<seconds>s for a limit
@@ -27,9 +30,14 @@ const DefaultMaxValueBytes = 256
 // rate, period and burst (tb:<rate>/<seconds>s:<burst>), for a sliding
 // window its limit and window (sw:<limit>/<seconds>s), because a bucket's
 // or a sliding window's stored state is only meaningful for those
-// parameters (a sliding window's buckets depend on the limit). '%', '|', '=' and
+// parameters (a sliding window's buckets depend on the limit). A calendar
+// window (fixed or sliding) has its unit, run of months and time zone
+// instead of seconds. '%', '|', '=' and
 // '#' inside the domain, keys and values are written as %25, %7C, %3D and
-// %23, so a key splits back unambiguously. A part longer than the maximum is
+// %23, so a key splits back unambiguously. '{' and '}' are written as %7B
+// and %7D, so that no part of a key is a Redis Cluster hash tag: the whole
+// key chooses its hash slot, not a client's value (only the store's key
+// prefix, the operator's, may hold a tag). A part longer than the maximum is
 // written as '#' and the first 16 bytes of its SHA-256 in hex.
 
 const hexDigits = "0123456789ABCDEF"
@@ -46,7 +54,7 @@ func appendPart(dst []byte, s string, max int) []byte {
 	}
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; c {
-		case '%', '|', '=', '#':
+		case '%', '|', '=', '#', '{', '}':
 			dst = append(dst, '%', hexDigits[c>>4], hexDigits[c&15])
 		default:
 			dst = append(dst, c)
@@ -62,18 +70,27 @@ func keySuffix(r *Rule) string {
 	if r.Unlimited {
 		return "|unlimited"
 	}
-	secs := strconv.FormatInt(int64(r.Limit.Period()/time.Second), 10)
+	per := strconv.FormatInt(int64(r.Limit.Period()/time.Second), 10) + "s"
+	if r.Calendar {
+		// The unit (with its run of months) and the zone, never a length
+		// in seconds: a calendar key never equals a key of windows
+		// aligned to the epoch, nor one of another zone.
+		per = r.Unit.String() + "@" + escapePart(r.TimeZone.String(), math.MaxInt)
+		if r.UnitMultiplier > 1 {
+			per = strconv.FormatUint(uint64(r.UnitMultiplier), 10) + per
+		}
+	}
 	switch r.Algorithm {
 	case store.TokenBucket:
-		return "|tb:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + secs + "s:" +
+		return "|tb:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + per + ":" +
 			strconv.FormatUint(r.Limit.Burst(), 10)
 	case store.SlidingWindow:
-		return "|sw:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + secs + "s"
+		return "|sw:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + per
 	}
 	if r.Limit.Wide() {
-		return "|fw64:" + secs + "s"
+		return "|fw64:" + per
 	}
-	return "|fw:" + secs + "s"
+	return "|fw:" + per
 }
 
 // OverrideKey appends the counter key for a descriptor's limit override:

@@ -93,7 +93,7 @@ func TestOverrideKey_MaxValueBytes(t *testing.T) {
 func TestAppendPart_Unambiguous(t *testing.T) {
 	// Distinct inputs never produce the same escaped text.
 	seen := map[string]string{}
-	for _, s := range []string{"a", "a|b", "a%7Cb", "a=b", "a%3Db", "#", "%23", "%", "%25", "", "|", "||"} {
+	for _, s := range []string{"a", "a|b", "a%7Cb", "a=b", "a%3Db", "#", "%23", "%", "%25", "", "|", "||", "{", "%7B", "}", "%7D", "{}"} {
 		e := escapePart(s, DefaultMaxValueBytes)
 		if prev, dup := seen[e]; dup {
 			t.Errorf("%q and %q both escape to %q", prev, s, e)
@@ -102,5 +102,39 @@ func TestAppendPart_Unambiguous(t *testing.T) {
 	}
 	if got := escapePart("abcd", 3); len(got) != 33 || got[0] != '#' {
 		t.Errorf("escapePart of a long part = %q, want # and 32 hex digits", got)
+	}
+}
+
+// TestKeys_NoHashTagFromValues: a value holding braces (a Redis Cluster
+// hash tag, "{x}") is escaped in every key it reaches, rule and override
+// keys alike, so that the slot of a counter is chosen by the whole key,
+// not by a client's value.
+func TestKeys_NoHashTagFromValues(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: "/v1/{id}*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	for _, v := range []string{"{x}", "a{x}b", "}{", "{", "}", "{{x}}"} {
+		_, key := tbl.Match("api", entries("user="+v), nil)
+		ov := tbl.OverrideKey(nil, "api", entries("user="+v), Minute, false)
+		for _, k := range []string{string(key), string(ov)} {
+			if strings.ContainsAny(k, "{}") {
+				t.Errorf("value %q: key %q holds a brace", v, k)
+			}
+		}
+	}
+	if _, key := tbl.Match("api", entries("user={x}"), nil); string(key) != "api|user=%7Bx%7D|fw:60s" {
+		t.Errorf("key %q", key)
+	}
+	// A pattern from the config is escaped too (share_threshold writes it
+	// in the key).
+	if _, key := tbl.Match("api", entries("path=/v1/{id}7"), nil); string(key) != "api|path=/v1/%7Bid%7D*|fw:60s" {
+		t.Errorf("shared key %q", key)
 	}
 }

@@ -16,6 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	// time_zone names resolve the same on every host, the image (FROM
+	// scratch, no /usr/share/zoneinfo) included; a host's zoneinfo (or
+	// $ZONEINFO) is still read first where there is one.
+	_ "time/tzdata"
 
 	"go.yaml.in/yaml/v3"
 
@@ -142,11 +146,13 @@ func listFiles(path string) ([]string, error) {
 }
 
 type loader struct {
-	opts    Options
-	max     int
-	errs    []Error
-	domains map[string]*domain
-	budget  int // descriptors left for the current file
+	opts      Options
+	max       int
+	errs      []Error
+	domains   map[string]*domain
+	budget    int // descriptors left for the current file
+	zones     map[string]*time.Location
+	calendars map[calendarKey]*store.Calendar
 }
 
 func (l *loader) errorf(file string, line int, path, format string, args ...any) {
@@ -391,7 +397,8 @@ type flags struct {
 	metadata                               map[string]any
 }
 
-var rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier"}
+var rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "burst", "unit_multiplier",
+	"calendar", "time_zone"}
 
 // listedLimitFields are the fields of one limit of a rate_limits list:
 // a rate_limit's, and its own shadow_mode.
@@ -548,6 +555,7 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 			r.Burst = v
 		}
 	}
+	l.calendarFields(file, path, r, fields)
 	if f, ok := fields["replaces"]; ok {
 		r.Replaces, r.replacesAt = l.replaces(file, path, r.Name, f.val)
 		r.desc = path
@@ -558,10 +566,12 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 	if !r.Unlimited {
 		var err error
 		period := r.Period()
-		switch r.Algorithm {
-		case store.TokenBucket:
+		switch {
+		case r.Calendar:
+			r.Limit, err = l.calendarRule(r)
+		case r.Algorithm == store.TokenBucket:
 			r.Limit, err = store.NewTokenBucket(r.RequestsPerUnit, period, r.Burst)
-		case store.SlidingWindow:
+		case r.Algorithm == store.SlidingWindow:
 			r.Limit, err = store.NewSlidingWindow(r.RequestsPerUnit, period)
 		default:
 			r.Limit, err = store.NewFixedWindow(r.RequestsPerUnit, period)
@@ -573,6 +583,103 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 	}
 	r.suffix = keySuffix(r)
 	return r
+}
+
+// calendarUnits are the units a calendar counts in.
+var calendarUnits = map[Unit]store.CalendarUnit{Day: store.CalendarDay, Week: store.CalendarWeek,
+	Month: store.CalendarMonth, Year: store.CalendarYear}
+
+// calendarFields reads rate_limit.calendar and rate_limit.time_zone into
+// r, after its unit, algorithm and unit_multiplier: a calendar counts days,
+// weeks, months or years (months also in runs that divide a year), with a
+// fixed or a sliding window.
+func (l *loader) calendarFields(file, path string, r *Rule, fields map[string]field) {
+	f, ok := fields["calendar"]
+	want := false
+	if ok {
+		want, ok = l.bool(file, path, "calendar", f)
+	}
+	if ok && want {
+		_, unitOK := calendarUnits[r.Unit]
+		switch {
+		case r.Unlimited:
+			l.errorf(file, f.key.Line, path, "an unlimited rate_limit takes no calendar")
+		case r.Algorithm == store.TokenBucket:
+			l.errorf(file, f.key.Line, path, "calendar needs algorithm fixed_window or sliding_window (a token bucket refills continuously: it has no periods)")
+		case r.Unit == UnitUnknown:
+		case !unitOK:
+			l.errorf(file, f.key.Line, path, "calendar periods are days, weeks, months or years, not %ss (those windows are aligned to the clock already)", r.Unit)
+		case r.UnitMultiplier > 1 && (r.Unit != Month || 12%r.UnitMultiplier != 0):
+			l.errorf(file, fields["unit_multiplier"].val.Line, path, "unit_multiplier: %d calendar %ss: only months run in multiples, of 2, 3, 4, 6 or 12 (aligned to January)", r.UnitMultiplier, r.Unit)
+		default:
+			r.Calendar, r.TimeZone = true, time.UTC
+		}
+	}
+	f, ok = fields["time_zone"]
+	if !ok {
+		return
+	}
+	name, ok := l.str(file, path, "time_zone", f)
+	switch {
+	case !ok:
+	case !want:
+		l.errorf(file, f.key.Line, path, "time_zone needs calendar: true")
+	case name == "":
+		l.errorf(file, f.val.Line, path, "time_zone is empty; leave it out for UTC")
+	case name == "Local":
+		l.errorf(file, f.val.Line, path, "time_zone: \"Local\" is this host's zone; name the zone (such as Europe/Berlin) so that every replica counts the same periods")
+	default:
+		loc, err := l.location(name)
+		if err != nil {
+			l.errorf(file, f.val.Line, path, "unknown time_zone %q (want an IANA time zone name such as Europe/Berlin or UTC)", name)
+		} else if r.Calendar {
+			r.TimeZone = loc
+		}
+	}
+}
+
+// location loads a time zone once per Load.
+func (l *loader) location(name string) (*time.Location, error) {
+	if loc, ok := l.zones[name]; ok {
+		return loc, nil
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, err
+	}
+	if l.zones == nil {
+		l.zones = map[string]*time.Location{}
+	}
+	l.zones[name] = loc
+	return loc, nil
+}
+
+// calendarRule compiles calendar rule r. Its calendar is one per unit,
+// run of months and zone per Load, so that rules of one calendar share
+// what it remembers of the current period.
+func (l *loader) calendarRule(r *Rule) (*store.Rule, error) {
+	k := calendarKey{calendarUnits[r.Unit], max(r.UnitMultiplier, 1), r.TimeZone}
+	c, ok := l.calendars[k]
+	if !ok {
+		var err error
+		if c, err = store.NewCalendar(k.unit, int(k.months), k.loc); err != nil {
+			return nil, err
+		}
+		if l.calendars == nil {
+			l.calendars = map[calendarKey]*store.Calendar{}
+		}
+		l.calendars[k] = c
+	}
+	if r.Algorithm == store.SlidingWindow {
+		return store.NewCalendarSliding(r.RequestsPerUnit, c)
+	}
+	return store.NewCalendarWindow(r.RequestsPerUnit, c)
+}
+
+type calendarKey struct {
+	unit   store.CalendarUnit
+	months uint32
+	loc    *time.Location
 }
 
 // replaces reads rate_limit.replaces: the names and their lines.

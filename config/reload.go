@@ -120,7 +120,8 @@ func (r *Reloader) Reload() error {
 // the error, listing every problem, is logged and returned. A config
 // whose content is unchanged (same Table.Hash) keeps the current table
 // (and its counters' keys) as it is. Every attempt is counted in Status
-// and passed to the OnReload hooks. Updates run one at a time.
+// and passed to the OnReload hooks. Updates run one at a time. A failure
+// logs its first problems, one a line, and how many more there are.
 func (r *Reloader) Update(compile func() (*Table, error)) error {
 	return r.UpdateVersion("", compile)
 }
@@ -154,10 +155,32 @@ func (r *Reloader) UpdateVersion(version string, compile func() (*Table, error))
 	return err
 }
 
+// Keep records that the source's config is, again, the one in force,
+// now named version: an xDS server sent it again under a new version_info,
+// or went back to it after a config that was rejected. The status becomes
+// that of a successful load (LastOK, Version) without a compile: Successes,
+// LastSuccess and the OnReload hooks are for loads.
+func (r *Reloader) Keep(version string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.LastOK, r.status.LastError = true, nil
+	r.status.Version = version
+}
+
 // Run follows the source (for files: watches the config directory) until
 // ctx is done.
 func (r *Reloader) Run(ctx context.Context) error { return r.src.Run(ctx, r) }
 
+// Bounds of the log of a failed load: a config with thousands of problems,
+// or a huge one, must not flood the log on every attempt (an xDS server
+// can push one every second).
+const (
+	maxLoggedProblems = 10   // problems logged one a line; then a count
+	maxLoggedBytes    = 1024 // of one problem's message, or an error's
+)
+
+// logError logs a failed load: its first problems, one a line, then how
+// many more there are.
 func (r *Reloader) logError(err error, kept bool) {
 	msg := "config not loaded"
 	if kept {
@@ -165,11 +188,15 @@ func (r *Reloader) logError(err error, kept bool) {
 	}
 	var es *Errors
 	if !errors.As(err, &es) {
-		r.log.Error(msg, "source", r.src.String(), "err", err)
+		r.log.Error(msg, "source", r.src.String(), "err", clip(err.Error(), maxLoggedBytes))
 		return
 	}
-	for _, e := range es.List {
-		r.log.Error(msg, "file", e.File, "line", e.Line, "descriptor", e.Path, "err", e.Msg)
+	for i, e := range es.List {
+		if i == maxLoggedProblems {
+			r.log.Error(msg, "source", r.src.String(), "problems", len(es.List), "not_logged", len(es.List)-i)
+			return
+		}
+		r.log.Error(msg, "file", clip(e.File, maxLoggedBytes), "line", e.Line, "descriptor", clip(e.Path, maxLoggedBytes), "err", clip(e.Msg, maxLoggedBytes))
 	}
 }
 

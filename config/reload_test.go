@@ -1,16 +1,20 @@
 package config
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // limitsFile is a one-rule config of domain with the given limit.
@@ -448,5 +452,78 @@ func TestReloader_SourceUpdates(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run = %v", err)
+	}
+}
+
+// TestReloader_FailureLogIsBounded: a config with thousands of problems,
+// one of them huge, logs its first ten, one a line and each cut, then a
+// count; an error that is not a list of problems is cut too.
+func TestReloader_FailureLogIsBounded(t *testing.T) {
+	var buf bytes.Buffer
+	r := NewSourceReloader(pushSource{}, Empty(), slog.New(slog.NewTextHandler(&buf, nil)))
+	es := &Errors{}
+	for i := range 5000 {
+		es.List = append(es.List, Error{File: `resource "r"`, Path: fmt.Sprintf("descriptors[%d]", i), Msg: "rate_limit has no unit"})
+	}
+	es.List[0].Msg = strings.Repeat("é", 40000)
+	if err := r.Update(func() (*Table, error) { return nil, es }); err == nil {
+		t.Fatal("Update succeeded")
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != maxLoggedProblems+1 || !strings.Contains(lines[maxLoggedProblems], "problems=5000 not_logged=4990") {
+		t.Fatalf("%d lines, the last %q; want %d problems then the count", len(lines), lines[len(lines)-1], maxLoggedProblems)
+	}
+	for i, l := range lines {
+		if len(l) > 2*maxLoggedBytes || !utf8.ValidString(l) {
+			t.Errorf("line %d: %d bytes (valid UTF-8: %v)", i, len(l), utf8.ValidString(l))
+		}
+	}
+	if !strings.Contains(lines[0], "(80000 bytes)") {
+		t.Errorf("the huge problem does not say how long it was: %.300s", lines[0])
+	}
+
+	buf.Reset()
+	_ = r.Update(func() (*Table, error) { return nil, errors.New(strings.Repeat("x", 100000)) })
+	if n := strings.Count(buf.String(), "\n"); n != 1 || buf.Len() > 2*maxLoggedBytes {
+		t.Errorf("a long error logged as %d lines of %d bytes", n, buf.Len())
+	}
+}
+
+// TestReloader_Keep: the config in force named anew, after a failed
+// update, makes the status good again without a load.
+func TestReloader_Keep(t *testing.T) {
+	calls := 0
+	r := NewSourceReloader(pushSource{}, nil, nil)
+	r.OnReload(func(*Table, error) { calls++ })
+	if err := r.UpdateVersion("1", func() (*Table, error) { return Parse("a.yaml", []byte(limitsFile("api", 5)), Options{}) }); err != nil {
+		t.Fatal(err)
+	}
+	good := r.Current()
+	_ = r.UpdateVersion("2", func() (*Table, error) { return nil, errors.New("bad") })
+	r.Keep("3")
+	st := r.Status()
+	if !st.LastOK || st.LastError != nil || st.Version != "3" || st.Successes != 1 || st.Failures != 1 || r.Current() != good || calls != 2 {
+		t.Errorf("status %+v after Keep, %d hooks called; want version 3 good, 1 success, 1 failure, 2 hooks", st, calls)
+	}
+}
+
+func TestSummary(t *testing.T) {
+	es := &Errors{}
+	for i := range 200 {
+		es.List = append(es.List, Error{File: `resource "r"`, Path: fmt.Sprintf("descriptors[%d]", i), Msg: "rate_limit has no unit"})
+	}
+	msg := Summary(es, 4096)
+	lines := strings.Split(msg, "\n")
+	shown := len(lines) - 1
+	if len(msg) > 4096 || lines[0] != es.List[0].Error() || lines[shown] != fmt.Sprintf("(%d more problems not shown)", 200-shown) {
+		t.Errorf("summary of %d bytes, %d lines, ending %q", len(msg), len(lines), lines[shown])
+	}
+	// A single huge problem is cut; a short error is whole.
+	huge := Summary(errors.New(strings.Repeat("y", 100000)), 4096)
+	if len(huge) > 4096 || !strings.HasSuffix(huge, "(100000 bytes)") {
+		t.Errorf("summary of one huge problem: %d bytes, ending %q", len(huge), huge[len(huge)-20:])
+	}
+	if got := Summary(errors.New("config: a: b"), 4096); got != "config: a: b" {
+		t.Errorf("Summary = %q", got)
 	}
 }

@@ -50,6 +50,14 @@ type Rule struct {
 	// Algorithm is store.FixedWindow unless rate_limit.algorithm says
 	// token_bucket or sliding_window (Sluice extensions).
 	Algorithm store.Algorithm
+	// Calendar aligns the rule's windows to the calendar of TimeZone
+	// (rate_limit.calendar, a Sluice extension): days start at local
+	// midnight, weeks on Monday (ISO), months on the 1st, years on
+	// January 1st (store.Calendar). Period is then the nominal length.
+	Calendar bool
+	// TimeZone is the calendar's zone (rate_limit.time_zone, default
+	// UTC); nil without Calendar.
+	TimeZone *time.Location
 	// Burst is a token bucket's capacity (rate_limit.burst, default
 	// RequestsPerUnit); for a fixed window it equals RequestsPerUnit.
 	Burst     uint64
@@ -127,15 +135,22 @@ func (r *Rule) String() string {
 	return b.String()
 }
 
-// Period is the rule's window or refill period: UnitMultiplier units.
+// Period is the rule's window or refill period: UnitMultiplier units (a
+// calendar rule's nominal period: a month of 30 days).
 func (r *Rule) Period() time.Duration {
 	return r.Unit.Duration() * time.Duration(max(r.UnitMultiplier, 1))
 }
 
 // Per spells the rule's period: the unit, or "30*second" with a
-// multiplier.
+// multiplier; a calendar rule's "calendar month (Europe/Berlin)" or "3
+// calendar months (UTC)".
 func (r *Rule) Per() string {
-	if r.UnitMultiplier > 1 {
+	switch {
+	case r.Calendar && r.UnitMultiplier > 1:
+		return fmt.Sprintf("%d calendar %ss (%s)", r.UnitMultiplier, r.Unit, r.TimeZone)
+	case r.Calendar:
+		return fmt.Sprintf("calendar %s (%s)", r.Unit, r.TimeZone)
+	case r.UnitMultiplier > 1:
 		return fmt.Sprintf("%d*%s", r.UnitMultiplier, r.Unit)
 	}
 	return r.Unit.String()
@@ -213,6 +228,9 @@ func (t *Table) String() string {
 		}
 		if r.UnitMultiplier > 1 {
 			fmt.Fprintf(&b, ", unit_multiplier: %d", r.UnitMultiplier)
+		}
+		if r.Calendar {
+			fmt.Fprintf(&b, ", calendar: true, time_zone: %s", r.TimeZone)
 		}
 		switch r.Algorithm {
 		case store.TokenBucket:

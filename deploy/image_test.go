@@ -49,6 +49,7 @@ type ociImage struct {
 			User       string
 			Entrypoint []string
 			Cmd        []string
+			Labels     map[string]string
 		} `json:"config"`
 	}
 	files map[string]ociFile
@@ -131,8 +132,10 @@ func readOCI(t *testing.T, archive string) *ociImage {
 
 // TestImage checks the image that `make image-test` exports
 // (SLUICE_IMAGE_ARCHIVE): its config (non-root user, the reference's
-// entry point), its layout (a static /bin/sluice, /bin/ratelimit the same
-// binary, CA certificates, passwd; nothing else), and then runs its
+// entry point, the OCI labels with the version, commit and commit time
+// that make passes in SLUICE_IMAGE_*, which the binary prints too), its
+// layout (a static /bin/sluice, /bin/ratelimit the same binary, CA
+// certificates, passwd; nothing else), and then runs its
 // /bin/ratelimit on this host, as Envoy Gateway's default Deployment
 // does, with that Deployment's environment against an xDS server and a
 // local Redis.
@@ -148,6 +151,24 @@ func TestImage(t *testing.T) {
 	}
 	if !slices.Equal(c.Entrypoint, []string{"/bin/ratelimit"}) || len(c.Cmd) != 0 {
 		t.Errorf("entrypoint %q cmd %q, want [/bin/ratelimit] and none", c.Entrypoint, c.Cmd)
+	}
+	// make image-test passes what make image stamped.
+	version, revision := os.Getenv("SLUICE_IMAGE_VERSION"), os.Getenv("SLUICE_IMAGE_REVISION")
+	wantLabels := map[string]string{
+		"org.opencontainers.image.version":  version,
+		"org.opencontainers.image.revision": revision,
+		"org.opencontainers.image.created":  os.Getenv("SLUICE_IMAGE_CREATED"),
+		"org.opencontainers.image.source":   "https://github.com/sluicehq/sluice",
+		"org.opencontainers.image.licenses": "Apache-2.0",
+		"org.opencontainers.image.title":    "sluice",
+	}
+	for k, want := range wantLabels {
+		if got := c.Labels[k]; got != want || got == "" {
+			t.Errorf("label %s=%q, want %q (not empty)", k, got, want)
+		}
+	}
+	if _, err := time.Parse(time.RFC3339, c.Labels["org.opencontainers.image.created"]); err != nil {
+		t.Errorf("label org.opencontainers.image.created: %v", err)
 	}
 	var paths []string
 	for p := range img.files {
@@ -190,6 +211,10 @@ func TestImage(t *testing.T) {
 	}
 	if err := os.Symlink("sluice", filepath.Join(dir, "bin/ratelimit")); err != nil {
 		t.Fatal(err)
+	}
+	out, err := exec.Command(filepath.Join(dir, "bin/sluice"), "version").CombinedOutput()
+	if want := "sluice " + version + " (commit " + revision + ", "; err != nil || !strings.HasPrefix(string(out), want) {
+		t.Errorf("/bin/sluice version: %v, %q, want %q... (the labels' version and revision)", err, out, want)
 	}
 	runEnvoyGatewayDefault(t, filepath.Join(dir, "bin/ratelimit"))
 }

@@ -35,16 +35,23 @@ const (
 // ReportInterval and enforcing their assignments locally as Envoy's
 // rate_limit_quota filter does. Every proxy reports bucket {Key:
 // "shared"}, whose limit L is Limit per second, and Buckets-1 more
-// buckets {Key: "b<j>"} with one request per report (load on the server,
-// not measured). The zero value of each field means its default.
+// buckets {Key: "b<j>"} with ExtraRequests per report (load on the server,
+// not measured; with DistinctBuckets {Key: "p<i>b<j>"}, each proxy's
+// own). The zero value of each field means its default.
 type RLQSOptions struct {
 	Targets     []string
 	DialOptions []grpc.DialOption
 	Domain      string // default "rlqs"
 	Key         string // default "tenant"
 	Buckets     int    // per proxy, default 1
-	Proxies     int    // default 50
-	Demand      string // default steady
+	// DistinctBuckets gives each proxy extra buckets of its own, as a
+	// client inventing bucket ids does: every one is a limit of its own.
+	DistinctBuckets bool
+	// ExtraRequests is what each extra bucket reports allowed per report;
+	// default 1.
+	ExtraRequests uint64
+	Proxies       int    // default 50
+	Demand        string // default steady
 	// Rate is the base demand of one proxy in requests per second;
 	// default 2·Limit/Proxies (Limit/(2·Proxies) for skewed, so that the
 	// light proxies need less than an equal share).
@@ -69,8 +76,11 @@ type RLQSOptions struct {
 
 // Second is one second of a simulation.
 type Second struct {
-	T      int `json:"t"`
-	Active int `json:"proxies"`
+	T int `json:"t"`
+	// Start is when the second began (seconds of a run are whole
+	// wall-clock seconds).
+	Start  time.Time `json:"start"`
+	Active int       `json:"proxies"`
 	// Offered and Admitted are the fleet's requests in the second.
 	Offered  float64 `json:"offered"`
 	Admitted float64 `json:"admitted"`
@@ -119,6 +129,7 @@ func (o *RLQSOptions) defaults() error {
 		o.Key = "tenant"
 	}
 	o.Buckets = max(o.Buckets, 1)
+	o.ExtraRequests = max(o.ExtraRequests, 1)
 	if o.Proxies <= 0 {
 		o.Proxies = 50
 	}
@@ -229,7 +240,7 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 			return nil, ctx.Err()
 		case <-time.After(time.Until(start.Add(time.Duration(s+1)*time.Second + 3*o.Step))):
 		}
-		sec := Second{T: s + 1, Limit: o.Limit}
+		sec := Second{T: s + 1, Start: start.Add(time.Duration(s) * time.Second), Limit: o.Limit}
 		demands = demands[:0]
 		var active []*simProxy
 		for _, p := range proxies {
@@ -349,8 +360,12 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 	subscribed := false // a report of the shared bucket was sent since it was created
 	var lastReport time.Time
 	extra := make([]map[string]string, o.Buckets-1)
+	prefix := ""
+	if o.DistinctBuckets {
+		prefix = "p" + strconv.Itoa(p.i)
+	}
 	for j := range extra {
-		extra[j] = map[string]string{o.Key: "b" + strconv.Itoa(j)}
+		extra[j] = map[string]string{o.Key: prefix + "b" + strconv.Itoa(j)}
 	}
 	send := func(now time.Time, first bool) error {
 		el := now.Sub(lastReport)
@@ -366,7 +381,7 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 			NumRequestsAllowed: allowed, NumRequestsDenied: denied})
 		for _, id := range extra {
 			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
-				BucketId: &rlqspb.BucketId{Bucket: id}, TimeElapsed: durationpb.New(el), NumRequestsAllowed: 1})
+				BucketId: &rlqspb.BucketId{Bucket: id}, TimeElapsed: durationpb.New(el), NumRequestsAllowed: o.ExtraRequests})
 		}
 		allowed, denied, lastReport, subscribed = 0, 0, now, true
 		return stream.Send(m)

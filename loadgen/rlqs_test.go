@@ -88,9 +88,10 @@ type staticTables struct{ t *config.Table }
 
 func (s staticTables) Current() *config.Table { return s.t }
 
-// TestRunRLQS runs a short simulation against a real RLQS server on
-// loopback and checks its bookkeeping (not its timing).
-func TestRunRLQS(t *testing.T) {
+// serveRLQS serves RLQS with the limit tenant: 200/s on loopback until
+// the test ends.
+func serveRLQS(t *testing.T) (*quota.Service, string) {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(p, []byte("domain: rlqs\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 200}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -101,20 +102,27 @@ func TestRunRLQS(t *testing.T) {
 	}
 	q := quota.New(staticTables{tbl}, quota.Options{Interval: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go q.Run(ctx)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := grpc.NewServer()
 	rlqspb.RegisterRateLimitQuotaServiceServer(s, server.NewRLQS(q))
-	done := make(chan struct{})
-	go func() { defer close(done); s.Serve(lis) }()
-	defer func() { s.Stop(); <-done }()
+	done := make(chan struct{}, 2)
+	go func() { q.Run(ctx); done <- struct{}{} }()
+	go func() { s.Serve(lis); done <- struct{}{} }()
+	t.Cleanup(func() { cancel(); s.Stop(); <-done; <-done })
+	return q, lis.Addr().String()
+}
+
+// TestRunRLQS runs a short simulation against a real RLQS server on
+// loopback and checks its bookkeeping (not its timing).
+func TestRunRLQS(t *testing.T) {
+	ctx := context.Background()
+	q, addr := serveRLQS(t)
 
 	var seen int
-	res, err := RunRLQS(ctx, RLQSOptions{Targets: []string{lis.Addr().String()}, Proxies: 10, Buckets: 3, Demand: DemandChurn,
+	res, err := RunRLQS(ctx, RLQSOptions{Targets: []string{addr}, Proxies: 10, Buckets: 3, Demand: DemandChurn,
 		Limit: 200, ReportInterval: 200 * time.Millisecond, Duration: 3 * time.Second, Every: func(Second) { seen++ }})
 	if err != nil {
 		t.Fatal(err)
@@ -131,5 +139,26 @@ func TestRunRLQS(t *testing.T) {
 	}
 	if st := q.Stats(); st.Usages == 0 || st.Pushed[quota.RequestsPerUnit] == 0 {
 		t.Errorf("server stats %+v: no reports or assignments", st)
+	}
+}
+
+// TestRunRLQS_DistinctBuckets: with DistinctBuckets every proxy's extra
+// buckets are its own limits, as a client inventing bucket ids makes
+// them: 2 proxies with 3 buckets each make 1 + 2×2 groups, not 1 + 2.
+func TestRunRLQS_DistinctBuckets(t *testing.T) {
+	ctx := context.Background()
+	q, addr := serveRLQS(t)
+	groups := 0
+	_, err := RunRLQS(ctx, RLQSOptions{Targets: []string{addr}, Proxies: 2, Buckets: 3, DistinctBuckets: true,
+		Limit: 200, ReportInterval: 200 * time.Millisecond, Duration: time.Second, Every: func(Second) {
+			for _, r := range q.Rules() {
+				groups = r.Groups
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if groups != 5 {
+		t.Errorf("%d groups, want 5", groups)
 	}
 }

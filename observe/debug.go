@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -40,11 +41,16 @@ type Debug struct {
 	// Clock tells the time for /debug/keys; nil means time.Now.
 	Clock store.Clock
 	Build Build
+	// Cmdline is what /debug/pprof/cmdline shows: the process's command
+	// line with its secrets redacted (pprof's own handler shows os.Args
+	// as it is, passwords included). Nil shows nothing.
+	Cmdline []string
 }
 
 // Handler serves:
 //
-//	/debug/pprof/              Go's profiles (net/http/pprof)
+//	/debug/pprof/              Go's profiles (net/http/pprof); cmdline
+//	                           is Cmdline, not os.Args
 //	/rlconfig                  the loaded config, one rule a line
 //	/debug/keys?domain=D&prefix=P&limit=N
 //	                           up to N (default 100, at most 1000) live
@@ -54,7 +60,7 @@ type Debug struct {
 func (d *Debug) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", d.cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -62,6 +68,14 @@ func (d *Debug) Handler() http.Handler {
 	mux.HandleFunc("GET /debug/keys", d.keys)
 	mux.HandleFunc("GET /debug/build", d.build)
 	return mux
+}
+
+// cmdline answers as pprof.Cmdline does (the arguments separated by NUL
+// bytes), with Cmdline.
+func (d *Debug) cmdline(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	fmt.Fprint(w, strings.Join(d.Cmdline, "\x00"))
 }
 
 func (d *Debug) rlconfig(w http.ResponseWriter, _ *http.Request) {

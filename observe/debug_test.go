@@ -126,4 +126,13 @@ func TestDebug_PprofAndBuild(t *testing.T) {
 	if code, body := get(t, h, "/debug/build"); code != http.StatusOK || !strings.HasPrefix(body, "sluice v1.2.3 (commit abc123, go") {
 		t.Errorf("/debug/build = %d %q", code, body)
 	}
+	// pprof's cmdline shows os.Args as they are; the Debug shows Cmdline,
+	// which its caller has redacted.
+	if code, body := get(t, h, "/debug/pprof/cmdline"); code != http.StatusOK || body != "" {
+		t.Errorf("/debug/pprof/cmdline without a Cmdline = %d %q, want nothing", code, body)
+	}
+	d.Cmdline = []string{"/bin/sluice", "serve", "--redis-password", "xxxxx"}
+	if code, body := get(t, d.Handler(), "/debug/pprof/cmdline"); code != http.StatusOK || body != "/bin/sluice\x00serve\x00--redis-password\x00xxxxx" {
+		t.Errorf("/debug/pprof/cmdline = %d %q", code, body)
+	}
 }

@@ -26,11 +26,19 @@ var (
 	rlqsReportsDesc  = prometheus.NewDesc("sluice_rlqs_reports_total", "RLQS usage report messages received.", nil, nil)
 	rlqsUsagesDesc   = prometheus.NewDesc("sluice_rlqs_bucket_reports_total", "Bucket usage reports received (several per message).", nil, nil)
 	rlqsRejectedDesc = prometheus.NewDesc("sluice_rlqs_rejected_total",
-		"Malformed RLQS messages and reports past the per-stream bucket cap (each ends its stream).", nil, nil)
+		"Malformed RLQS messages, and streams and reports past a cap (each ends its stream).", nil, nil)
+	rlqsOverCapDesc = prometheus.NewDesc("sluice_rlqs_over_cap_total",
+		"RLQS streams and reports refused with RESOURCE_EXHAUSTED, by cap (streams, buckets, stream_buckets, bucket_keys).", []string{"cap"}, nil)
 	rlqsPushedDesc = prometheus.NewDesc("sluice_rlqs_assignments_total",
 		"Bucket actions sent to proxies, by strategy (allow_all, deny_all, requests_per_time_unit, token_bucket, abandon).", []string{"strategy"}, nil)
 	rlqsFleetDesc = prometheus.NewDesc("sluice_rlqs_fleet_errors_total",
-		"Failed exchanges of demand with the other replicas (Redis); shares then use the last known demand.", nil, nil)
+		"Exchanges of demand with the other replicas (Redis) that failed in whole or in part; shares then use the last known demand.", nil, nil)
+	rlqsClaimErrorsDesc = prometheus.NewDesc("sluice_rlqs_fleet_claim_errors_total",
+		"Claims of one limit's part that failed in an exchange with the other replicas; only those limits use their last claim.", nil, nil)
+	rlqsDeferredDesc = prometheus.NewDesc("sluice_rlqs_fleet_claims_deferred_total",
+		"Claims of a limit's part left to a later interval because more limits than --rlqs-max-claims were due.", nil, nil)
+	rlqsPanicsDesc = prometheus.NewDesc("sluice_rlqs_panics_total",
+		"Panics recovered while recomputing the RLQS shares (each loses one interval).", nil, nil)
 	rlqsRuleLabels     = []string{"domain", "rule"}
 	rlqsRuleBucketDesc = prometheus.NewDesc("sluice_rlqs_rule_buckets",
 		"This replica's RLQS buckets under the rule, as of the last interval.", rlqsRuleLabels, nil)
@@ -44,7 +52,8 @@ type quotaCollector struct{ q QuotaStatser }
 
 func (c quotaCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsUsagesDesc, rlqsRejectedDesc,
-		rlqsPushedDesc, rlqsFleetDesc, rlqsRuleBucketDesc, rlqsDemandDesc, rlqsShareDesc} {
+		rlqsOverCapDesc, rlqsPushedDesc, rlqsFleetDesc, rlqsClaimErrorsDesc, rlqsDeferredDesc, rlqsPanicsDesc,
+		rlqsRuleBucketDesc, rlqsDemandDesc, rlqsShareDesc} {
 		ch <- d
 	}
 }
@@ -63,6 +72,12 @@ func (c quotaCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(rlqsUsagesDesc, s.Usages)
 	counter(rlqsRejectedDesc, s.Rejected)
 	counter(rlqsFleetDesc, s.FleetErrors)
+	counter(rlqsClaimErrorsDesc, s.ClaimErrors)
+	counter(rlqsDeferredDesc, s.ClaimsDeferred)
+	counter(rlqsPanicsDesc, s.Panics)
+	for c := quota.CapStreams; c <= quota.CapBucketKeys; c++ {
+		counter(rlqsOverCapDesc, s.Capped[c], c.String())
+	}
 	for k := quota.AllowAll; k <= quota.Abandon; k++ {
 		counter(rlqsPushedDesc, s.Pushed[k], k.String())
 	}

@@ -4,6 +4,8 @@ import (
 	_ "embed" // the default statsd mapping
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/prometheus/statsd_exporter/pkg/event"
 	"github.com/prometheus/statsd_exporter/pkg/exporter"
 	"github.com/prometheus/statsd_exporter/pkg/mapper"
+	"github.com/prometheus/statsd_exporter/pkg/registry"
 )
 
 // StatsdSink sends RefStats's stats to a statsd server over UDP, in
@@ -70,6 +73,10 @@ func (s *StatsdSink) Timer(name string, ms, n uint64) {
 	}
 }
 
+// Forget implements Sink: a statsd client keeps nothing per name (the
+// statsd server drops what is no longer sent, as it is configured to).
+func (s *StatsdSink) Forget([]string) {}
+
 // Flush implements Sink: the buffered lines go out within 100 ms.
 func (s *StatsdSink) Flush() error {
 	s.mu.Lock()
@@ -99,14 +106,32 @@ var DefaultStatsdMapping string
 // statsd_exporter does, with its mapping rules, in this process: the
 // reference's USE_PROMETHEUS. The series, and the exporter's own
 // statsd_exporter_* counters, are registered on the registry given to
-// NewMappedSink. Start it before the first Flush and Close it after the
-// last.
+// NewMappedSink. A series is dropped once every counter mapped to it is
+// forgotten (its rule left the config), so that the series are bounded
+// by the config in force. Start it before the first Flush and Close it
+// after the last.
 type MappedSink struct {
 	exp     *exporter.Exporter
+	mapper  *mapper.MetricMapper
 	events  chan event.Events
 	done    chan struct{}
-	pending event.Events // guarded by mu
 	mu      sync.Mutex
+	pending event.Events // guarded by mu
+	// fed maps the name of each counter sent and not forgotten since to
+	// its series (nil if the mapping makes none); series holds those
+	// series by key; expired lists the series no name feeds any more,
+	// for the exporter's goroutine to drop. Guarded by mu.
+	fed     map[string]*mappedSeries
+	series  map[string]*mappedSeries
+	expired []*mappedSeries
+}
+
+// mappedSeries is one series of the exporter and the count of the names
+// that feed it.
+type mappedSeries struct {
+	key, name string
+	labels    prometheus.Labels
+	feeders   int
 }
 
 // mappedBatch is the most events handed to the exporter at once.
@@ -141,10 +166,95 @@ func NewMappedSink(reg prometheus.Registerer, mappingYAML string, logger *slog.L
 			return nil, err
 		}
 	}
-	return &MappedSink{
-		exp:    exporter.NewExporter(reg, m, logger, actions, unmapped, errs, events, conflicts, metrics),
+	ms := &MappedSink{
+		exp: exporter.NewExporter(reg, m, logger, actions, unmapped, errs, events, conflicts, metrics), mapper: m,
 		events: make(chan event.Events), done: make(chan struct{}),
-	}, nil
+		fed: map[string]*mappedSeries{}, series: map[string]*mappedSeries{},
+	}
+	ms.exp.Registry = &forgetful{Registry: registry.NewRegistry(reg, m), sink: ms}
+	return ms, nil
+}
+
+// forgetful is the exporter's registry: it drops the series the sink
+// found expired, on the exporter's goroutine, which calls
+// RemoveStaleMetrics every second between batches of events.
+type forgetful struct {
+	*registry.Registry
+	sink *MappedSink
+}
+
+func (f *forgetful) RemoveStaleMetrics() {
+	f.sink.mu.Lock()
+	expired := f.sink.expired
+	f.sink.expired = nil
+	f.sink.mu.Unlock()
+	for _, s := range expired {
+		m, ok := f.Metrics[s.name]
+		if !ok {
+			continue
+		}
+		hash, _ := f.HashLabels(s.labels)
+		if rm := m.Metrics[hash.Values]; rm != nil {
+			v := m.Vectors[rm.VecKey]
+			v.Holder.Delete(rm.Labels)
+			v.RefCount--
+			delete(m.Metrics, hash.Values)
+		}
+	}
+	f.Registry.RemoveStaleMetrics()
+}
+
+// feed records that counter name is sent: its series stays while any
+// name that feeds it is not forgotten. s.mu is held.
+func (s *MappedSink) feed(name string) {
+	if _, ok := s.fed[name]; ok {
+		return
+	}
+	// The series the exporter makes of the name (exporter.handleEvent).
+	mapping, labels, present := s.mapper.GetMapping(name, mapper.MetricTypeCounter)
+	ser := &mappedSeries{name: mapper.EscapeMetricName(name), labels: prometheus.Labels{}}
+	if present {
+		if mapping.Action == mapper.ActionTypeDrop || mapping.Name == "" {
+			s.fed[name] = nil
+			return
+		}
+		ser.name = mapper.EscapeMetricName(mapping.Name)
+		maps.Copy(ser.labels, labels)
+	}
+	ser.key = ser.name
+	for _, k := range slices.Sorted(maps.Keys(ser.labels)) {
+		ser.key += "\xff" + k + "\xff" + ser.labels[k]
+	}
+	if known := s.series[ser.key]; known != nil {
+		ser = known
+	} else {
+		s.series[ser.key] = ser
+		// Fed again before the exporter dropped it: it stays.
+		s.expired = slices.DeleteFunc(s.expired, func(e *mappedSeries) bool { return e.key == ser.key })
+	}
+	ser.feeders++
+	s.fed[name] = ser
+}
+
+// Forget implements Sink: a series that only forgotten names fed is
+// dropped within a second.
+func (s *MappedSink) Forget(names []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range names {
+		ser, ok := s.fed[name]
+		if !ok {
+			continue
+		}
+		delete(s.fed, name)
+		if ser == nil {
+			continue
+		}
+		if ser.feeders--; ser.feeders == 0 {
+			delete(s.series, ser.key)
+			s.expired = append(s.expired, ser)
+		}
+	}
 }
 
 // Start runs the exporter's goroutine.
@@ -165,6 +275,9 @@ func (s *MappedSink) Close() error {
 
 // Counter implements Sink.
 func (s *MappedSink) Counter(name string, delta uint64) {
+	s.mu.Lock()
+	s.feed(name)
+	s.mu.Unlock()
 	s.add(&event.CounterEvent{CMetricName: name, CValue: float64(delta), CLabels: map[string]string{}})
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -43,14 +44,29 @@ type RefStats struct {
 	config ReloadStatuser
 	tags   string
 
-	mu    sync.Mutex
-	last  map[string]uint64      // counter totals at the previous flush
-	names map[*counters]*refKeys // per-rule stat names, made once
+	mu      sync.Mutex
+	flushes uint64                 // Flush calls so far
+	last    map[string]uint64      // the service's counter totals at the previous flush
+	byRule  map[*counters]*refRule // the live label sets of rules
 }
 
-// refKeys are the stat names of one label set of Rules.
-type refKeys struct {
-	total, over, near, within, shadow, local string
+// refRuleStats end the names of a label set's stats, in the order of
+// refTotals.
+var refRuleStats = [...]string{"total_hits", "over_limit", "near_limit", "within_limit", "shadow_mode", "over_limit_with_local_cache"}
+
+// refRule is one label set of Rules: its stat names, made once, and its
+// totals at the previous flush. It is dropped at the first flush that
+// does not see the label set (its rule left the config).
+type refRule struct {
+	names [len(refRuleStats)]string
+	last  [len(refRuleStats)]uint64
+	seen  uint64 // the last flush that saw it
+}
+
+// refTotals are c's counts in the order of refRuleStats.
+func refTotals(c *counters) [len(refRuleStats)]uint64 {
+	within, over := c.within.Load(), c.over.Load()
+	return [...]uint64{within + over, over, c.near.Load(), within, c.shadow.Load(), c.local.Load()}
 }
 
 // Sink receives RefStats's stats at each flush.
@@ -59,6 +75,10 @@ type Sink interface {
 	Counter(name string, delta uint64)
 	// Timer records n calls that took ms milliseconds.
 	Timer(name string, ms, n uint64)
+	// Forget tells the sink that the counters named will not be written
+	// again (their rule left the config): a sink that keeps something
+	// per name drops it.
+	Forget(names []string)
 	// Flush ends a flush: the sink sends what it holds back. It returns
 	// the errors met since the previous Flush.
 	Flush() error
@@ -77,7 +97,7 @@ func NewRefStats(rules *Rules, grpc *GRPCMetrics, config ReloadStatuser, opts Re
 		grpc.TrackMillis()
 	}
 	return &RefStats{rules: rules, grpc: grpc, config: config, tags: serializeTags(opts.Tags),
-		last: map[string]uint64{}, names: map[*counters]*refKeys{}}
+		last: map[string]uint64{}, byRule: map[*counters]*refRule{}}
 }
 
 // Run flushes to sinks every interval until ctx is done, then once more.
@@ -104,13 +124,15 @@ func (s *RefStats) Run(ctx context.Context, every time.Duration, report func(err
 	}
 }
 
-// Flush sends what changed since the previous Flush to every sink.
+// Flush sends what changed since the previous Flush to every sink, and
+// tells them to forget the stats of rules that left the config since.
+// Counts a rule took between the previous flush and its leaving are not
+// sent.
 func (s *RefStats) Flush(sinks ...Sink) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	counter := func(name string, total uint64) {
-		delta := total - s.last[name]
-		s.last[name] = total
+	s.flushes++
+	send := func(name string, delta uint64) {
 		if delta == 0 {
 			return
 		}
@@ -118,17 +140,12 @@ func (s *RefStats) Flush(sinks ...Sink) error {
 			k.Counter(name, delta)
 		}
 	}
+	counter := func(name string, total uint64) {
+		send(name, total-s.last[name])
+		s.last[name] = total
+	}
 	if s.rules != nil {
-		s.rules.eachCounters(func(c *counters) {
-			k := s.keys(c)
-			within, over := c.within.Load(), c.over.Load()
-			counter(k.total, within+over)
-			counter(k.over, over)
-			counter(k.near, c.near.Load())
-			counter(k.within, within)
-			counter(k.shadow, c.shadow.Load())
-			counter(k.local, c.local.Load())
-		})
+		s.flushRules(send, sinks)
 		counter("ratelimit.service.call.should_rate_limit.redis_error"+s.tags, s.rules.failed.Load())
 	}
 	if s.config != nil {
@@ -144,6 +161,43 @@ func (s *RefStats) Flush(sinks ...Sink) error {
 		errs = append(errs, k.Flush())
 	}
 	return errors.Join(errs...)
+}
+
+// flushRules sends the per-rule counters and drops the label sets Rules
+// no longer holds, telling sinks to forget their names.
+func (s *RefStats) flushRules(send func(string, uint64), sinks []Sink) {
+	s.rules.eachCounters(func(c *counters) {
+		k := s.rule(c)
+		k.seen = s.flushes
+		for i, total := range refTotals(c) {
+			send(k.names[i], total-k.last[i])
+			k.last[i] = total
+		}
+	})
+	var gone []string
+	for c, k := range s.byRule {
+		if k.seen != s.flushes {
+			delete(s.byRule, c)
+			gone = append(gone, k.names[:]...)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	// Another label set may write the same names (sanitizing made them
+	// alike): those stay.
+	live := make(map[string]bool, len(refRuleStats)*len(s.byRule))
+	for _, k := range s.byRule {
+		for _, n := range k.names {
+			live[n] = true
+		}
+	}
+	gone = slices.DeleteFunc(gone, func(n string) bool { return live[n] })
+	slices.Sort(gone)
+	gone = slices.Compact(gone)
+	for _, k := range sinks {
+		k.Forget(gone)
+	}
 }
 
 // flushGRPC sends the unary methods' calls and durations. Methods of the
@@ -189,9 +243,9 @@ func (s *RefStats) flushGRPC(counter func(string, uint64), sinks []Sink) {
 	}
 }
 
-// keys returns the stat names of c's label set.
-func (s *RefStats) keys(c *counters) *refKeys {
-	if k := s.names[c]; k != nil {
+// rule returns the state of c's label set, made at its first flush.
+func (s *RefStats) rule(c *counters) *refRule {
+	if k := s.byRule[c]; k != nil {
 		return k
 	}
 	domain, rule, value := c.labels[0], c.labels[1], c.labels[2]
@@ -203,10 +257,12 @@ func (s *RefStats) keys(c *counters) *refKeys {
 	default:
 		key = domain + "." + value
 	}
+	k := &refRule{}
 	p := "ratelimit.service.rate_limit." + sanitizeStatName(key) + "."
-	k := &refKeys{total: p + "total_hits" + s.tags, over: p + "over_limit" + s.tags, near: p + "near_limit" + s.tags,
-		within: p + "within_limit" + s.tags, shadow: p + "shadow_mode" + s.tags, local: p + "over_limit_with_local_cache" + s.tags}
-	s.names[c] = k
+	for i, n := range refRuleStats {
+		k.names[i] = p + n + s.tags
+	}
+	s.byRule[c] = k
 	return k
 }
 

@@ -234,10 +234,11 @@ func TestRefStats_Tags(t *testing.T) {
 	}
 }
 
-type recordSink struct{ counters []string }
+type recordSink struct{ counters, forgot []string }
 
 func (r *recordSink) Counter(name string, _ uint64) { r.counters = append(r.counters, name) }
 func (r *recordSink) Timer(string, uint64, uint64)  {}
+func (r *recordSink) Forget(names []string)         { r.forgot = append(r.forgot, names...) }
 func (r *recordSink) Flush() error                  { return nil }
 
 // exporterFor runs statsd_exporter's own exporter with mapping on reg and

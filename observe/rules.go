@@ -3,6 +3,7 @@ package observe
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,11 @@ type Options struct {
 	// (and the domains counted for overrides). Zero means
 	// DefaultMaxValuesPerRule.
 	MaxValuesPerRule int
+	// Tables, if not nil, gives the table in force (config.Reloader is
+	// one): a hit on a rule of a table swapped in but not yet passed to
+	// SetTable adopts that table at once, so that a new rule's first
+	// hits are not lost.
+	Tables limiter.Tables
 }
 
 // Rules counts rate-limit decisions per rule: hits, within limit, over
@@ -47,24 +53,52 @@ type Options struct {
 // the rule's key path (config.Rule.Path) and, for detailed rules only, the
 // descriptor's value. It implements limiter.Observer and is safe for
 // concurrent use.
+//
+// What it holds is bounded by the table in force (see SetTable): the
+// label sets of its rules (a detailed rule's values capped per domain
+// and path) and the override counts of its domains. Those of a rule that
+// leaves the config are dropped; a rule that stays (same domain and
+// path) keeps its counts and its detailed values across reloads.
 type Rules struct {
 	ratio     float64
 	maxValues int
+	tables    limiter.Tables
 
 	storeFailures *prometheus.CounterVec
 	failed        atomic.Uint64 // storeFailures' sum, for RefStats
 
-	// index maps the rules of the tables seen to their counters. It is
-	// replaced whole (copy on write) under mu, read with one atomic load.
-	index atomic.Pointer[map[*config.Rule]*ruleSeries]
-	mu    sync.Mutex
-	// overrides maps a domain to the counters of its override hits.
-	overrides atomic.Pointer[map[string]*counters]
+	// live resolves the rules of the table in force to their counters.
+	// It is replaced whole (copy on write) under mu, read with one
+	// atomic load.
+	live atomic.Pointer[liveSet]
+	mu   sync.Mutex
 
-	// byLabels holds every label set's counters, for Collect. A leaf lock:
-	// nothing else is locked while holding it.
+	// byLabels holds the counters of every label set live holds, for
+	// Collect; any two uses of one label set share its counters. A leaf
+	// lock: nothing else is locked while holding it.
 	labelsMu sync.Mutex
 	byLabels map[[3]string]*counters
+}
+
+// liveSet is what the table in force holds. It is never modified once
+// stored in Rules.live.
+type liveSet struct {
+	table *config.Table // the table last set; nil before the first
+	rules map[*config.Rule]series
+	// paths holds the series of each domain and rule path of table: a
+	// rule that stays across reloads finds its counters (and a detailed
+	// rule its values and their cap) here.
+	paths map[[2]string]series
+	// overrides maps a domain of table to the counters of its override
+	// hits (the domains past the cap to the same "_other" counters).
+	overrides map[string]*counters
+}
+
+// series are the counters of one domain and rule path: the label sets
+// every live rule with that path counts into.
+type series struct {
+	plain *counters // nil unless a live rule with the path is plain
+	det   *detailed // nil unless a live rule with the path is detailed
 }
 
 // counters are one label set's counts, in hits (each descriptor adds its
@@ -79,15 +113,16 @@ type counters struct {
 	labels                         [3]string // domain, rule, value
 }
 
-// ruleSeries are a rule's counters: one set, or one per value for a
-// detailed rule.
-type ruleSeries struct {
-	plain *counters // nil for a detailed rule
-
+// detailed are a detailed rule's counters: one set per value, capped,
+// and the rest.
+type detailed struct {
 	mu     sync.Mutex
 	buf    []byte               // builds a value; guarded by mu
-	values map[string]*counters // detailed rule: by value, capped
-	other  *counters            // detailed rule: past the cap
+	values map[string]*counters // by value, capped; guarded by mu
+	other  *counters            // past the cap
+	// dropped is set when the rule's path leaves the config, so that a
+	// late hit adds no value to byLabels; guarded by Rules.labelsMu.
+	dropped bool
 }
 
 var (
@@ -123,7 +158,7 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 		return nil, errors.New("observe: near-limit ratio must be in (0, 1]")
 	}
 	r := &Rules{
-		ratio: opts.NearLimitRatio, maxValues: opts.MaxValuesPerRule,
+		ratio: opts.NearLimitRatio, maxValues: opts.MaxValuesPerRule, tables: opts.Tables,
 		storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "sluice", Subsystem: "store", Name: "failures_total",
 			Help: "Requests the store could not decide, by kind of error and by the failure mode that answered them."}, []string{"kind", "mode"}),
 		byLabels: map[[3]string]*counters{},
@@ -133,8 +168,7 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 			return nil, err
 		}
 	}
-	r.index.Store(&map[*config.Rule]*ruleSeries{})
-	r.overrides.Store(&map[string]*counters{})
+	r.live.Store(&liveSet{rules: map[*config.Rule]series{}, paths: map[[2]string]series{}, overrides: map[string]*counters{}})
 	return r, nil
 }
 
@@ -148,13 +182,7 @@ func (c rulesCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c rulesCollector) Collect(ch chan<- prometheus.Metric) {
-	c.r.labelsMu.Lock()
-	all := make([]*counters, 0, len(c.r.byLabels))
-	for _, s := range c.r.byLabels {
-		all = append(all, s)
-	}
-	c.r.labelsMu.Unlock()
-	for _, s := range all {
+	c.r.eachCounters(func(s *counters) {
 		l := s.labels[:]
 		within, over := float64(s.within.Load()), float64(s.over.Load())
 		ch <- prometheus.MustNewConstMetric(hitsDesc, prometheus.CounterValue, within+over, l...)
@@ -166,44 +194,90 @@ func (c rulesCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(chargedDesc, prometheus.CounterValue, float64(s.charged.Load()), l...)
 		ch <- prometheus.MustNewConstMetric(chargedOverDesc, prometheus.CounterValue, float64(s.chargedOver.Load()), l...)
 		ch <- prometheus.MustNewConstMetric(refundedDesc, prometheus.CounterValue, float64(s.refunded.Load()), l...)
-	}
+	})
 }
 
-// SetTable resolves the counters of t's rules, so that they are exported
-// at zero before the first hit, and forgets the rules of earlier tables.
-// Call it with the first table and from config.Reloader.OnReload. Rules
-// of a table never passed here are resolved on their first hit.
+// SetTable makes t the table whose rules are counted: their counters are
+// exported at zero before the first hit, those of rules (domain and
+// path) that t no longer holds are dropped, with their detailed values,
+// and so are the override counts of domains t no longer defines. A rule
+// that stays keeps its counts, and a detailed rule its values and the
+// cap on them. Call it with the first table and from
+// config.Reloader.OnReload. Until a first table is set, rules are
+// resolved on their first hit.
 func (r *Rules) SetTable(t *config.Table) {
 	if t == nil {
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := *r.index.Load()
-	idx := make(map[*config.Rule]*ruleSeries, len(old))
-	for _, rule := range t.Rules() {
-		if s := old[rule]; s != nil {
-			idx[rule] = s
-		} else {
-			idx[rule] = r.newSeries(rule)
-		}
-	}
-	r.index.Store(&idx)
+	r.setTable(t)
 }
 
-func (r *Rules) newSeries(rule *config.Rule) *ruleSeries {
-	if rule.DetailedMetric || rule.ValueToMetric {
-		return &ruleSeries{values: map[string]*counters{}, other: r.counters(rule.Domain, rule.Path, OtherValue)}
+// setTable is SetTable with r.mu held.
+func (r *Rules) setTable(t *config.Table) {
+	old := r.live.Load()
+	if old.table == t {
+		return
 	}
-	return &ruleSeries{plain: r.counters(rule.Domain, rule.Path, "")}
-}
-
-// counters returns the counters of a label set, creating them on first
-// use: a rule reloaded with the same domain and path keeps its counts.
-func (r *Rules) counters(domain, rule, value string) *counters {
-	k := [3]string{domain, rule, value}
+	rules := t.Rules()
+	l := &liveSet{table: t, rules: make(map[*config.Rule]series, len(rules)),
+		paths: make(map[[2]string]series, len(old.paths)), overrides: make(map[string]*counters, len(old.overrides))}
 	r.labelsMu.Lock()
 	defer r.labelsMu.Unlock()
+	for _, rule := range rules {
+		l.rules[rule] = r.resolve(l, old, rule)
+	}
+	kept := make(map[*counters]bool, len(old.overrides))
+	for domain, c := range old.overrides {
+		if t.HasDomain(domain) {
+			l.overrides[domain] = c
+			kept[c] = true
+		}
+	}
+	for k, s := range old.paths {
+		if s.det != nil && l.paths[k].det != s.det {
+			s.det.dropped = true
+		}
+	}
+	for k, c := range r.byLabels {
+		switch s := l.paths[[2]string{k[0], k[1]}]; {
+		case s.plain == c, s.det != nil && k[2] != "", kept[c]:
+			// a plain rule's; a value (or _other) of a detailed rule
+			// that stays; a live domain's override hits
+		default:
+			delete(r.byLabels, k)
+		}
+	}
+	r.live.Store(l)
+}
+
+// resolve returns the series of rule in l, made or carried over from old
+// (the same domain and path), and stores them in l.paths. r.labelsMu is
+// held.
+func (r *Rules) resolve(l, old *liveSet, rule *config.Rule) series {
+	k := [2]string{rule.Domain, rule.Path}
+	s, prev := l.paths[k], old.paths[k]
+	switch det := isDetailed(rule); {
+	case !det && s.plain == nil && prev.plain != nil:
+		s.plain = prev.plain
+	case !det && s.plain == nil:
+		s.plain = r.counters(rule.Domain, rule.Path, "")
+	case det && s.det == nil && prev.det != nil:
+		s.det = prev.det
+	case det && s.det == nil:
+		s.det = &detailed{values: map[string]*counters{}, other: r.counters(rule.Domain, rule.Path, OtherValue)}
+	}
+	l.paths[k] = s
+	return s
+}
+
+func isDetailed(rule *config.Rule) bool { return rule.DetailedMetric || rule.ValueToMetric }
+
+// counters returns the counters of a label set, creating them on first
+// use. r.labelsMu is held.
+func (r *Rules) counters(domain, rule, value string) *counters {
+	k := [3]string{domain, rule, value}
 	c := r.byLabels[k]
 	if c == nil {
 		c = &counters{labels: k}
@@ -212,53 +286,72 @@ func (r *Rules) counters(domain, rule, value string) *counters {
 	return c
 }
 
-// series returns rule's counters, resolving them on a rule's first hit
-// when its table was not passed to SetTable.
-func (r *Rules) series(rule *config.Rule) *ruleSeries {
-	if s := (*r.index.Load())[rule]; s != nil {
-		return s
-	}
+// lookup finds the series of a rule the live set does not hold: a rule
+// of a table newer (in force, not set yet) or older than the one set,
+// or any rule before a first table is set. A rule of an earlier table
+// counts with the live rule of the same domain and path; if none is
+// left, lookup returns no counters and its hits are not counted.
+func (r *Rules) lookup(rule *config.Rule) series {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := *r.index.Load()
-	if s := old[rule]; s != nil {
+	l := r.adopt()
+	if s, ok := l.rules[rule]; ok {
 		return s
 	}
-	idx := make(map[*config.Rule]*ruleSeries, len(old)+1)
-	for k, v := range old {
-		idx[k] = v
+	if l.table != nil {
+		return l.paths[[2]string{rule.Domain, rule.Path}]
 	}
-	s := r.newSeries(rule)
-	idx[rule] = s
-	r.index.Store(&idx)
+	n := &liveSet{rules: maps.Clone(l.rules), paths: maps.Clone(l.paths), overrides: l.overrides}
+	r.labelsMu.Lock()
+	s := r.resolve(n, l, rule)
+	r.labelsMu.Unlock()
+	n.rules[rule] = s
+	r.live.Store(n)
 	return s
 }
 
-// override returns the counters of override hits in domain.
+// adopt sets the table in force (Options.Tables) if it is not the one
+// set, and returns the live set. r.mu is held.
+func (r *Rules) adopt() *liveSet {
+	if r.tables != nil {
+		if t := r.tables.Current(); t != nil {
+			r.setTable(t)
+		}
+	}
+	return r.live.Load()
+}
+
+// override returns the counters of override hits in domain, nil for a
+// domain the table in force does not define (a request that matched an
+// earlier table).
 func (r *Rules) override(domain string) *counters {
-	if c := (*r.overrides.Load())[domain]; c != nil {
+	if c := r.live.Load().overrides[domain]; c != nil {
 		return c
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := *r.overrides.Load()
-	if c := old[domain]; c != nil {
+	l := r.adopt()
+	if c := l.overrides[domain]; c != nil {
 		return c
 	}
-	label := domain
-	if len(old) >= r.maxValues {
+	if l.table != nil && !l.table.HasDomain(domain) {
+		return nil
+	}
+	label, own := domain, 0
+	for d, c := range l.overrides {
+		if c.labels[0] == d {
+			own++
+		}
+	}
+	if own >= r.maxValues {
 		label = OtherValue
 	}
+	r.labelsMu.Lock()
 	c := r.counters(label, OverrideRule, "")
-	if label == OtherValue {
-		return c
-	}
-	m := make(map[string]*counters, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	m[domain] = c
-	r.overrides.Store(&m)
+	r.labelsMu.Unlock()
+	n := &liveSet{table: l.table, rules: l.rules, paths: l.paths, overrides: maps.Clone(l.overrides)}
+	n.overrides[domain] = c
+	r.live.Store(n)
 	return c
 }
 
@@ -267,20 +360,27 @@ func (r *Rules) override(domain string) *counters {
 // allowed descriptor's hits, those that brought the usage to or past the
 // near-limit threshold count as near. A charge counts as hits too, and as
 // charged (over the limit: charged past it); a refund counts as refunded
-// only. For a rule that is neither detailed nor new it allocates nothing
-// and takes no lock.
+// only. A rule of an earlier table counts with the live rule of the same
+// domain and path, or not at all if it left the config. For a live rule
+// that is not detailed it allocates nothing and takes no lock.
 func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule, st *limiter.Status) {
 	var c *counters
 	if rule == nil {
 		c = r.override(domain)
-	} else if s := r.series(rule); s.plain != nil {
-		c = s.plain
 	} else {
-		c = r.value(s, rule, entries)
+		s, ok := r.live.Load().rules[rule]
+		if !ok {
+			s = r.lookup(rule)
+		}
+		if isDetailed(rule) {
+			c = r.value(s.det, rule, entries)
+		} else {
+			c = s.plain
+		}
 	}
 	n := st.Hits
 	switch {
-	case n == 0:
+	case c == nil || n == 0:
 		return
 	case st.Kind == limiter.Refund:
 		c.refunded.Add(n)
@@ -328,11 +428,15 @@ func (r *Rules) near(d *store.Decision, n uint64) uint64 {
 
 // value returns the counters of a detailed rule for the descriptor's
 // value: its entries as key_value pairs joined by dots, like the
-// reference's detailed stats key.
-func (r *Rules) value(s *ruleSeries, rule *config.Rule, entries []config.Entry) *counters {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.buf[:0]
+// reference's detailed stats key. It returns nil when d is nil or was
+// dropped (the rule left the config).
+func (r *Rules) value(d *detailed, rule *config.Rule, entries []config.Entry) *counters {
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.buf[:0]
 	for i, e := range entries {
 		if i > 0 {
 			b = append(b, '.')
@@ -343,16 +447,21 @@ func (r *Rules) value(s *ruleSeries, rule *config.Rule, entries []config.Entry) 
 			b = append(b, e.Value...)
 		}
 	}
-	s.buf = b
-	if c := s.values[string(b)]; c != nil {
+	d.buf = b
+	if c := d.values[string(b)]; c != nil {
 		return c
 	}
-	if len(s.values) >= r.maxValues {
-		return s.other
+	if len(d.values) >= r.maxValues {
+		return d.other
 	}
 	v := string(b)
+	r.labelsMu.Lock()
+	defer r.labelsMu.Unlock()
+	if d.dropped {
+		return nil
+	}
 	c := r.counters(rule.Domain, rule.Path, v)
-	s.values[v] = c
+	d.values[v] = c
 	return c
 }
 
@@ -403,10 +512,11 @@ type RuleCounts struct {
 	Counts
 }
 
-// Snapshot appends the counts of every label set seen so far to dst, in no
-// particular order, and returns it. The counts are the same ones
-// /metrics exports; a label set is never forgotten, so they never
-// decrease. Each count is read atomically, not the set as a whole.
+// Snapshot appends the counts of every label set of the table in force
+// to dst, in no particular order, and returns it. The counts are the
+// same ones /metrics exports: those of a rule that stays never decrease;
+// a rule that leaves the config is no longer listed. Each count is read
+// atomically, not the set as a whole.
 func (r *Rules) Snapshot(dst []RuleCounts) []RuleCounts {
 	r.labelsMu.Lock()
 	defer r.labelsMu.Unlock()

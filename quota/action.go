@@ -80,14 +80,15 @@ const minFill = time.Millisecond
 
 // assign returns the strategy that grants share requests per period of r.
 // A share of 0 denies everything. Fixed-window rules get RequestsPerUnit
-// unless fwAsTB, or their period is one Envoy cannot name (a week, or a
-// unit_multiplier); other rules get a token bucket.
+// unless fwAsTB, or their period is one Envoy cannot name (a week, a
+// unit_multiplier, or a calendar period); other rules get a token bucket,
+// a calendar rule's at its nominal period (a month of 30 days).
 func assign(r *config.Rule, share uint64, fwAsTB bool) Action {
 	lim := r.Limit
 	if share == 0 {
 		return Action{Kind: DenyAll}
 	}
-	if lim.Algorithm() == store.FixedWindow && r.Unit != config.Week && r.UnitMultiplier <= 1 && !fwAsTB {
+	if lim.Algorithm() == store.FixedWindow && r.Unit != config.Week && r.UnitMultiplier <= 1 && !r.Calendar && !fwAsTB {
 		return Action{Kind: RequestsPerUnit, Requests: share, Unit: r.Unit}
 	}
 	period := lim.Period()

@@ -16,16 +16,16 @@ func benchFleet(b *testing.B, streams, buckets int) (*Service, []*Stream, [][]Us
 	sts := make([]*Stream, streams)
 	reports := make([][]Usage, streams)
 	for i := range sts {
-		sts[i], _ = s.Open("d")
+		sts[i], _ = s.Open()
 		us := make([]Usage, buckets)
 		for j := range us {
 			us[j] = use("tenant", "b"+strconv.Itoa(j), uint64(1+i%7), uint64(i%3))
 		}
 		reports[i] = us
-		if err := sts[i].Report(at(0), us); err != nil {
+		if err := sts[i].Report(at(0), "d", us); err != nil {
 			b.Fatal(err)
 		}
-		if err := sts[i].Report(at(0.5), us); err != nil {
+		if err := sts[i].Report(at(0.5), "d", us); err != nil {
 			b.Fatal(err)
 		}
 		sts[i].Pending()
@@ -51,7 +51,7 @@ func BenchmarkReport(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			k := i % len(sts)
-			if err := sts[k].Report(at(1), reports[k]); err != nil {
+			if err := sts[k].Report(at(1), "d", reports[k]); err != nil {
 				b.Fatal(err)
 			}
 			i++

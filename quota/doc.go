@@ -14,11 +14,20 @@
 // last assignment nears its time to live. With a Fleet (Redis), replicas
 // publish their proxies' demands once per interval and each claims,
 // atomically, its part of L: the sum of its proxies' fair shares of L
-// over the whole fleet, at most what the others do not hold.
+// over the whole fleet, at most what the others do not hold. Each group's
+// claim stands alone (one that fails costs only its group), and at most
+// MaxClaims groups are claimed an interval, however many buckets clients
+// invent.
+//
+// What clients can make a Service hold is capped: streams (MaxStreams),
+// buckets (MaxBuckets, MaxBucketsPerStream) and keys per bucket id
+// (config.MaxBucketKeys); past a cap the stream ends with an error
+// wrapping ErrExhausted. Before the first limits table is in force no
+// bucket is answered, so that Envoy applies its no_assignment_behavior.
 //
 // Time is a parameter: Report and Tick take now, so tests walk a fake
 // clock. The Service does no I/O itself besides calling its Fleet, speaks
 // no protobuf (server/ translates Actions into Envoy's messages), and
-// starts no goroutines: cmd/sluice calls Run. docs/RLQS.md describes the
-// behaviour for users.
+// starts no goroutines: cmd/sluice calls Run, which recovers a panic in
+// Tick. docs/RLQS.md describes the behaviour for users.
 package quota

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -26,6 +25,9 @@ const (
 	DefaultReserve             = 0.02
 	DefaultIdleAbandon         = 2 * time.Minute
 	DefaultMaxBucketsPerStream = 10000
+	DefaultMaxStreams          = 5000
+	DefaultMaxBuckets          = 200000
+	DefaultMaxClaims           = 1000
 )
 
 // Bounds on a report; anything outside them is malformed.
@@ -41,13 +43,51 @@ const (
 	MaxBucketBytes = 2 * MaxValueBytes
 )
 
-// Errors a report can get, wrapped with the reason. server/ turns
-// ErrInvalid into INVALID_ARGUMENT and ErrTooManyBuckets into
-// RESOURCE_EXHAUSTED.
+// Errors Open and Report return, wrapped with the reason. server/ turns
+// ErrInvalid into INVALID_ARGUMENT and ErrExhausted, which every cap's
+// error wraps, into RESOURCE_EXHAUSTED.
 var (
-	ErrInvalid        = errors.New("quota: invalid report")
-	ErrTooManyBuckets = errors.New("quota: too many buckets on one stream")
+	ErrInvalid   = errors.New("quota: invalid report")
+	ErrExhausted = errors.New("quota: resource exhausted")
+
+	ErrTooManyStreams        = fmt.Errorf("%w: too many streams on this replica", ErrExhausted)
+	ErrTooManyBuckets        = fmt.Errorf("%w: too many buckets on one stream", ErrExhausted)
+	ErrTooManyReplicaBuckets = fmt.Errorf("%w: too many buckets on this replica", ErrExhausted)
+	ErrTooManyKeys           = fmt.Errorf("%w: a bucket id with more keys than a rule can match", ErrExhausted)
 )
+
+// Cap is one of the bounds on what streams may hold; Stats.Capped counts
+// the streams and reports refused at each.
+type Cap uint8
+
+// The caps, each ending the stream that goes past it with an error
+// wrapping ErrExhausted.
+const (
+	// CapStreams is Options.MaxStreams: Open fails.
+	CapStreams Cap = iota
+	// CapBuckets is Options.MaxBuckets, over all streams.
+	CapBuckets
+	// CapStreamBuckets is Options.MaxBucketsPerStream.
+	CapStreamBuckets
+	// CapBucketKeys is config.MaxBucketKeys: no rule matches a bucket id
+	// with more keys.
+	CapBucketKeys
+)
+
+// String names the cap for metrics.
+func (c Cap) String() string {
+	switch c {
+	case CapStreams:
+		return "streams"
+	case CapBuckets:
+		return "buckets"
+	case CapStreamBuckets:
+		return "stream_buckets"
+	case CapBucketKeys:
+		return "bucket_keys"
+	}
+	return "unknown"
+}
 
 // Options adjust a Service. The zero value means the defaults.
 type Options struct {
@@ -71,6 +111,20 @@ type Options struct {
 	// MaxBucketsPerStream bounds the buckets of one stream; a report that
 	// would go past it ends the stream with ErrTooManyBuckets.
 	MaxBucketsPerStream int
+	// MaxStreams bounds the open streams: Open fails past it with
+	// ErrTooManyStreams.
+	MaxStreams int
+	// MaxBuckets bounds the buckets of all streams together (each stream's
+	// subscriptions, matched or not); a report that would go past it ends
+	// its stream with ErrTooManyReplicaBuckets.
+	MaxBuckets int
+	// MaxClaims bounds the groups (limits) claimed from the Fleet in one
+	// interval, and so the Fleet's work, however many buckets clients
+	// invent. Past it, a group whose proxies want no more than what this
+	// replica may give them unclaimed is not claimed, and of the others
+	// the groups of the streams with the fewest buckets are claimed
+	// first, then in turn (see Tick).
+	MaxClaims int
 	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
 	// (the share per unit, refilled evenly, holding a tenth of it, at least 10)
 	// instead of requests_per_time_unit, which Envoy's filter does not
@@ -78,7 +132,8 @@ type Options struct {
 	FixedWindowAsTokenBucket bool
 	// Fleet, if not nil, shares demand with the other replicas.
 	Fleet Fleet
-	// Logger receives Fleet failures. nil discards.
+	// Logger receives Fleet failures and the panics Run recovers. nil
+	// discards.
 	Logger *slog.Logger
 }
 
@@ -105,6 +160,15 @@ func (o *Options) defaults() {
 	if o.MaxBucketsPerStream <= 0 {
 		o.MaxBucketsPerStream = DefaultMaxBucketsPerStream
 	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.MaxBuckets <= 0 {
+		o.MaxBuckets = DefaultMaxBuckets
+	}
+	if o.MaxClaims <= 0 {
+		o.MaxClaims = DefaultMaxClaims
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -115,38 +179,6 @@ func (o *Options) reserve() float64 { return max(o.Reserve, 0) }
 
 // Tables gives the current limits table; config.Reloader is one.
 type Tables interface{ Current() *config.Table }
-
-// Fleet shares limits between the replicas of a deployment.
-type Fleet interface {
-	// Exchange publishes, for each group key, the demands of this
-	// replica's proxies (requests per the rule's period) and claims this
-	// replica's part of the group's capacity: atomically per group, the
-	// sum of its proxies' max-min fair shares of the capacity given every
-	// replica's demands, at most what the other replicas hold not. The
-	// parts the replicas hold thus never sum above the capacity.
-	Exchange(ctx context.Context, now time.Time, local map[string]Claim) (Remote, error)
-}
-
-// Claim is one replica's claim on one group.
-type Claim struct {
-	// Capacity is what the fleet divides: the limit less the reserve.
-	Capacity float64
-	// Max bounds the part claimed: a replica's first claim of a group
-	// takes at most an equal part per live replica, since the replicas
-	// that got the group at the same time have not published yet.
-	Max float64
-	// Demands are the demands of this replica's proxies.
-	Demands []float64
-}
-
-// Remote is the outcome of one Exchange.
-type Remote struct {
-	// Granted is this replica's part of each group.
-	Granted map[string]float64
-	// Live is the number of replicas alive in the fleet, this one
-	// included; 0 when unknown.
-	Live int
-}
 
 // Usage is one bucket's report.
 type Usage struct {
@@ -163,22 +195,27 @@ type Service struct {
 	o      Options
 
 	mu      sync.Mutex
-	table   *config.Table // the table buckets were matched against
+	table   *config.Table // the table buckets were matched against; nil before the first
 	streams map[*Stream]struct{}
 	groups  map[string]*group
 	nsubs   int
 	nextID  uint64
-	remote  Remote    // the last successful Exchange's outcome
-	remAt   time.Time // when remote was fetched
-	// fleetSince is the first successful Exchange, fleetFrom the first
-	// attempt (zero before either).
+	// released are groups gone since the last Exchange that this replica
+	// had claimed a part of, to give back (at most MaxClaims).
+	released []string
+	live     int       // the live replicas, as of the last Exchange that read them; 0 unknown
+	fleetOK  time.Time // the last Exchange in which anything succeeded
+	// fleetSince is the first Exchange in which anything succeeded,
+	// fleetFrom the first attempt (zero before either).
 	fleetSince, fleetFrom time.Time
 	fleetLast             time.Time  // the last Tick
 	rules                 []RuleStat // as of the last Tick
 	keyBuf                []byte
 
 	reports, usages, rejected, fleetErrors atomic.Uint64
+	claimErrors, claimsDeferred, panics    atomic.Uint64
 	pushed                                 [Abandon + 1]atomic.Uint64
+	capped                                 [CapBucketKeys + 1]atomic.Uint64
 }
 
 // New returns a Service matching buckets against tables' current table.
@@ -198,9 +235,13 @@ type group struct {
 	// this replica's only otherwise (see fleetMode).
 	assigned float64
 	// claimed: an Exchange granted this replica a part of the group's
-	// limit, granted (the last one).
-	claimed bool
-	granted float64
+	// limit, granted (the last one), at claimedAt.
+	claimed   bool
+	granted   float64
+	claimedAt time.Time
+	// rank orders the claims when there are more than MaxClaims (see
+	// claimOrder).
+	rank int
 }
 
 // sub is one stream's subscription to one bucket.
@@ -228,7 +269,7 @@ type sub struct {
 type Stream struct {
 	s      *Service
 	id     uint64 // in opening order
-	domain string
+	domain string // from the first report; written with s.mu held
 	subs   map[string]*sub
 	out    []Action
 	outIdx map[string]int // bucket key → index in out
@@ -236,29 +277,27 @@ type Stream struct {
 	closed bool
 }
 
-// Open starts a stream for domain, from the stream's first message.
-func (s *Service) Open(domain string) (*Stream, error) {
-	if domain == "" {
-		s.rejected.Add(1)
-		return nil, fmt.Errorf("%w: the first message has no domain", ErrInvalid)
-	}
-	if len(domain) > MaxValueBytes {
-		s.rejected.Add(1)
-		return nil, fmt.Errorf("%w: domain longer than %d bytes", ErrInvalid, MaxValueBytes)
-	}
+// Open starts a stream. It counts against MaxStreams until Close, from
+// before its first message: a stream that sends nothing holds a place
+// too.
+func (s *Service) Open() (*Stream, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.streams) >= s.o.MaxStreams {
+		s.refuse(CapStreams)
+		return nil, fmt.Errorf("%w: %d open, at most %d", ErrTooManyStreams, len(s.streams), s.o.MaxStreams)
+	}
 	s.nextID++
-	id := s.nextID
-	s.mu.Unlock()
-	st := &Stream{s: s, id: id, domain: domain, subs: map[string]*sub{}, outIdx: map[string]int{}, notify: make(chan struct{}, 1)}
-	s.mu.Lock()
+	st := &Stream{s: s, id: s.nextID, subs: map[string]*sub{}, outIdx: map[string]int{}, notify: make(chan struct{}, 1)}
 	s.streams[st] = struct{}{}
-	s.mu.Unlock()
 	return st, nil
 }
 
-// Domain is the stream's domain.
-func (st *Stream) Domain() string { return st.domain }
+// refuse counts a stream or report refused at cap c.
+func (s *Service) refuse(c Cap) {
+	s.rejected.Add(1)
+	s.capped[c].Add(1)
+}
 
 // Notify receives a value when Pending has actions to send.
 func (st *Stream) Notify() <-chan struct{} { return st.notify }
@@ -297,22 +336,34 @@ func (st *Stream) Close() {
 	delete(s.streams, st)
 }
 
-// Report applies one usage report at now. A new bucket subscribes the
-// stream to it and is answered at once (see Pending). A malformed report
-// changes nothing and returns an error wrapping ErrInvalid or
-// ErrTooManyBuckets, after which the stream should end.
-func (st *Stream) Report(now time.Time, usages []Usage) error {
+// Report applies one message's usage reports at now. domain is the
+// message's: the stream's first message names it, later ones repeat it or
+// leave it empty. A new bucket subscribes the stream to it and is
+// answered at once (see Pending), once a limits table is in force: before
+// the first one no bucket is answered, so that Envoy applies its
+// no_assignment_behavior. A malformed report changes nothing and returns
+// an error wrapping ErrInvalid, one past a cap an error wrapping
+// ErrExhausted; the stream should then end.
+func (st *Stream) Report(now time.Time, domain string, usages []Usage) error {
 	s := st.s
 	s.reports.Add(1)
+	if err := st.checkDomain(domain); err != nil {
+		s.rejected.Add(1)
+		return err
+	}
 	// The usages' canonical keys, end to end in one buffer: looking a
 	// key up allocates nothing, only a new bucket copies its key.
 	var arena []byte
 	ends := make([]int, len(usages))
 	for i := range usages {
 		u := &usages[i]
-		if err := checkUsage(u); err != nil {
-			s.rejected.Add(1)
-			return fmt.Errorf("%w: bucket_quota_usages[%d]: %v", ErrInvalid, i, err)
+		if kind, err := checkUsage(u); err != nil {
+			if kind == ErrTooManyKeys {
+				s.refuse(CapBucketKeys)
+			} else {
+				s.rejected.Add(1)
+			}
+			return fmt.Errorf("%w: bucket_quota_usages[%d]: %v", kind, i, err)
 		}
 		arena = appendBucketKey(arena, u.Bucket)
 		ends[i] = len(arena)
@@ -328,57 +379,97 @@ func (st *Stream) Report(now time.Time, usages []Usage) error {
 	if st.closed {
 		return nil
 	}
-	added := 0
-	for i := range usages {
-		if st.subs[string(key(i))] == nil {
-			added++
-		}
+	if err := st.admit(len(usages), key); err != nil {
+		return err
 	}
-	if len(st.subs)+added > s.o.MaxBucketsPerStream {
-		s.rejected.Add(1)
-		return fmt.Errorf("%w: %d buckets, at most %d", ErrTooManyBuckets, len(st.subs)+added, s.o.MaxBucketsPerStream)
-	}
+	st.domain = cmp.Or(st.domain, domain)
 	s.usages.Add(uint64(len(usages)))
 	t := s.current()
 	for i := range usages {
 		u := &usages[i]
 		b := st.subs[string(key(i))]
 		if b == nil {
-			b = &sub{st: st, key: string(key(i)), bucket: maps.Clone(u.Bucket), busy: now}
+			b = &sub{st: st, key: string(key(i)), busy: now}
+			b.bucket = parseBucketKey(b.key, len(u.Bucket))
 			st.subs[b.key] = b
 			s.subscribe(t, b)
 		}
 		b.record(now, u)
-		if !b.hasSent {
+		if !b.hasSent && t != nil {
 			s.answerNew(now, b)
 		}
 	}
 	return nil
 }
 
-func checkUsage(u *Usage) error {
+// checkDomain checks a message's domain against the stream's.
+func (st *Stream) checkDomain(domain string) error {
+	switch {
+	case st.domain == "" && domain == "":
+		return fmt.Errorf("%w: the first message has no domain", ErrInvalid)
+	case len(domain) > MaxValueBytes:
+		return fmt.Errorf("%w: domain longer than %d bytes", ErrInvalid, MaxValueBytes)
+	case st.domain != "" && domain != "" && domain != st.domain:
+		return fmt.Errorf("%w: domain changed from %s to %s", ErrInvalid, quoteDomain(st.domain), quoteDomain(domain))
+	}
+	return nil
+}
+
+func quoteDomain(d string) string {
+	if len(d) > 64 {
+		d = d[:64] + "..."
+	}
+	return strconv.Quote(d)
+}
+
+// admit checks that n usages whose keys key gives fit in the stream's
+// and the replica's bucket caps; s.mu is held.
+func (st *Stream) admit(n int, key func(int) []byte) error {
+	s := st.s
+	added := 0
+	for i := range n {
+		if st.subs[string(key(i))] == nil {
+			added++
+		}
+	}
+	if len(st.subs)+added > s.o.MaxBucketsPerStream {
+		s.refuse(CapStreamBuckets)
+		return fmt.Errorf("%w: %d buckets, at most %d", ErrTooManyBuckets, len(st.subs)+added, s.o.MaxBucketsPerStream)
+	}
+	if s.nsubs+added > s.o.MaxBuckets {
+		s.refuse(CapBuckets)
+		return fmt.Errorf("%w: %d buckets with this report's %d new ones, at most %d", ErrTooManyReplicaBuckets, s.nsubs+added, added, s.o.MaxBuckets)
+	}
+	return nil
+}
+
+// checkUsage returns what is wrong with u, if anything, and the error
+// it is a case of (ErrInvalid or ErrTooManyKeys).
+func checkUsage(u *Usage) (kind, err error) {
 	switch {
 	case len(u.Bucket) == 0:
-		return errors.New("empty bucket_id")
+		return ErrInvalid, errors.New("empty bucket_id")
+	case len(u.Bucket) > config.MaxBucketKeys:
+		return ErrTooManyKeys, fmt.Errorf("bucket_id of %d keys, at most %d", len(u.Bucket), config.MaxBucketKeys)
 	case u.Elapsed < 0 || u.Elapsed > MaxElapsed:
-		return fmt.Errorf("time_elapsed %v outside [0, %v]", u.Elapsed, MaxElapsed)
+		return ErrInvalid, fmt.Errorf("time_elapsed %v outside [0, %v]", u.Elapsed, MaxElapsed)
 	case u.Allowed > MaxCount || u.Denied > MaxCount:
-		return fmt.Errorf("request counts %d allowed, %d denied: above %d", u.Allowed, u.Denied, uint64(MaxCount))
+		return ErrInvalid, fmt.Errorf("request counts %d allowed, %d denied: above %d", u.Allowed, u.Denied, uint64(MaxCount))
 	}
 	size := 0
 	for k, v := range u.Bucket {
 		if k == "" {
-			return errors.New("bucket_id has an empty key")
+			return ErrInvalid, errors.New("bucket_id has an empty key")
 		}
 		if len(k) > MaxValueBytes || len(v) > MaxValueBytes {
-			return fmt.Errorf("bucket_id key or value longer than %d bytes", MaxValueBytes)
+			return ErrInvalid, fmt.Errorf("bucket_id key or value longer than %d bytes", MaxValueBytes)
 		}
 		size += len(k) + len(v)
 	}
 	if size > MaxBucketBytes {
-		return fmt.Errorf("bucket_id of %d keys and %d bytes: above %d bytes", len(u.Bucket), size, MaxBucketBytes)
+		return ErrInvalid, fmt.Errorf("bucket_id of %d keys and %d bytes: above %d bytes", len(u.Bucket), size, MaxBucketBytes)
 	}
-	return nil
+	return nil, nil
 }
 
 // appendBucketKey appends a bucket id in one canonical form: sorted keys,
@@ -400,6 +491,25 @@ func appendBucketKey(b []byte, m map[string]string) []byte {
 		b = append(b, v...)
 	}
 	return b
+}
+
+// parseBucketKey returns the bucket id of n keys that appendBucketKey
+// wrote as key: its keys and values are substrings of key, so that a
+// bucket holds its bytes once.
+func parseBucketKey(key string, n int) map[string]string {
+	m := make(map[string]string, n)
+	next := func() string {
+		i := strings.IndexByte(key, ':')
+		l, _ := strconv.Atoi(key[:i])
+		v := key[i+1 : i+1+l]
+		key = key[i+1+l:]
+		return v
+	}
+	for key != "" {
+		k := next()
+		m[k] = next()
+	}
+	return m
 }
 
 // record updates b's demand from a report.
@@ -427,12 +537,46 @@ func (b *sub) record(now time.Time, u *Usage) {
 	}
 }
 
-// current returns the table to match against; s.mu is held.
+// current returns the table to match against, nil before the first one
+// is in force. When the first one comes, the buckets subscribed before
+// it are matched against it. s.mu is held.
 func (s *Service) current() *config.Table {
 	if s.table == nil {
-		s.table = s.tables.Current()
+		if t := s.tables.Current(); t != nil {
+			s.rematch(t)
+		}
 	}
 	return s.table
+}
+
+// rematch makes t the table in force and matches every bucket against
+// it; each is re-assigned (at once if it reports, else at the next Tick),
+// changed or not. A limit's claim on the fleet stays known across the
+// reload. s.mu is held.
+func (s *Service) rematch(t *config.Table) {
+	s.table = t
+	type claim struct {
+		granted float64
+		at      time.Time
+	}
+	claimed := make(map[string]claim, len(s.groups))
+	for k, g := range s.groups {
+		if g.claimed {
+			claimed[k] = claim{g.granted, g.claimedAt}
+		}
+	}
+	for st := range s.streams {
+		for _, b := range st.subs {
+			s.unsubscribe(b)
+			s.subscribe(t, b)
+			b.hasSent = false
+		}
+	}
+	for k, g := range s.groups {
+		if c, ok := claimed[k]; ok {
+			g.claimed, g.granted, g.claimedAt = true, c.granted, c.at
+		}
+	}
 }
 
 // subscribe matches b against t and joins its group; s.mu is held.
@@ -457,13 +601,17 @@ func (s *Service) subscribe(t *config.Table, b *sub) {
 	b.g = g
 }
 
-// unsubscribe leaves b's group; s.mu is held.
+// unsubscribe leaves b's group; a group left empty is gone, and this
+// replica's part of it given back at the next Exchange. s.mu is held.
 func (s *Service) unsubscribe(b *sub) {
 	s.nsubs--
 	if g := b.g; g != nil {
 		delete(g.subs, b)
 		if len(g.subs) == 0 {
 			delete(s.groups, g.key)
+			if g.claimed && len(s.released) < s.o.MaxClaims {
+				s.released = append(s.released, g.key)
+			}
 		}
 		b.g = nil
 	}
@@ -530,97 +678,6 @@ func (s *Service) queue(now time.Time, b *sub, a Action) {
 	}
 }
 
-// Run calls Tick every interval until ctx is done. With a Fleet, it first
-// calls Tick at once, so that the replica is known to the others before
-// its first interval ends.
-// A failed exchange is logged at most once per fleetLogInterval, with the
-// count of those not logged (all are in sluice_rlqs_fleet_errors_total): a
-// Redis outage must not log a line every interval.
-func (s *Service) Run(ctx context.Context) error {
-	t := time.NewTicker(s.o.Interval)
-	defer t.Stop()
-	var logged time.Time
-	var quiet int
-	tick := func(now time.Time) {
-		err := s.Tick(ctx, now)
-		if err == nil {
-			return
-		}
-		if !logged.IsZero() && now.Sub(logged) < fleetLogInterval {
-			quiet++
-			return
-		}
-		s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err, "failures_not_logged", quiet)
-		logged, quiet = now, 0
-	}
-	if s.o.Fleet != nil {
-		tick(time.Now())
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case now := <-t.C:
-			tick(now)
-		}
-	}
-}
-
-// fleetLogInterval is the least time between two log lines of failed
-// fleet exchanges.
-const fleetLogInterval = time.Minute
-
-// How a group is divided, by what this replica knows of the fleet.
-const (
-	// fleetAlone: no Fleet, or it has failed for longer than the TTL, or
-	// this replica is the only live one: the limit is divided among this
-	// replica's proxies.
-	fleetAlone = iota
-	// fleetUncertain: the group has not been claimed yet, or the fleet
-	// has failed for long enough that the others ignore this replica's
-	// claim, so other replicas may hold all of the limit but the reserve.
-	// This replica divides only its cautious part (see cautious) among
-	// its proxies.
-	fleetUncertain
-	// fleetShared: this replica divides the part it claimed.
-	fleetShared
-)
-
-// fleetMode is how g is divided; s.mu is held.
-func (s *Service) fleetMode(g *group) int {
-	switch {
-	case s.o.Fleet == nil:
-		return fleetAlone
-	case s.fleetSince.IsZero():
-		// Nothing exchanged yet: uncertain until the fleet has failed
-		// for a TTL.
-		if !s.fleetFrom.IsZero() && s.fleetLast.Sub(s.fleetFrom) > s.o.TTL {
-			return fleetAlone
-		}
-		return fleetUncertain
-	case s.fleetLast.Sub(s.remAt) > s.o.TTL:
-		return fleetAlone
-	case g.claimed && s.fleetLast.Sub(s.remAt) < staleAfter*s.o.Interval:
-		return fleetShared
-	case g.claimed:
-		// The fleet has failed for staleAfter intervals: the others no
-		// longer count this replica's part and may have taken it.
-		return fleetUncertain
-	case s.remAt.Sub(s.fleetSince) >= s.o.Interval && s.remote.Live == 1:
-		// Every live replica records its membership once an interval, so
-		// an Exchange an interval after this replica's first saw all.
-		return fleetAlone
-	}
-	return fleetUncertain
-}
-
-// cautious is the part of limit a replica divides while a group's fleet
-// demand is uncertain: the reserve, split among the live replicas, as if
-// the others held all the rest.
-func (s *Service) cautious(limit float64) float64 {
-	return limit * s.o.reserve() / float64(max(s.remote.Live, 1))
-}
-
 // staleAfter is how many of a bucket's reporting intervals may pass
 // without a report before its demand counts as 0.
 const staleAfter = 3
@@ -629,30 +686,38 @@ const staleAfter = 3
 // buckets, exchanges demand with the fleet, recomputes every group's
 // shares and queues the assignments that changed by more than the
 // threshold or near their TTL. The error is the Fleet's; shares are
-// computed anyway, with the other replicas' last known demand (dropped
-// once older than the TTL).
+// computed anyway: a group whose claim failed is divided with the part
+// it last claimed while the other replicas still count it (see
+// fleetMode). With more than MaxClaims groups, at most MaxClaims are
+// claimed (see claimOrder).
 func (s *Service) Tick(ctx context.Context, now time.Time) error {
+	local, release, claimed := s.measure(now)
+	remote, err := s.exchange(ctx, now, local, release)
+	s.divide(now, remote, claimed)
+	return err
+}
+
+// measure re-matches the buckets if the table changed, abandons the idle
+// ones and returns this interval's claims on the fleet (see claims).
+func (s *Service) measure(now time.Time) (map[string]Claim, []string, []*group) {
 	s.mu.Lock()
-	if t := s.tables.Current(); t != s.table {
-		s.table = t
-		// A limit's fleet demand stays known across the reload.
-		claimed := make(map[string]float64, len(s.groups))
-		for k, g := range s.groups {
-			if g.claimed {
-				claimed[k] = g.granted
-			}
-		}
-		for st := range s.streams {
-			for _, b := range st.subs {
-				s.unsubscribe(b)
-				s.subscribe(t, b)
-				b.hasSent = false // re-assigned below, whatever changed
-			}
-		}
-		for k, g := range s.groups {
-			g.granted, g.claimed = claimed[k]
-		}
+	defer s.mu.Unlock()
+	if t := s.tables.Current(); t != nil && t != s.table {
+		s.rematch(t)
 	}
+	s.abandonIdle(now)
+	if s.o.Fleet == nil {
+		return nil, nil, nil
+	}
+	if s.fleetFrom.IsZero() {
+		s.fleetFrom = now
+	}
+	return s.claims(now)
+}
+
+// abandonIdle abandons the buckets with no traffic for IdleAbandon; s.mu
+// is held.
+func (s *Service) abandonIdle(now time.Time) {
 	for st := range s.streams {
 		for k, b := range st.subs {
 			if now.Sub(b.busy) >= s.o.IdleAbandon {
@@ -663,128 +728,30 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
-	local := make(map[string]Claim, len(s.groups))
-	published := make([]*group, 0, len(s.groups))
-	for k, g := range s.groups {
-		ds := make([]float64, 0, len(g.subs))
-		for b := range g.subs {
-			ds = append(ds, b.currentDemand(now, s.o.Interval))
-		}
-		c := float64(g.rule.Limit.Limit()) * (1 - s.o.reserve())
-		m := c
-		if !g.claimed {
-			m /= float64(max(s.remote.Live, 1))
-		}
-		local[k] = Claim{Capacity: c, Max: m, Demands: ds}
-		published = append(published, g)
-	}
-	fleet := s.o.Fleet
-	if fleet != nil && s.fleetFrom.IsZero() {
-		s.fleetFrom = now
-	}
-	s.mu.Unlock()
+}
 
-	var err error
-	var remote Remote
-	if fleet != nil {
-		// An exchange may take at most one interval: a slow Redis must not
-		// stall the division.
-		fctx, cancel := context.WithTimeout(ctx, s.o.Interval)
-		remote, err = fleet.Exchange(fctx, now, local)
-		cancel()
-		if err != nil {
-			s.fleetErrors.Add(1)
-		}
-	}
-
+// divide applies the fleet's outcome and recomputes every group's
+// shares, queueing what is due; it answers the buckets that divide no
+// limit, and records the per-rule statistics.
+func (s *Service) divide(now time.Time, remote Remote, claimed []*group) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if fleet != nil {
-		s.fleetLast = now
-		if err == nil {
-			s.remote, s.remAt = remote, now
-			if s.fleetSince.IsZero() {
-				s.fleetSince = now
-			}
-			// Groups made during the exchange were not in it.
-			for _, g := range published {
-				if v, ok := remote.Granted[g.key]; ok {
-					g.claimed, g.granted = true, v
-				}
-			}
-		} else if now.Sub(s.remAt) > s.o.TTL {
-			s.remote = Remote{}
-		}
+	if s.o.Fleet != nil {
+		s.applyRemote(now, remote, claimed)
 	}
-	var demands, shares []float64
-	var whole []uint64
 	stats := map[*config.Rule]*RuleStat{}
+	var sc divideScratch
 	for _, g := range s.groups {
-		// In a stable order, so that the units rounding hands out go to
-		// the same proxies every interval.
-		subs := make([]*sub, 0, len(g.subs))
-		for b := range g.subs {
-			subs = append(subs, b)
-		}
-		slices.SortFunc(subs, func(x, y *sub) int {
-			if c := cmp.Compare(x.st.id, y.st.id); c != 0 {
-				return c
-			}
-			return strings.Compare(x.key, y.key)
-		})
-		demands = demands[:0]
-		for _, b := range subs {
-			demands = append(demands, b.currentDemand(now, s.o.Interval))
-		}
-		limit := float64(g.rule.Limit.Limit())
-		capacity, others := limit*(1-s.o.reserve()), 0.0
-		switch s.fleetMode(g) {
-		case fleetUncertain:
-			capacity = s.cautious(limit)
-		case fleetShared:
-			// Newcomers draw from this replica's part of the reserve only:
-			// count the rest of the limit as held.
-			capacity = g.granted
-			others = limit - s.cautious(limit) - capacity
-		}
-		shares = grow(shares, len(demands))
-		whole = growU(whole, len(subs))
-		FairShares(demands, capacity, shares)
-		// Rounded over this replica's proxies only, so that the replicas'
-		// rounded shares cannot sum above the limit either.
-		Whole(shares, whole)
-		g.assigned = others
-		for _, v := range whole {
-			g.assigned += float64(v)
-		}
-		rs := stats[g.rule]
-		if rs == nil {
-			rs = &RuleStat{Rule: g.rule}
-			stats[g.rule] = rs
-		}
-		rs.Groups++
-		for i, b := range subs {
-			rs.Buckets++
-			if math.IsInf(demands[i], 1) {
-				rs.Unmeasured++
-			} else {
-				rs.Demand += demands[i]
-			}
-			rs.Share += float64(whole[i])
-			a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
-			if s.due(now, b, &a, whole[i], demands[i]) {
-				b.sentShare = whole[i]
-				s.queue(now, b, a)
-				s.pushed[a.Kind].Add(1)
-			}
-		}
+		s.divideGroup(now, g, stats, &sc)
 	}
 	for st := range s.streams {
 		for _, b := range st.subs {
 			if b.rule != nil {
 				statStream(stats, st, b)
 			}
-			if b.g != nil {
+			if b.g != nil || s.table == nil {
+				// Before the first table, no answer: Envoy's
+				// no_assignment_behavior applies.
 				continue
 			}
 			if a := answer(b); s.due(now, b, &a, 0, 0) {
@@ -798,7 +765,80 @@ func (s *Service) Tick(ctx context.Context, now time.Time) error {
 		rs.last = nil
 		s.rules = append(s.rules, *rs)
 	}
-	return err
+}
+
+// divideScratch is divideGroup's reused buffers.
+type divideScratch struct {
+	subs            []*sub
+	demands, shares []float64
+	whole           []uint64
+}
+
+// divideGroup divides g's limit (or this replica's part of it) among its
+// proxies by their demands, queues the assignments due and adds g to its
+// rule's statistics; s.mu is held.
+func (s *Service) divideGroup(now time.Time, g *group, stats map[*config.Rule]*RuleStat, sc *divideScratch) {
+	// In a stable order, so that the units rounding hands out go to the
+	// same proxies every interval.
+	subs := sc.subs[:0]
+	for b := range g.subs {
+		subs = append(subs, b)
+	}
+	slices.SortFunc(subs, func(x, y *sub) int {
+		if c := cmp.Compare(x.st.id, y.st.id); c != 0 {
+			return c
+		}
+		return strings.Compare(x.key, y.key)
+	})
+	sc.subs = subs
+	demands := sc.demands[:0]
+	for _, b := range subs {
+		demands = append(demands, b.currentDemand(now, s.o.Interval))
+	}
+	sc.demands = demands
+	limit := float64(g.rule.Limit.Limit())
+	capacity, others := limit*(1-s.o.reserve()), 0.0
+	switch s.fleetMode(g) {
+	case fleetUncertain:
+		capacity = s.cautious(limit)
+	case fleetShared:
+		// Newcomers draw from this replica's part of the reserve only:
+		// count the rest of the limit as held.
+		capacity = g.granted
+		others = limit - s.cautious(limit) - capacity
+	}
+	sc.shares = grow(sc.shares, len(demands))
+	sc.whole = growU(sc.whole, len(subs))
+	shares, whole := sc.shares, sc.whole
+	FairShares(demands, capacity, shares)
+	// Rounded over this replica's proxies only, so that the replicas'
+	// rounded shares cannot sum above the limit either.
+	Whole(shares, whole)
+	g.assigned = others
+	for _, v := range whole {
+		g.assigned += float64(v)
+	}
+	rs := stats[g.rule]
+	if rs == nil {
+		rs = &RuleStat{Rule: g.rule}
+		stats[g.rule] = rs
+	}
+	rs.Groups++
+	for i, b := range subs {
+		rs.Buckets++
+		if math.IsInf(demands[i], 1) {
+			rs.Unmeasured++
+		} else {
+			rs.Demand += demands[i]
+		}
+		rs.Share += float64(whole[i])
+		a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
+		if s.due(now, b, &a, whole[i], demands[i]) {
+			b.sentShare = whole[i]
+			s.queue(now, b, a)
+			s.pushed[a.Kind].Add(1)
+		}
+	}
 }
 
 // statStream counts b, a bucket of stream st under a rule, in its rule's

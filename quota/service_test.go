@@ -37,6 +37,8 @@ descriptors:
     rate_limit: {unit: second, unit_multiplier: 30, requests_per_unit: 60}
   - key: sliding
     rate_limit: {unit: minute, requests_per_unit: 60, algorithm: sliding_window}
+  - key: calendar
+    rate_limit: {unit: day, requests_per_unit: 86400, calendar: true, time_zone: Europe/Berlin}
 `
 
 // tables is a settable Tables.
@@ -83,14 +85,14 @@ func only(t *testing.T, st *Stream, step string) Action {
 
 func mustReport(t *testing.T, st *Stream, now time.Time, us ...Usage) {
 	t.Helper()
-	if err := st.Report(now, us); err != nil {
+	if err := st.Report(now, "d", us); err != nil {
 		t.Fatalf("Report at %v: %v", now.Sub(t0), err)
 	}
 }
 
 func TestService_FirstReportAnsweredAtOnce(t *testing.T) {
 	s, _ := newTestService(t, Options{})
-	st, err := s.Open("d")
+	st, err := s.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,9 +106,11 @@ func TestService_FirstReportAnsweredAtOnce(t *testing.T) {
 		{use("shadow", "x", 1, 0), AllowAll},
 		{use("closed", "x", 1, 0), DenyAll},
 		{use("nomatch", "x", 1, 0), AllowAll},
-		// Envoy names no period of several units, nor a sliding window.
+		// Envoy names no period of several units, nor a sliding window,
+		// nor a calendar period.
 		{use("halfminute", "x", 1, 0), TokenBucket},
 		{use("sliding", "x", 1, 0), TokenBucket},
+		{use("calendar", "x", 1, 0), TokenBucket},
 	}
 	for i, c := range cases {
 		mustReport(t, st, at(0), c.u)
@@ -132,7 +136,7 @@ func TestService_FairShares(t *testing.T) {
 	ctx := context.Background()
 	var sts []*Stream
 	for range 3 {
-		st, _ := s.Open("d")
+		st, _ := s.Open()
 		sts = append(sts, st)
 	}
 	// Demands 100, 1000 and 2000 per second on a limit of 1000/s.
@@ -203,19 +207,19 @@ func TestService_FairShares(t *testing.T) {
 
 func TestService_NewcomerFromReserve(t *testing.T) {
 	s, _ := newTestService(t, Options{Reserve: 0.1})
-	a, _ := s.Open("d")
+	a, _ := s.Open()
 	mustReport(t, a, at(0), use("tenant", "x", 5000, 0))
 	a.Pending()
 	s.Tick(context.Background(), at(1))
 	if got := only(t, a, "alone"); got.Requests != 900 {
 		t.Fatalf("a lone proxy: %+v, want 900 (limit less the reserve)", got)
 	}
-	b, _ := s.Open("d")
+	b, _ := s.Open()
 	mustReport(t, b, at(1.5), use("tenant", "x", 5000, 0))
 	if got := only(t, b, "newcomer"); got.Requests != 50 {
 		t.Fatalf("newcomer: %+v, want half the reserve (50)", got)
 	}
-	c, _ := s.Open("d")
+	c, _ := s.Open()
 	mustReport(t, c, at(1.6), use("tenant", "x", 5000, 0))
 	if got := only(t, c, "second newcomer"); got.Requests != 25 {
 		t.Fatalf("second newcomer: %+v, want 25", got)
@@ -230,8 +234,8 @@ func TestService_NewcomerFromReserve(t *testing.T) {
 
 func TestService_FirstReportWantsAnEqualShare(t *testing.T) {
 	s, _ := newTestService(t, Options{Reserve: -1})
-	light, _ := s.Open("d")
-	heavy, _ := s.Open("d")
+	light, _ := s.Open()
+	heavy, _ := s.Open()
 	mustReport(t, heavy, at(0), use("tenant", "x", 1, 0))
 	mustReport(t, heavy, at(0.5), use("tenant", "x", 5000, 0))
 	// light's first report counts one request: not a rate of 1/s.
@@ -253,7 +257,7 @@ func TestService_TokenBucketShares(t *testing.T) {
 	s, _ := newTestService(t, Options{Reserve: -1})
 	sts := []*Stream{}
 	for range 2 {
-		st, _ := s.Open("d")
+		st, _ := s.Open()
 		mustReport(t, st, at(0), use("api", "k", 100, 0)) // 6000/min each
 		sts = append(sts, st)
 	}
@@ -270,7 +274,7 @@ func TestService_TokenBucketShares(t *testing.T) {
 
 func TestService_IdleAbandon(t *testing.T) {
 	s, _ := newTestService(t, Options{IdleAbandon: 30 * time.Second})
-	st, _ := s.Open("d")
+	st, _ := s.Open()
 	mustReport(t, st, at(0), use("tenant", "x", 1, 0), use("tenant", "y", 1, 0))
 	st.Pending()
 	for sec := 1; sec <= 40; sec++ {
@@ -300,7 +304,7 @@ func TestService_IdleAbandon(t *testing.T) {
 
 func TestService_ReloadReassigns(t *testing.T) {
 	s, tb := newTestService(t, Options{Reserve: -1})
-	st, _ := s.Open("d")
+	st, _ := s.Open()
 	mustReport(t, st, at(0), use("tenant", "x", 10, 0), use("free", "y", 10, 0))
 	st.Pending()
 	s.Tick(context.Background(), at(1))
@@ -327,10 +331,10 @@ descriptors:
 
 func TestService_BadReports(t *testing.T) {
 	s, _ := newTestService(t, Options{MaxBucketsPerStream: 3})
-	if _, err := s.Open(""); !errors.Is(err, ErrInvalid) {
-		t.Errorf("Open(\"\") = %v, want ErrInvalid", err)
+	st, _ := s.Open()
+	if err := st.Report(at(0), "", []Usage{use("tenant", "ok", 1, 0)}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a first report without a domain: %v, want ErrInvalid", err)
 	}
-	st, _ := s.Open("d")
 	bad := []Usage{
 		{Bucket: nil, Elapsed: time.Second},
 		{Bucket: map[string]string{"": "v"}, Elapsed: time.Second},
@@ -342,7 +346,7 @@ func TestService_BadReports(t *testing.T) {
 		{Bucket: map[string]string{"a": strings.Repeat("v", MaxValueBytes), "b": strings.Repeat("v", MaxValueBytes), "c": "v"}, Elapsed: time.Second},
 	}
 	for i, u := range bad {
-		if err := st.Report(at(0), []Usage{use("tenant", "ok", 1, 0), u}); !errors.Is(err, ErrInvalid) {
+		if err := st.Report(at(0), "d", []Usage{use("tenant", "ok", 1, 0), u}); !errors.Is(err, ErrInvalid) {
 			t.Errorf("case %d: Report(%+v) = %v, want ErrInvalid", i, u, err)
 		}
 	}
@@ -350,7 +354,7 @@ func TestService_BadReports(t *testing.T) {
 		t.Errorf("rejected reports subscribed %d buckets", n)
 	}
 	mustReport(t, st, at(0), use("tenant", "1", 1, 0), use("tenant", "2", 1, 0))
-	err := st.Report(at(0), []Usage{use("tenant", "3", 1, 0), use("tenant", "4", 1, 0)})
+	err := st.Report(at(0), "d", []Usage{use("tenant", "3", 1, 0), use("tenant", "4", 1, 0)})
 	if !errors.Is(err, ErrTooManyBuckets) {
 		t.Errorf("going over the cap: %v, want ErrTooManyBuckets", err)
 	}
@@ -376,7 +380,7 @@ type fakeEntry struct {
 	demands []float64
 }
 
-func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Claim) (Remote, error) {
+func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Claim, _ []string) (Remote, error) {
 	if f.fail {
 		return Remote{}, errors.New("down")
 	}
@@ -411,9 +415,9 @@ func TestService_FleetDividesGlobally(t *testing.T) {
 	fb := &fakeFleet{name: "b", all: all}
 	sa, _ := newTestService(t, Options{Reserve: -1, Fleet: fa})
 	sb, _ := newTestService(t, Options{Reserve: -1, Fleet: fb})
-	pa, _ := sa.Open("d")
-	pb1, _ := sb.Open("d")
-	pb2, _ := sb.Open("d")
+	pa, _ := sa.Open()
+	pb1, _ := sb.Open()
+	pb2, _ := sb.Open()
 	for _, st := range []*Stream{pa, pb1, pb2} {
 		mustReport(t, st, at(0), use("tenant", "g", 2000, 0))
 		st.Pending()
@@ -449,7 +453,7 @@ func TestService_FleetDividesGlobally(t *testing.T) {
 
 func TestService_FixedWindowAsTokenBucket(t *testing.T) {
 	s, _ := newTestService(t, Options{Reserve: -1, FixedWindowAsTokenBucket: true})
-	st, _ := s.Open("d")
+	st, _ := s.Open()
 	mustReport(t, st, at(0), use("tenant", "x", 5000, 0))
 	st.Pending()
 	s.Tick(context.Background(), at(1))
@@ -467,7 +471,7 @@ func TestService_RoundingIsStable(t *testing.T) {
 	s, _ := newTestService(t, Options{})
 	var sts []*Stream
 	for range 40 {
-		st, _ := s.Open("d")
+		st, _ := s.Open()
 		mustReport(t, st, at(0), use("tenant", "x", 1, 0))
 		sts = append(sts, st)
 	}
@@ -509,9 +513,9 @@ func TestService_ConcurrentStreams(t *testing.T) {
 					return
 				default:
 				}
-				st, _ := s.Open("d")
+				st, _ := s.Open()
 				for j := range 5 {
-					_ = st.Report(at(float64(j)/10), []Usage{use("tenant", "x", uint64(10*g+j), 0), use("api", strconv.Itoa(i%3), 1, 0)})
+					_ = st.Report(at(float64(j)/10), "d", []Usage{use("tenant", "x", uint64(10*g+j), 0), use("api", strconv.Itoa(i%3), 1, 0)})
 					st.Pending()
 				}
 				st.Close()
@@ -567,7 +571,7 @@ func newFleetSim(t *testing.T, n int) *fleetSim {
 // join opens k proxies on replica r, each reporting its first request.
 func (f *fleetSim) join(now time.Time, r, k int) {
 	for range k {
-		st, _ := f.replicas[r].Open("d")
+		st, _ := f.replicas[r].Open()
 		mustReport(f.t, st, now, use("tenant", "x", 1, 0))
 		f.proxies[r] = append(f.proxies[r], st)
 	}

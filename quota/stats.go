@@ -16,8 +16,16 @@ type Stats struct {
 	Reports, Usages, Rejected uint64
 	// Pushed counts the actions queued, by Kind (index 0 unused).
 	Pushed [Abandon + 1]uint64
-	// FleetErrors counts failed demand exchanges.
-	FleetErrors uint64
+	// Capped counts the streams and reports refused at each Cap (they
+	// count in Rejected too).
+	Capped [CapBucketKeys + 1]uint64
+	// FleetErrors counts the demand exchanges that failed in whole or in
+	// part, ClaimErrors the groups whose claim failed in them, and
+	// ClaimsDeferred the groups left unclaimed in an interval because
+	// more than MaxClaims were due.
+	FleetErrors, ClaimErrors, ClaimsDeferred uint64
+	// Panics counts the panics Run recovered.
+	Panics uint64
 	// Shared reports that demand is shared with the other replicas
 	// (Options.Fleet, Redis): shares divide the fleet's limit.
 	Shared bool
@@ -29,7 +37,11 @@ func (s *Service) Stats() Stats {
 	st := Stats{Streams: len(s.streams), Buckets: s.nsubs, Shared: s.o.Fleet != nil}
 	s.mu.Unlock()
 	st.Reports, st.Usages, st.Rejected = s.reports.Load(), s.usages.Load(), s.rejected.Load()
-	st.FleetErrors = s.fleetErrors.Load()
+	st.FleetErrors, st.ClaimErrors, st.ClaimsDeferred = s.fleetErrors.Load(), s.claimErrors.Load(), s.claimsDeferred.Load()
+	st.Panics = s.panics.Load()
+	for i := range st.Capped {
+		st.Capped[i] = s.capped[i].Load()
+	}
 	for i := range st.Pushed {
 		st.Pushed[i] = s.pushed[i].Load()
 	}

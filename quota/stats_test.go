@@ -23,8 +23,8 @@ func TestService_RulesPerRule(t *testing.T) {
 	tb.p.Store(loadTable(t, statLimits))
 	s := New(tb, Options{})
 	ctx := context.Background()
-	a, _ := s.Open("d")
-	b, _ := s.Open("d")
+	a, _ := s.Open()
+	b, _ := s.Open()
 	mustReport(t, a, at(0), use("tenant", "x", 10, 0), use("tenant", "y", 10, 0), use("user", "alice", 1, 0))
 	mustReport(t, b, at(0), use("tenant", "x", 10, 0), use("free", "1", 1, 0))
 	if rs := s.Rules(); len(rs) != 0 {

@@ -88,6 +88,7 @@ func TestDeadline_ReachesStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		r.Header.Set("Content-Type", "application/json")
 		if timeout != "" {
 			r.Header.Set(server.TimeoutHeader, timeout)
 		}
@@ -130,6 +131,7 @@ func FuzzTimeoutHeader(f *testing.F) {
 	body := `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"/fuzz"}]}]}`
 	f.Fuzz(func(t *testing.T, v string) {
 		r := httptest.NewRequest("POST", "/json", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
 		r.Header[server.TimeoutHeader] = []string{v}
 		w := httptest.NewRecorder()
 		st.mu.Lock()

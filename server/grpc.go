@@ -43,6 +43,11 @@ type GRPCOptions struct {
 	// gRPC's defaults (2 h, 20 s).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
+	// MaxConcurrentStreams bounds the calls and streams in flight on one
+	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): clients that
+	// want more open another connection (Envoy) or wait (grpc-go). 0 means
+	// DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
 	// TLS, when not nil, serves TLS (mTLS when it asks for client
 	// certificates).
 	TLS *tls.Config
@@ -67,6 +72,11 @@ type GRPCOptions struct {
 	Interceptors []grpc.UnaryServerInterceptor
 }
 
+// DefaultMaxConcurrentStreams is GRPCOptions.MaxConcurrentStreams' default:
+// about Envoy's default circuit breaker for a whole cluster (1,024 requests
+// in flight), so that it never binds an Envoy with the defaults.
+const DefaultMaxConcurrentStreams = 1000
+
 // NewGRPC returns a gRPC server with Envoy's RateLimitService, our
 // sluice.v1.RateLimiter, Envoy's RateLimitQuotaService (with o.Quota),
 // grpc.health.v1 (from health) and server reflection registered, behind panic recovery and request logging.
@@ -81,12 +91,14 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	if o.StreamWorkers <= 0 {
 		o.StreamWorkers = runtime.GOMAXPROCS(0)
 	}
-	unary := []grpc.UnaryServerInterceptor{
-		recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-			logger.ErrorContext(ctx, "panic in gRPC handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			return status.Error(codes.Internal, "internal error")
-		})),
+	if o.MaxConcurrentStreams == 0 {
+		o.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
+	recovered := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		logger.ErrorContext(ctx, "panic in gRPC handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error")
+	})
+	unary := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(recovered)}
 	// The logging interceptor costs about 50 allocations per call even
 	// when it logs nothing, so it is installed only at debug level.
 	if logger.Enabled(context.Background(), slog.LevelDebug) {
@@ -97,8 +109,9 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	unary = append(unary, o.Interceptors...)
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor()),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered)),
 		grpc.MaxRecvMsgSize(o.MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(o.MaxConcurrentStreams),
 		// A fixed pool of workers serves the streams: no goroutine (and
 		// no stack growth) per request.
 		grpc.NumStreamWorkers(uint32(o.StreamWorkers)),
@@ -131,7 +144,7 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
 	if o.Quota != nil {
 		rlqs := NewRLQS(o.Quota)
-		rlqs.draining = health.draining
+		rlqs.draining, rlqs.logger = health.draining, logger
 		rlqspb.RegisterRateLimitQuotaServiceServer(s, rlqs)
 	}
 	healthpb.RegisterHealthServer(s, health.service())

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -19,18 +21,29 @@ import (
 	"github.com/sluicehq/sluice/store"
 )
 
-// maxBody bounds an HTTP request body.
-const maxBody = 1 << 20
+// DefaultMaxBodyBytes bounds an HTTP request body unless
+// Options.MaxBodyBytes says otherwise.
+const DefaultMaxBodyBytes = 1 << 20
 
 // HTTP serves the HTTP endpoints: GET /healthcheck, POST /json (the
-// reference's JSON form of ShouldRateLimit) and GET or POST /v1/check
-// (our API). Mount it on a mux beside /metrics.
+// reference's JSON form of ShouldRateLimit), POST /v1/check (our API) and
+// GET /v1/check (our API's peek, which consumes nothing). Mount it on a
+// mux beside /metrics.
+//
+// Only a POST consumes, and only with a body of Content-Type
+// application/json: a web page cannot make a browser send one to another
+// origin without a CORS preflight, which HTTP never grants (it sends no
+// Access-Control-* header), so no page a user opens can spend a limit.
+// Forms (application/x-www-form-urlencoded, multipart/form-data),
+// text/plain and GETs (an <img>, a link) can be sent cross-site: they get
+// 415, or a peek.
 type HTTP struct {
 	rls     *RLS
 	api     *API
 	health  *Health
 	headers Headers
 	ietf    bool
+	maxBody int64
 	mux     *http.ServeMux
 }
 
@@ -45,7 +58,10 @@ var (
 // /healthcheck; opts names the RateLimit-* headers of /v1/check.
 func NewHTTP(lim *limiter.Limiter, health *Health, opts Options) *HTTP {
 	h := &HTTP{rls: NewRLS(lim, opts), api: NewAPI(lim), health: health,
-		headers: opts.HeaderNames.withDefaults(), ietf: opts.IETFHeaders, mux: http.NewServeMux()}
+		headers: opts.HeaderNames.withDefaults(), ietf: opts.IETFHeaders, maxBody: opts.MaxBodyBytes, mux: http.NewServeMux()}
+	if h.maxBody <= 0 {
+		h.maxBody = DefaultMaxBodyBytes
+	}
 	h.mux.HandleFunc("GET /healthcheck", h.healthcheck)
 	h.mux.HandleFunc("POST /json", h.json)
 	h.mux.HandleFunc("GET /v1/check", h.checkQuery)
@@ -71,7 +87,7 @@ func (h *HTTP) healthcheck(w http.ResponseWriter, _ *http.Request) {
 // RateLimitResponse out, 200 or 429.
 func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	var in rlspb.RateLimitRequest
-	if !readJSON(w, r, &in) {
+	if !h.readJSON(w, r, &in) {
 		return
 	}
 	c := h.rls.calls.Get().(*call)
@@ -93,28 +109,22 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	writeProto(w, code, marshalRLS, h.rls.response(&c.req, &c.resp))
 }
 
-// checkQuery is GET /v1/check?domain=D&key=K&value=V[&cost=N][&kind=K].
+// peekOnly answers a GET /v1/check that asks for a cost.
+const peekOnly = "GET /v1/check never consumes: leave cost out (or cost=0) to peek, or POST /v1/check with Content-Type: application/json to consume"
+
+// checkQuery is GET /v1/check?domain=D&key=K&value=V: a peek. A GET is
+// safe (RFC 9110): browsers send it cross-site (an <img>, a link),
+// crawlers and prefetchers follow it, clients retry it. So it never
+// consumes; a cost other than 0 is refused, so that a caller written when
+// a GET consumed learns it instead of taking peeks for charges.
 func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	in := &sluicev1.CheckRequest{Domain: q.Get("domain"), Key: q.Get("key"), Value: q.Get("value")}
-	if s := q.Get("cost"); s != "" {
-		n, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			writeError(w, &limiter.InvalidError{Reason: "cost must be a non-negative integer"})
-			return
-		}
-		in.Cost = &n
-	}
-	switch q.Get("kind") {
-	case "", "hits":
-	case "charge":
-		in.Kind = sluicev1.CostKind_COST_KIND_CHARGE
-	case "refund":
-		in.Kind = sluicev1.CostKind_COST_KIND_REFUND
-	default:
-		writeError(w, &limiter.InvalidError{Reason: "kind must be hits, charge or refund"})
+	if c, ok := q["cost"]; ok && (len(c) != 1 || c[0] != "0") {
+		writeError(w, &limiter.InvalidError{Reason: peekOnly})
 		return
 	}
+	in.Cost = new(uint64)
 	if in.Key == "" {
 		writeError(w, &limiter.InvalidError{Reason: "key is required"})
 		return
@@ -125,7 +135,7 @@ func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 // checkJSON is POST /v1/check with a sluice.v1.CheckRequest as JSON.
 func (h *HTTP) checkJSON(w http.ResponseWriter, r *http.Request) {
 	in := new(sluicev1.CheckRequest)
-	if !readJSON(w, r, in) {
+	if !h.readJSON(w, r, in) {
 		return
 	}
 	h.check(w, r, in)
@@ -196,8 +206,26 @@ func requestContext(w http.ResponseWriter, r *http.Request) (ctx context.Context
 	return ctx, cancel, true
 }
 
-func readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+// readJSON reads r's body, of Content-Type application/json and at most
+// maxBody bytes, into m. Otherwise it answers 415, 413, 408 or 400 (ok
+// false).
+func (h *HTTP) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		writeJSONError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json (curl: -H 'Content-Type: application/json')")
+		return false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
+	var tooLarge *http.MaxBytesError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &tooLarge):
+		writeJSONError(w, http.StatusRequestEntityTooLarge, "request body larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes")
+		return false
+	case errors.As(err, &netErr) && netErr.Timeout():
+		// The server's read timeout passed (a body sent too slowly).
+		writeJSONError(w, http.StatusRequestTimeout, "request body not received in time")
+		return false
+	}
 	if err == nil {
 		err = unmarshalJSON.Unmarshal(body, m)
 	}

@@ -138,7 +138,7 @@ func TestRLS_DynamicMetadata(t *testing.T) {
 
 func TestHTTP_IETFHeaders(t *testing.T) {
 	e := newEnv(t, limiter.Options{}, server.Options{IETFHeaders: true})
-	r := e.do(t, http.MethodGet, "/v1/check?domain=e2e&key=tier&value=z", "")
+	r := e.do(t, http.MethodPost, "/v1/check", `{"domain":"e2e","key":"tier","value":"z"}`)
 	if got := r.header.Get("RateLimit-Policy"); got != `"tier_second";q=2;w=1, "tier_minute";q=3;w=60` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
@@ -152,7 +152,7 @@ func TestHTTP_IETFHeaders(t *testing.T) {
 	}
 	// Without the option, none.
 	e = newEnv(t, limiter.Options{}, server.Options{})
-	if r := e.do(t, http.MethodGet, "/v1/check?domain=e2e&key=tier&value=z", ""); r.header.Get("RateLimit") != "" {
+	if r := e.do(t, http.MethodPost, "/v1/check", `{"domain":"e2e","key":"tier","value":"z"}`); r.header.Get("RateLimit") != "" {
 		t.Errorf("RateLimit without the option: %q", r.header.Get("RateLimit"))
 	}
 }

@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
+	"log/slog"
+	"runtime/debug"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -18,9 +19,13 @@ import (
 	"github.com/sluicehq/sluice/quota"
 )
 
-// maxActionsPerMessage bounds one RateLimitQuotaResponse; more actions go
-// in further messages.
-const maxActionsPerMessage = 1000
+// maxActionsPerMessage and maxIDBytesPerMessage (the bytes of the bucket
+// ids it echoes) bound one RateLimitQuotaResponse, below gRPC's default
+// limit of 4 MiB a message; more actions go in further messages.
+const (
+	maxActionsPerMessage = 1000
+	maxIDBytesPerMessage = 1 << 20
+)
 
 // RLQS serves Envoy's Rate Limit Quota Service
 // (envoy.service.rate_limit_quota.v3) from a quota.Service: it turns
@@ -31,45 +36,31 @@ type RLQS struct {
 	// draining, when done, ends every stream with UNAVAILABLE so that the
 	// proxies reconnect elsewhere (NewGRPC ties it to Health.Shutdown).
 	draining context.Context
+	// logger receives the panics recovered in a stream's receiver.
+	logger *slog.Logger
 }
 
 // NewRLQS returns the RLQS adapter of q.
-func NewRLQS(q *quota.Service) *RLQS { return &RLQS{q: q, draining: context.Background()} }
+func NewRLQS(q *quota.Service) *RLQS {
+	return &RLQS{q: q, draining: context.Background(), logger: slog.New(slog.DiscardHandler)}
+}
 
-// StreamRateLimitQuotas serves one proxy's stream: the first message's
-// domain opens it, every message's usages are reported, and the actions
-// the quota service queues for the stream are sent as they come. A
-// malformed message ends the stream with INVALID_ARGUMENT, too many
-// buckets with RESOURCE_EXHAUSTED, and draining with UNAVAILABLE (Envoy
-// then reconnects, to another replica); the stream's buckets are released
-// when it ends.
+// StreamRateLimitQuotas serves one proxy's stream: it is opened (counted
+// against the quota service's stream cap) before its first message, every
+// message's usages are reported, and the actions the quota service queues
+// for the stream are sent as they come. A malformed message ends the
+// stream with INVALID_ARGUMENT, one past a cap (or a stream past the
+// stream cap) with RESOURCE_EXHAUSTED, a panic while receiving with
+// INTERNAL, and draining with UNAVAILABLE (Envoy then reconnects, to
+// another replica); the stream's buckets are released when it ends.
 func (s *RLQS) StreamRateLimitQuotas(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
-	first, err := stream.Recv()
-	if err != nil {
-		return endOfStream(err)
-	}
-	st, err := s.q.Open(first.GetDomain())
+	st, err := s.q.Open()
 	if err != nil {
 		return quotaStatus(err)
 	}
 	defer st.Close()
-	if err := report(st, first, ""); err != nil {
-		return s.flush(stream, st, quotaStatus(err))
-	}
 	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				recvErr <- endOfStream(err)
-				return
-			}
-			if err := report(st, m, st.Domain()); err != nil {
-				recvErr <- quotaStatus(err)
-				return
-			}
-		}
-	}()
+	go s.receive(stream, st, recvErr)
 	for {
 		select {
 		case <-st.Notify():
@@ -80,6 +71,29 @@ func (s *RLQS) StreamRateLimitQuotas(stream rlqspb.RateLimitQuotaService_StreamR
 			return s.flush(stream, st, err)
 		case <-s.draining.Done():
 			return s.flush(stream, st, status.Error(codes.Unavailable, "rlqs: server draining, reconnect"))
+		}
+	}
+}
+
+// receive reports each message of stream to st until the stream ends or
+// a message is refused, and then sends why to done (nil for the client's
+// half-close). A panic ends the stream with INTERNAL, not the process.
+func (s *RLQS) receive(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *quota.Stream, done chan<- error) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.logger.ErrorContext(stream.Context(), "panic in an RLQS stream's receiver", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			done <- status.Error(codes.Internal, "internal error")
+		}
+	}()
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			done <- endOfStream(err)
+			return
+		}
+		if err := report(st, m); err != nil {
+			done <- quotaStatus(err)
+			return
 		}
 	}
 }
@@ -102,7 +116,7 @@ func endOfStream(err error) error {
 
 func quotaStatus(err error) error {
 	switch {
-	case errors.Is(err, quota.ErrTooManyBuckets):
+	case errors.Is(err, quota.ErrExhausted):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, quota.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
@@ -110,12 +124,8 @@ func quotaStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// report hands m's usages to st. domain is the stream's domain for
-// messages after the first: they may repeat it or leave it empty.
-func report(st *quota.Stream, m *rlqspb.RateLimitQuotaUsageReports, domain string) error {
-	if domain != "" && m.GetDomain() != "" && m.GetDomain() != domain {
-		return fmt.Errorf("%w: domain changed from %s to %s", quota.ErrInvalid, quoteDomain(domain), quoteDomain(m.GetDomain()))
-	}
+// report hands m's domain and usages to st.
+func report(st *quota.Stream, m *rlqspb.RateLimitQuotaUsageReports) error {
 	in := m.GetBucketQuotaUsages()
 	us := make([]quota.Usage, len(in))
 	for i, u := range in {
@@ -129,20 +139,20 @@ func report(st *quota.Stream, m *rlqspb.RateLimitQuotaUsageReports, domain strin
 		us[i] = quota.Usage{Bucket: u.GetBucketId().GetBucket(), Elapsed: el,
 			Allowed: u.GetNumRequestsAllowed(), Denied: u.GetNumRequestsDenied()}
 	}
-	return st.Report(time.Now(), us)
+	return st.Report(time.Now(), m.GetDomain(), us)
 }
 
-func quoteDomain(d string) string {
-	if len(d) > 64 {
-		d = d[:64] + "..."
-	}
-	return strconv.Quote(d)
-}
-
-// send writes actions in messages of at most maxActionsPerMessage.
+// send writes actions in messages of at most maxActionsPerMessage and
+// about maxIDBytesPerMessage.
 func send(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, actions []quota.Action) error {
 	for len(actions) > 0 {
-		n := min(len(actions), maxActionsPerMessage)
+		n, size := 0, 0
+		for n < min(len(actions), maxActionsPerMessage) && (n == 0 || size < maxIDBytesPerMessage) {
+			for k, v := range actions[n].Bucket {
+				size += len(k) + len(v)
+			}
+			n++
+		}
 		resp := &rlqspb.RateLimitQuotaResponse{BucketAction: make([]*rlqspb.RateLimitQuotaResponse_BucketAction, n)}
 		for i := range n {
 			resp.BucketAction[i] = bucketAction(&actions[i])

@@ -2,8 +2,18 @@ package server_test
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"maps"
+	"net"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/quota"
 	"github.com/sluicehq/sluice/server"
@@ -31,10 +42,16 @@ type rlqsEnv struct {
 
 func newRLQSEnv(t *testing.T, o quota.Options) *rlqsEnv {
 	t.Helper()
-	tb := tables{loadTable(t)}
+	return newRLQSEnvOf(t, tables{loadTable(t)}, o, server.GRPCOptions{})
+}
+
+// newRLQSEnvOf serves a quota service of tb's tables with go.
+func newRLQSEnvOf(t *testing.T, tb quota.Tables, o quota.Options, gopts server.GRPCOptions) *rlqsEnv {
+	t.Helper()
 	e := &rlqsEnv{q: quota.New(tb, o), health: server.NewHealth()}
-	lim := limiter.New(tb, memory.New(memory.Options{}), limiter.Options{})
-	cc := serveLoopback(t, server.NewGRPC(lim, e.health, server.GRPCOptions{Quota: e.q}))
+	lim := limiter.New(tables{loadTable(t)}, memory.New(memory.Options{}), limiter.Options{})
+	gopts.Quota = e.q
+	cc := serveLoopback(t, server.NewGRPC(lim, e.health, gopts))
 	e.client = rlqspb.NewRateLimitQuotaServiceClient(cc)
 	e.hc, e.refl = healthpb.NewHealthClient(cc), reflectionpb.NewServerReflectionClient(cc)
 	e.health.SetServing(true)
@@ -220,6 +237,8 @@ func TestRLQS_BadInput(t *testing.T) {
 		{"domain changed", []*rlqspb.RateLimitQuotaUsageReports{reports("e2e", usage(1, 0, "k", "v")), reports("other")}, codes.InvalidArgument},
 		{"too many buckets", []*rlqspb.RateLimitQuotaUsageReports{reports("e2e", usage(1, 0, "k", "1"), usage(1, 0, "k", "2")),
 			reports("", usage(1, 0, "k", "3"))}, codes.ResourceExhausted},
+		{"more keys than a rule can match", []*rlqspb.RateLimitQuotaUsageReports{reports("e2e",
+			usage(1, 0, "1", "", "2", "", "3", "", "4", "", "5", "", "6", "", "7", "", "8", "", "9", ""))}, codes.ResourceExhausted},
 	}
 	for _, c := range cases {
 		s, _ := openStream(t, e)
@@ -279,4 +298,196 @@ func TestRLQS_HealthAndReflection(t *testing.T) {
 		t.Errorf("reflection lists %v, without %s", names, name)
 	}
 	s.CloseSend()
+}
+
+// TestRLQS_StreamCap: past quota.Options.MaxStreams a stream ends with
+// RESOURCE_EXHAUSTED, counting the streams that have sent nothing yet.
+func TestRLQS_StreamCap(t *testing.T) {
+	e := newRLQSEnv(t, quota.Options{MaxStreams: 1})
+	_, cancel := openStream(t, e)
+	waitFor(t, "the silent stream opened", func() bool { return e.q.Stats().Streams == 1 })
+	s, _ := openStream(t, e)
+	// The server may end the stream before the message is sent.
+	_ = s.Send(reports("e2e", usage(1, 0, "path", "/x")))
+	if _, err := s.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a second stream: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if n := e.q.Stats().Capped[quota.CapStreams]; n != 1 {
+		t.Errorf("%d streams refused at the cap, want 1", n)
+	}
+	cancel()
+	waitFor(t, "the silent stream's end", func() bool { return e.q.Stats().Streams == 0 })
+	s, _ = openStream(t, e)
+	sendReports(t, s, reports("e2e", usage(1, 0, "path", "/x")))
+	recvAction(t, s)
+}
+
+// panicTables panics in Current while panics > 0, as a bug in the code a
+// stream's messages run would.
+type panicTables struct {
+	t      *config.Table
+	panics atomic.Int32
+}
+
+func (p *panicTables) Current() *config.Table {
+	if p.panics.Add(-1) >= 0 {
+		panic("injected")
+	}
+	return p.t
+}
+
+// TestRLQS_PanicInReceiver: a panic while a stream's message is handled
+// ends that stream with INTERNAL and is logged; the server serves on.
+func TestRLQS_PanicInReceiver(t *testing.T) {
+	tb := &panicTables{t: loadTable(t)}
+	tb.panics.Store(1)
+	var logs strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	e := newRLQSEnvOf(t, tb, quota.Options{}, server.GRPCOptions{Logger: logger})
+	s, _ := openStream(t, e)
+	sendReports(t, s, reports("e2e", usage(1, 0, "path", "/x")))
+	if _, err := s.Recv(); status.Code(err) != codes.Internal || strings.Contains(err.Error(), "injected") {
+		t.Fatalf("stream whose message panicked: %v, want INTERNAL without the panic's text", err)
+	}
+	waitFor(t, "the stream's end", func() bool { return e.q.Stats().Streams == 0 })
+	s, _ = openStream(t, e)
+	sendReports(t, s, reports("e2e", usage(1, 0, "path", "/x")))
+	if got := recvAction(t, s); rpu(got).GetRequestsPerTimeUnit() == 0 {
+		t.Errorf("the next stream got %v, want a share", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "injected") {
+		t.Errorf("log %q, want an ERROR with the panic", logs.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// settable is a Tables whose table a test sets.
+type settable struct{ p atomic.Pointer[config.Table] }
+
+func (s *settable) Current() *config.Table { return s.p.Load() }
+
+// TestRLQS_NoAssignmentBeforeConfig: before the first config (xDS before
+// its first push, when RLS answers UNAVAILABLE and health NOT_SERVING) a
+// bucket gets no assignment, so that Envoy applies the
+// no_assignment_behavior its operator chose; the first config assigns it
+// its share, not ALLOW_ALL first.
+func TestRLQS_NoAssignmentBeforeConfig(t *testing.T) {
+	tb := &settable{}
+	e := newRLQSEnvOf(t, tb, quota.Options{Reserve: -1}, server.GRPCOptions{})
+	s, _ := openStream(t, e)
+	sendReports(t, s, reports("e2e", usage(10, 0, "path", "/x")))
+	waitFor(t, "the report", func() bool { return e.q.Stats().Buckets == 1 })
+	if err := e.q.Tick(ctx(t), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	tb.p.Store(loadTable(t))
+	if err := e.q.Tick(ctx(t), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := recvAction(t, s); rpu(got).GetRequestsPerTimeUnit() != 5 {
+		t.Errorf("first answer %v, want the whole limit of 5 per minute", got)
+	}
+}
+
+// TestGRPC_MaxConcurrentStreams: the server advertises its bound on
+// concurrent streams per connection in its HTTP/2 SETTINGS, 1,000 unless
+// set.
+func TestGRPC_MaxConcurrentStreams(t *testing.T) {
+	lim := limiter.New(tables{loadTable(t)}, memory.New(memory.Options{}), limiter.Options{})
+	for _, c := range []struct{ set, want uint32 }{{0, server.DefaultMaxConcurrentStreams}, {7, 7}} {
+		gs := server.NewGRPC(lim, server.NewHealth(), server.GRPCOptions{MaxConcurrentStreams: c.set})
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go gs.Serve(lis)
+		got, err := maxConcurrentStreams(lis.Addr().String())
+		gs.Stop()
+		if err != nil || got != c.want {
+			t.Errorf("MaxConcurrentStreams %d: the server advertises %d (%v), want %d", c.set, got, err, c.want)
+		}
+	}
+}
+
+// maxConcurrentStreams reads SETTINGS_MAX_CONCURRENT_STREAMS from the
+// first frame an HTTP/2 server at addr sends (RFC 9113, sections 3.4 and
+// 6.5): 9 bytes of header, then settings of 6 bytes each.
+func maxConcurrentStreams(addr string) (uint32, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// The client preface and an empty SETTINGS frame.
+	if _, err := c.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		return 0, err
+	}
+	var h [9]byte
+	if _, err := io.ReadFull(c, h[:]); err != nil {
+		return 0, err
+	}
+	if h[3] != 4 {
+		return 0, fmt.Errorf("first frame of type %d, want SETTINGS", h[3])
+	}
+	body := make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+	if _, err := io.ReadFull(c, body); err != nil {
+		return 0, err
+	}
+	for ; len(body) >= 6; body = body[6:] {
+		if binary.BigEndian.Uint16(body) == 3 {
+			return binary.BigEndian.Uint32(body[2:]), nil
+		}
+	}
+	return 0, errors.New("no SETTINGS_MAX_CONCURRENT_STREAMS")
+}
+
+// TestRLQS_LargeBucketIDsSplit: 600 buckets of 7.5 KiB ids re-sent at
+// once (their TTL nears) come in messages under gRPC's default 4 MiB, which
+// one message of them all (4.5 MB) would pass.
+func TestRLQS_LargeBucketIDsSplit(t *testing.T) {
+	e := newRLQSEnv(t, quota.Options{})
+	s, _ := openStream(t, e)
+	fat := func(i int) *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		u := usage(1, 0, "id", strconv.Itoa(i))
+		for k := range 3 {
+			u.BucketId.Bucket["k"+strconv.Itoa(k)] = strings.Repeat("v", 2500)
+		}
+		return u
+	}
+	for m := range 6 {
+		var us []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+		for i := range 100 {
+			us = append(us, fat(100*m+i))
+		}
+		sendReports(t, s, reports("e2e", us...))
+	}
+	recvN := func(n int) (msgs int) {
+		t.Helper()
+		for got := 0; got < n; msgs++ {
+			r, err := s.Recv()
+			if err != nil {
+				t.Fatalf("after %d of %d actions: %v", got, n, err)
+			}
+			got += len(r.BucketAction)
+		}
+		return msgs
+	}
+	recvN(600)
+	if err := e.q.Tick(ctx(t), time.Now().Add(quota.DefaultTTL)); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := recvN(600); msgs < 5 {
+		t.Errorf("600 re-sent actions of 7.5 KiB ids in %d messages, want at least 5 of about 1 MiB", msgs)
+	}
 }

@@ -53,6 +53,9 @@ type Options struct {
 	// descriptors, the hits addend and the merged metadata of the rules
 	// of the descriptors that passed.
 	DynamicMetadata bool
+	// MaxBodyBytes bounds the body of an HTTP request (POST /json and
+	// /v1/check): a larger one gets 413. Zero means DefaultMaxBodyBytes.
+	MaxBodyBytes int64
 }
 
 // RLS serves Envoy's envoy.service.ratelimit.v3.RateLimitService. It

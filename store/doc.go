@@ -14,6 +14,11 @@
 //     counted in epoch-aligned buckets of T/G: never more than N in any
 //     window, a hit counted for at most T/G longer than T.
 //
+// A Calendar aligns fixed and sliding windows to the days, ISO weeks,
+// months or years of a time zone instead (NewCalendarWindow,
+// NewCalendarSliding): periods of unequal length that start at local
+// midnight.
+//
 // A hit has a Mode: Take (all or nothing), Saturate, Charge (usage that
 // already happened, recorded whole past the limit: a fixed window's
 // overshoot, a token bucket's or sliding window's debt) or Refund (usage

@@ -19,19 +19,29 @@ import "time"
 
 const nsPerSec = uint64(time.Second)
 
-// windowEnd returns the end, in Unix seconds, of the window holding now.
+// windowEnd returns the end, in Unix seconds, of the window holding now:
+// a multiple of the window since the epoch, or the end of the calendar
+// period (always a whole second).
 func windowEnd(r *Rule, now uint64) uint64 {
+	if r.cal != nil {
+		return uint64(r.cal.span(int64(now)).b1) / nsPerSec
+	}
 	w := uint64(r.period / time.Second)
 	return (now/nsPerSec/w + 1) * w
 }
+
+// WindowEnd returns the end, in Unix seconds, of the fixed window holding
+// now (Unix nanoseconds; earlier instants count as the epoch), as
+// TakeWindow counts it: for stores that run the algorithm elsewhere.
+func (r *Rule) WindowEnd(now int64) uint64 { return windowEnd(r, clampNow(now)) }
 
 // currentWindow returns the end of the window a take at now counts in:
 // the window holding now, or the later window s holds if the clock has
 // stepped back since (so a backwards step never reopens an older window
 // and forgets the newer one's count).
 func currentWindow(s State, r *Rule, now uint64) uint64 {
-	// Stored ends are multiples of the window: one after now is now's
-	// window or a later one, found without dividing.
+	// Stored ends are window ends, and windows tile time: one after now
+	// is now's window or a later one, found without dividing.
 	if end := s.Word >> 32; end > now/nsPerSec {
 		return end
 	}

@@ -13,12 +13,14 @@ type Algorithm uint8
 
 const (
 	// FixedWindow counts requests in windows aligned to the Unix epoch,
-	// like envoyproxy/ratelimit.
+	// like envoyproxy/ratelimit, or in calendar periods
+	// (NewCalendarWindow).
 	FixedWindow Algorithm = iota + 1
 	// TokenBucket refills Rate tokens per Period up to Burst.
 	TokenBucket
 	// SlidingWindow admits at most Limit in any window of length Period
-	// ending now, counted in buckets of Period/G (see TakeSliding).
+	// ending now, counted in buckets of Period/G (see TakeSliding), or
+	// over calendar periods (NewCalendarSliding).
 	SlidingWindow
 )
 
@@ -75,6 +77,10 @@ type Rule struct {
 	bw     uint64 // bits per bucket's count
 	bucket uint64 // bucket length in ns: period/G exactly
 	mask   uint64 // the (G+1)*bw bits of the counts
+
+	// cal aligns a fixed or sliding window to a calendar; nil for windows
+	// aligned to the Unix epoch. period is then its nominal length.
+	cal *Calendar
 }
 
 // NewFixedWindow returns a fixed-window rule of limit requests per window,
@@ -153,6 +159,35 @@ func NewSlidingWindow(limit uint64, window time.Duration) (*Rule, error) {
 		g: g, bw: bw, bucket: uint64(window) / g, mask: 1<<((g+1)*bw) - 1}, nil
 }
 
+// NewCalendarWindow returns a fixed-window rule of limit requests per
+// period of c: each window is one calendar period (see Calendar), so
+// windows are not all of one length. Otherwise it is NewFixedWindow's.
+func NewCalendarWindow(limit uint64, c *Calendar) (*Rule, error) {
+	r, err := NewFixedWindow(limit, c.Nominal())
+	if err != nil {
+		return nil, err
+	}
+	r.cal = c
+	return r, nil
+}
+
+// NewCalendarSliding returns a sliding-window rule of at most limit
+// requests per period of c. Each calendar period is counted in G buckets
+// (as many as NewSlidingWindow gives the nominal period) of equal shares
+// of that period's length: bucket j of a period of length L starts
+// ceil(j·L/G) nanoseconds after the period. A take counts the G+1 newest
+// buckets, so it counts everything since the same share of the previous
+// period: no span as long as the shorter of the two periods ever holds
+// more than limit.
+func NewCalendarSliding(limit uint64, c *Calendar) (*Rule, error) {
+	r, err := NewSlidingWindow(limit, c.Nominal())
+	if err != nil {
+		return nil, err
+	}
+	r.cal = c
+	return r, nil
+}
+
 // Algorithm reports how the rule counts.
 func (r *Rule) Algorithm() Algorithm { return r.alg }
 
@@ -165,8 +200,13 @@ func (r *Rule) Wide() bool { return r.wide }
 // (token bucket).
 func (r *Rule) Limit() uint64 { return r.limit }
 
-// Period is the window length or the refill period.
+// Period is the window length or the refill period; for a calendar rule
+// the calendar's nominal period (a month of 30 days).
 func (r *Rule) Period() time.Duration { return r.period }
+
+// Calendar is the calendar a window is aligned to; nil for windows aligned
+// to the Unix epoch.
+func (r *Rule) Calendar() *Calendar { return r.cal }
 
 // Burst is a token bucket's capacity; for a window it equals Limit.
 func (r *Rule) Burst() uint64 {
@@ -187,17 +227,21 @@ func (r *Rule) Quanta() (perToken, perPeriod, capacity uint64) { return r.k, r.r
 
 // Buckets describes a sliding window's counting, for stores that run the
 // algorithm elsewhere (Redis scripts): the window is g buckets of length
-// bucket, and the state holds g+1 counts of bits bits each.
+// bucket, and the state holds g+1 counts of bits bits each. A calendar
+// rule's buckets are shares of each period (see NewCalendarSliding);
+// bucket is then the nominal period's share.
 func (r *Rule) Buckets() (g uint64, bucket time.Duration, bits uint64) {
 	return r.g, time.Duration(r.bucket), r.bw
 }
 
 // String describes the rule for logs and errors.
 func (r *Rule) String() string {
-	switch r.alg {
-	case TokenBucket:
+	switch {
+	case r.alg == TokenBucket:
 		return fmt.Sprintf("token_bucket %d per %v burst %d", r.limit, r.period, r.burst)
-	case SlidingWindow:
+	case r.cal != nil:
+		return fmt.Sprintf("%s %d per %s", r.alg, r.limit, r.cal)
+	case r.alg == SlidingWindow:
 		return fmt.Sprintf("sliding_window %d per %v", r.limit, r.period)
 	}
 	return fmt.Sprintf("fixed_window %d per %v", r.limit, r.period)

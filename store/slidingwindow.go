@@ -1,6 +1,7 @@
 package store
 
 import (
+	"math"
 	"math/bits"
 	"time"
 )
@@ -71,7 +72,7 @@ func packDebt(b, debt uint64) uint64 { return debtBit | b%indexMod<<32 | debt }
 // clock stepped back, even with no count left after a refund) and the
 // counts of s shifted to it.
 func slidingView(s uint64, r *Rule, t uint64) (n, c uint64) {
-	j := t / r.bucket
+	j := r.bucketOf(t)
 	if s == 0 {
 		return j, 0
 	}
@@ -95,7 +96,7 @@ func settle(s uint64, r *Rule, t uint64) uint64 {
 	if s&debtBit == 0 {
 		return s
 	}
-	j := t / r.bucket
+	j := r.bucketOf(t)
 	b := bucketIndex(s>>32%indexMod, j)
 	if j < b+r.g+1 {
 		return s
@@ -129,17 +130,73 @@ func slidingSum(c uint64, r *Rule) uint64 {
 	return sum
 }
 
+// bucketOf returns the index of the bucket holding t: since the epoch, or
+// for a calendar rule G per period since the calendar's first.
+func (r *Rule) bucketOf(t uint64) uint64 {
+	if r.cal == nil {
+		return t / r.bucket
+	}
+	p := r.cal.span(int64(t))
+	return uint64(p.k)*r.g + (t-uint64(p.b0))*r.g/uint64(p.length)
+}
+
+// bucketStart returns the Unix nanoseconds at which bucket i starts, for a
+// bucket after t's; false if that is past 2^64-1 ns (or, for a calendar
+// rule, past 2262).
+func (r *Rule) bucketStart(i, t uint64) (uint64, bool) {
+	if r.cal == nil {
+		hi, lo := bits.Mul64(i, r.bucket)
+		return lo, hi == 0
+	}
+	p := r.cal.span(int64(t))
+	k, j := int64(i/r.g), i%r.g
+	var b0, l int64
+	switch k - p.k {
+	case 0:
+		b0, l = p.b0, p.length
+	case 1:
+		b0, l = p.b1, p.length1
+	case 2:
+		if j == 0 { // where a take's last bucket leaves the window
+			return uint64(p.b2), p.b2 != math.MaxInt64
+		}
+		fallthrough
+	default:
+		b0 = r.cal.start(k)
+		b1 := r.cal.start(k + 1)
+		if b1 == math.MaxInt64 {
+			return 0, false
+		}
+		l = b1 - b0
+	}
+	if b0+l == math.MaxInt64 {
+		return 0, false
+	}
+	// ceil(j·L/G): a bucket holds every t with floor((t-b0)·G/L) = j.
+	return uint64(b0 + int64((j*uint64(l)+r.g-1)/r.g)), true
+}
+
+// SlidingBucket returns the index of the bucket a take at now (Unix
+// nanoseconds; earlier instants count as the epoch) counts in, and the
+// time from now until that bucket leaves the window (saturating at
+// Never): for stores that run the algorithm elsewhere.
+func (r *Rule) SlidingBucket(now int64) (index uint64, leaves time.Duration) {
+	t := clampNow(now)
+	index = r.bucketOf(t)
+	return index, slidingAt(r, index+r.g+1, t)
+}
+
 // slidingAt is the time from t until bucket i starts (i is after t's
 // bucket), saturating at Never.
 func slidingAt(r *Rule, i, t uint64) time.Duration {
-	hi, lo := bits.Mul64(i, r.bucket)
+	start, ok := r.bucketStart(i, t)
 	switch {
-	case hi != 0 || lo > t && lo-t >= uint64(Never):
+	case !ok || start > t && start-t >= uint64(Never):
 		return Never
-	case lo <= t:
+	case start <= t:
 		return 0
 	}
-	return time.Duration(lo - t)
+	return time.Duration(start - t)
 }
 
 // TakeSliding applies cost at now (Unix nanoseconds) to the sliding window
@@ -161,7 +218,7 @@ func TakeSliding(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	need := max(cost, 1)
 	d := Decision{Limit: r.limit}
 	if st&debtBit != 0 {
-		b0, last := debtEnd(st, r, t/r.bucket)
+		b0, last := debtEnd(st, r, r.bucketOf(t))
 		switch {
 		case need > r.limit:
 			d.RetryAfter = Never
@@ -243,7 +300,7 @@ func refundSliding(s State, r *Rule, now int64, cost uint64) State {
 			return State{Word: st - cost}
 		}
 		// The window's N, in bucket b, less what the debt did not cover.
-		b := bucketIndex(st>>32%indexMod, t/r.bucket)
+		b := bucketIndex(st>>32%indexMod, r.bucketOf(t))
 		return State{Word: packCounts(b, r.limit-min(r.limit, cost-debt))}
 	}
 	n, c := slidingView(st, r, t)
@@ -308,7 +365,7 @@ func freshSliding(s State, r *Rule, now int64) bool {
 	if st&debtBit != 0 {
 		return false
 	}
-	j := t / r.bucket
+	j := r.bucketOf(t)
 	x := bucketIndex(st>>32%indexMod, j)
 	return x <= j && (st&lowMask == 0 || j-x > r.g)
 }

@@ -160,7 +160,36 @@ type slidingModel struct {
 	// debt > 0: the window holds the limit, all in bucket debtAt, and
 	// debt more units wait.
 	debt, debtAt uint64
+	cal          *oracle // a calendar rule's periods; nil for buckets aligned to the epoch
 }
+
+// bucket is the index of the bucket holding t.
+func (m *slidingModel) bucket(t uint64) uint64 {
+	if m.cal == nil {
+		return t / m.r.bucket
+	}
+	k := m.cal.index(int64(t))
+	s, e := m.cal.start(k), m.cal.start(k+1)
+	return uint64(k)*m.r.g + (t-uint64(s))*m.r.g/uint64(e-s)
+}
+
+// start is when bucket i starts: G equal shares of each calendar period;
+// false past 2^64-1 ns.
+func (m *slidingModel) start(i uint64) (uint64, bool) {
+	if m.cal == nil {
+		hi, lo := bits.Mul64(i, m.r.bucket)
+		return lo, hi == 0
+	}
+	k, j := int64(i/m.r.g), i%m.r.g
+	s, e := m.cal.start(k), m.cal.start(k+1)
+	if e == math.MaxInt64 {
+		return 0, false
+	}
+	return uint64(s) + (j*uint64(e-s)+m.r.g-1)/m.r.g, true
+}
+
+// take is apply for a take.
+func (m *slidingModel) take(now int64, cost uint64) Decision { return m.apply(now, cost, ModeTake) }
 
 // settle lets the window's slides repay the debt by bucket j.
 func (m *slidingModel) settle(j uint64) {
@@ -185,8 +214,7 @@ func (m *slidingModel) settle(j uint64) {
 func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 	r := m.r
 	t := clampNow(now)
-	w := r.bucket
-	j := t / w
+	j := m.bucket(t)
 	m.settle(j)
 	need := max(cost, 1)
 	d := Decision{Limit: r.limit}
@@ -213,8 +241,8 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 		last := m.debt - (k-1)*r.limit
 		b0 := m.debtAt + k*(r.g+1)
 		at := func(i uint64) time.Duration {
-			if hi, lo := bits.Mul64(i, w); hi == 0 && lo-t < uint64(Never) {
-				return time.Duration(lo - t)
+			if at, ok := m.start(i); ok && at-t < uint64(Never) {
+				return time.Duration(at - t)
 			}
 			return Never // (a debt repaid in more than 292 years)
 		}
@@ -279,7 +307,8 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 	default:
 		for k := uint64(1); ; k++ {
 			if sum(n+k-r.g, n)+need <= r.limit {
-				d.RetryAfter = time.Duration((n+k)*w - t)
+				at, _ := m.start(n + k)
+				d.RetryAfter = time.Duration(at - t)
 				break
 			}
 		}
@@ -289,7 +318,8 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 	}
 	for i := n - r.g; i <= n; i++ {
 		if m.counts[i] > 0 {
-			d.ResetAfter = time.Duration((i+r.g+1)*w - t)
+			at, _ := m.start(i + r.g + 1)
+			d.ResetAfter = time.Duration(at - t)
 			break
 		}
 	}
@@ -356,7 +386,8 @@ func FuzzSlidingWindow(f *testing.F) {
 			if !takesOnly {
 				continue
 			}
-			admitted = append(admitted, hit{max(uint64(now), m.n*r.bucket), cost})
+			at, _ := m.start(m.n)
+			admitted = append(admitted, hit{max(uint64(now), at), cost})
 			for _, x := range admitted {
 				var sum uint64
 				for _, h := range admitted {

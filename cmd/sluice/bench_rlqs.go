@@ -21,6 +21,8 @@ type rlqsBenchFlags struct {
 	metrics        string
 	proxies        int
 	buckets        int
+	distinct       bool
+	extraRequests  uint64
 	demand         string
 	limit          float64
 	rate           float64
@@ -36,6 +38,8 @@ func (f *rlqsBenchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.metrics, "rlqs-metrics", "", "RLQS: comma-separated /metrics `URLs` of the replicas, for their CPU per bucket report")
 	fs.IntVar(&f.proxies, "rlqs-proxies", 50, "RLQS: simulated proxies, one stream each")
 	fs.IntVar(&f.buckets, "rlqs-buckets", 1, "RLQS: buckets each proxy reports (the first is measured, the others add load)")
+	fs.Uint64Var(&f.extraRequests, "rlqs-extra-requests", 1, "RLQS: requests each extra bucket reports per report")
+	fs.BoolVar(&f.distinct, "rlqs-distinct-buckets", false, "RLQS: each proxy's extra buckets are its own ({tenant: p<i>b<j>}), as a client inventing bucket ids: each a limit of its own")
 	fs.StringVar(&f.demand, "rlqs-demand", loadgen.DemandSkewed, "RLQS: demand curve: steady | skewed (10:1) | bursty | churn (a fifth joins and leaves)")
 	fs.Float64Var(&f.limit, "rlqs-limit", 1000, "RLQS: the shared bucket's limit per second, as configured (for the report)")
 	fs.Float64Var(&f.rate, "rlqs-rate", 0, "RLQS: base demand of one proxy per second (default from the limit and the curve)")
@@ -62,7 +66,7 @@ func parseFallback(flag, v string, reuse bool) (loadgen.Fallback, error) {
 func runBenchRLQS(ctx context.Context, f *benchFlags, domainSet bool, stdout, stderr io.Writer) int {
 	r := &f.rlqs
 	o := loadgen.RLQSOptions{Targets: splitList(r.targets), MetricsURLs: splitList(r.metrics), Proxies: r.proxies,
-		Buckets: r.buckets, Demand: r.demand, Limit: r.limit, Rate: r.rate, ReportInterval: r.reportInterval,
+		Buckets: r.buckets, DistinctBuckets: r.distinct, ExtraRequests: r.extraRequests, Demand: r.demand, Limit: r.limit, Rate: r.rate, ReportInterval: r.reportInterval,
 		Step: r.step, Duration: f.duration, Domain: "rlqs"}
 	if domainSet {
 		o.Domain = f.domain

@@ -74,6 +74,37 @@ config: ` + filepath.Join(dir, "b.yaml") + `:5: descriptors[1]: burst needs algo
 	}
 }
 
+// TestCheck_Calendar: a calendar rule reads as its period and zone; an
+// unknown zone is an error at its line.
+func TestCheck_Calendar(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "budgets.yaml")
+	text := "domain: budgets\ndescriptors:\n" +
+		"  - key: tenant\n    rate_limit: {unit: month, requests_per_unit: 1000000, calendar: true, time_zone: Europe/Berlin}\n" +
+		"  - key: team\n    rate_limit: {unit: month, unit_multiplier: 3, requests_per_unit: 50, calendar: true, algorithm: sliding_window}\n"
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runMain(t, "check", "--config", file)
+	for _, want := range []string{
+		"  tenant  1000000/calendar month (Europe/Berlin)  fixed_window\n",
+		"  team    50/3 calendar months (UTC)              sliding_window\n",
+	} {
+		if code != 0 || errOut != "" || !strings.Contains(out, want) {
+			t.Errorf("check: exit %d, stderr %q, summary lacks %q:\n%s", code, errOut, want, out)
+		}
+	}
+	text = strings.Replace(text, "Europe/Berlin", "Europe/Atlantis", 1)
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runMain(t, "check", "--config", file)
+	want := "config: " + file + `:4: descriptors[0]: unknown time_zone "Europe/Atlantis" (want an IANA time zone name such as Europe/Berlin or UTC)` + "\n"
+	if code != 1 || !strings.HasPrefix(errOut, want) {
+		t.Errorf("check: exit %d, stderr %q, want it to start with %q", code, errOut, want)
+	}
+}
+
 func TestCheck_MergeDomains(t *testing.T) {
 	dir := t.TempDir()
 	for name, key := range map[string]string{"a.yaml": "user", "b.yaml": "team"} {

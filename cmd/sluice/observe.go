@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"time"
+	"os"
 
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/observe"
 )
 
@@ -40,7 +41,7 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if f.nearLimitRatio <= 0 || f.nearLimitRatio > 1 || f.maxValuesPerRule < 1 {
 		return errors.New("--near-limit-ratio must be in (0, 1] and --metrics-max-values-per-rule at least 1")
 	}
-	reg, build := x.Registry, observe.Build{Version: version, Commit: buildCommit()}
+	reg, build := x.Registry, observe.Build{Version: buildVersion(), Commit: buildCommit()}
 	if err := observe.RegisterProcess(reg, build); err != nil {
 		return err
 	}
@@ -52,7 +53,8 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 			return err
 		}
 	}
-	rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: f.nearLimitRatio, MaxValuesPerRule: f.maxValuesPerRule})
+	rules, err := observe.NewRules(reg, observe.Options{NearLimitRatio: f.nearLimitRatio, MaxValuesPerRule: f.maxValuesPerRule,
+		Tables: x.Config})
 	if err != nil {
 		return err
 	}
@@ -80,11 +82,11 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if err != nil {
 		return fmt.Errorf("--debug-addr: %w", err)
 	}
-	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock}
+	dbg := &observe.Debug{Tables: x.Config, Build: build, Clock: x.Clock, Cmdline: redact.Args(os.Args, flagSecrecy)}
 	if kr, ok := x.Store.(observe.KeyRanger); ok {
 		dbg.Keys = kr
 	}
-	srv := &http.Server{Handler: dbg.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := x.HTTPBounds.server(dbg.Handler(), x.Logger, false)
 	x.Logger.Info("debug endpoints", "addr", lis.Addr().String())
 	x.Run = append(x.Run, func(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, func() { srv.Close() })

@@ -110,7 +110,7 @@ func (f *refStatsFlags) servePrometheus(x *serveContext) (*observe.MappedSink, e
 		mapping = strings.Replace(observe.DefaultStatsdMapping, "    scale: 0.001\n", "", 1)
 	}
 	reg := prometheus.NewRegistry()
-	if err := observe.RegisterProcess(reg, observe.Build{Version: version, Commit: buildCommit()}); err != nil {
+	if err := observe.RegisterProcess(reg, observe.Build{Version: buildVersion(), Commit: buildCommit()}); err != nil {
 		return nil, err
 	}
 	sink, err := observe.NewMappedSink(reg, mapping, x.Logger)
@@ -123,7 +123,7 @@ func (f *refStatsFlags) servePrometheus(x *serveContext) (*observe.MappedSink, e
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET "+f.promPath, observe.Handler(reg))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := x.HTTPBounds.server(mux, x.Logger, true)
 	x.Logger.Info("envoyproxy/ratelimit metrics", "addr", lis.Addr().String(), "path", f.promPath)
 	x.Run = append(x.Run, func(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, func() { srv.Close() })

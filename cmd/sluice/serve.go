@@ -62,6 +62,8 @@ type serveFlags struct {
 	maxConnAgeGrace  time.Duration
 	keepaliveTime    time.Duration
 	keepaliveTimeout time.Duration
+	http             httpBounds
+	maxStreams       int
 	source           sourceFlags
 }
 
@@ -97,6 +99,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.maxConnAgeGrace, "max-connection-age-grace", 0, "time for in-flight calls after max-connection-age (0: unlimited)")
 	fs.DurationVar(&f.keepaliveTime, "keepalive-time", 0, "ping idle gRPC clients after this long (0: gRPC's 2h)")
 	fs.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", 0, "close a connection whose ping is unanswered this long (0: gRPC's 20s)")
+	f.http.register(fs)
+	fs.IntVar(&f.maxStreams, "grpc-max-concurrent-streams", server.DefaultMaxConcurrentStreams, "most concurrent gRPC calls and streams on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); clients open more connections or wait")
 	f.source.register(fs)
 }
 
@@ -127,6 +131,8 @@ type serveContext struct {
 	// HTTPRoot, if set, serves --http-addr in place of HTTP, which it
 	// wraps (request metrics).
 	HTTPRoot http.Handler
+	// HTTPBounds bound every HTTP server, extensions' included.
+	HTTPBounds httpBounds
 	// Observers are told about every decision.
 	Observers []limiter.Observer
 	// GRPCOptions are added to the gRPC server (stats handlers,
@@ -275,6 +281,12 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	if (f.tlsCert == "") != (f.tlsKey == "") || f.tlsClientCA != "" && f.tlsCert == "" {
 		return errors.New("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)")
 	}
+	if err := f.http.check(); err != nil {
+		return err
+	}
+	if f.maxStreams < 1 || f.maxStreams > 1<<31-1 {
+		return errors.New("--grpc-max-concurrent-streams must be between 1 and 2^31-1")
+	}
 
 	reloader, err := f.openConfig(logger)
 	if err != nil {
@@ -292,7 +304,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 
 	health := server.NewHealth()
 	x := &serveContext{Logger: logger, Registry: prometheus.NewRegistry(), Config: reloader,
-		Health: health, HTTP: http.NewServeMux(), Store: st, Clock: clock}
+		Health: health, HTTP: http.NewServeMux(), HTTPBounds: f.http, Store: st, Clock: clock}
 	if storeRun != nil {
 		x.Run = append(x.Run, storeRun)
 	}
@@ -313,10 +325,11 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	x.Limiter = lim
 
 	sopts := server.Options{ResponseHeaders: f.responseHeaders, HeaderNames: f.headers,
-		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata}
+		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody}
 	gopts := server.GRPCOptions{Options: sopts, Logger: logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
-		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, ServerOptions: x.GRPCOptions, Quota: x.Quota}
+		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, MaxConcurrentStreams: uint32(f.maxStreams),
+		ServerOptions: x.GRPCOptions, Quota: x.Quota}
 	if b.waits {
 		gopts.StreamWorkers = blockingWorkers * runtime.GOMAXPROCS(0)
 	}
@@ -324,8 +337,7 @@ func run(ctx context.Context, f *serveFlags, logger *slog.Logger, ready func(grp
 	if x.HTTPRoot != nil {
 		root = x.HTTPRoot
 	}
-	httpSrv := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	httpSrv := f.http.server(root, logger, true)
 	if f.tlsCert != "" {
 		certs, err := server.NewCertReloader(f.tlsCert, f.tlsKey, f.tlsClientCA, logger)
 		if err != nil {

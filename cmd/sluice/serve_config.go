@@ -42,8 +42,8 @@ func (f *sourceFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.xdsKey, "xds-tls-key", "", "client key PEM `file` for mTLS to the xDS server")
 	fs.StringVar(&f.xdsCA, "xds-tls-ca", "", "PEM `file` of CAs that verify the xDS server (default: the system's)")
 	fs.StringVar(&f.xdsName, "xds-tls-server-name", "", "`name` the xDS server's certificate must have (default: the host of --xds-server)")
-	fs.DurationVar(&f.xdsBackoffInitial, "xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before the xDS stream is opened again; doubles after each failure")
-	fs.DurationVar(&f.xdsBackoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before the xDS stream is opened again")
+	fs.DurationVar(&f.xdsBackoffInitial, "xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before the xDS stream is opened again, doubled after each attempt until a stream stays open 30s; also the first wait before answering a repeated xDS response")
+	fs.DurationVar(&f.xdsBackoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before the xDS stream is opened again, or before answering a repeated xDS response")
 	fs.Float64Var(&f.xdsJitter, "xds-backoff-jitter", xds.DefaultJitter, "fraction of each xDS reconnection wait drawn at random (0 or negative: none)")
 	fs.IntVar(&f.xdsMaxRecvMsgSize, "xds-max-recv-msg-size", 0, "largest xDS response in bytes (0: gRPC's 4 MiB)")
 	fs.BoolVar(&f.startWithoutConfig, "start-without-config", false, "with --config-source=xds: before the first push, report SERVING and answer every request with no limit (default: NOT_SERVING until then)")
@@ -89,7 +89,8 @@ func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
 		return nil, fmt.Errorf("--xds-node-metadata: %w", err)
 	}
 	if xo.Headers, err = pairs(s.xdsHeaders, ":"); err != nil {
-		return nil, fmt.Errorf("--xds-headers: %w", err)
+		// The headers carry tokens: the error does not quote them.
+		return nil, errors.New("--xds-headers: want key:value,key2:value2 (an entry has no ':' or no key)")
 	}
 	if s.xdsTLS || s.xdsCert != "" || s.xdsKey != "" || s.xdsCA != "" || s.xdsName != "" {
 		if xo.TLS, err = xds.ClientTLS(s.xdsCert, s.xdsKey, s.xdsCA, s.xdsName); err != nil {
@@ -110,7 +111,7 @@ func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
 // configName names the config source in the "serving" log line.
 func (f *serveFlags) configName() string {
 	if f.source.kind == "xds" {
-		return "xds " + f.source.xdsServer
+		return "xds " + shownValue("xds-server", f.source.xdsServer)
 	}
 	return f.config
 }

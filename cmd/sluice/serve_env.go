@@ -30,7 +30,7 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string) (warnings []string, 
 		}
 		if v := getenv(envName(f.Name)); v != "" {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), shownValue(f.Name, v), err))
 			}
 			set[f.Name] = true
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
@@ -347,7 +348,7 @@ func redisRefEnv(getenv func(string) string, set func(flag, value string)) error
 	case "SENTINEL":
 		master, addrs, ok := strings.Cut(url, ",")
 		if !ok {
-			return fmt.Errorf("REDIS_URL=%s: Sentinel wants master,host:port[,host:port...]", url)
+			return fmt.Errorf("REDIS_URL=%s: Sentinel wants master,host:port[,host:port...]", redact.Addrs(url))
 		}
 		set("redis-sentinel-master", master)
 		set("redis-sentinel", addrs)

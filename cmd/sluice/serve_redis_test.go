@@ -470,3 +470,32 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestServeRedis_ClusterSlotsNotChosenByValues: descriptor values holding
+// a Redis Cluster hash tag ("{t}...") do not choose their counters' slot:
+// the counters of 60 such values spread over the cluster's three nodes,
+// where a tag would put them all on one.
+func TestServeRedis_ClusterSlotsNotChosenByValues(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	cfg := writeConfig(t, "domain: tags\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	grpcAddr, _, _ := startServe(t, nil, "--config", cfg, "--store", "redis", "--redis-cluster", strings.Join(cl.Seeds(), ","), "--redis-timeout", "2s")
+	rls, _ := dialRLS(t, grpcAddr)
+	for i := range 60 {
+		resp, err := rls.ShouldRateLimit(testCtx(t), rlsRequest("tags", "user", fmt.Sprintf("{t}%d", i)))
+		if err != nil || resp.OverallCode != rlspb.RateLimitResponse_OK {
+			t.Fatalf("request %d: %v %v", i, resp, err)
+		}
+	}
+	var counts []string
+	for _, n := range cl.Nodes {
+		c := strings.TrimSpace(n.CLI("dbsize"))
+		if c == "0" {
+			t.Errorf("a node holds no counter: keys per node %v so far; a client's hash tag chose the slot", append(counts, c))
+		}
+		counts = append(counts, c)
+	}
+	t.Logf("keys per node: %v", counts)
+}

@@ -27,7 +27,10 @@ type rlqsFlags struct {
 	threshold  float64
 	reserve    float64
 	idle       time.Duration
-	maxBuckets int
+	maxBuckets int // per stream
+	maxStreams int
+	maxAll     int // buckets of all streams
+	maxClaims  int
 	replica    string
 	fwStrategy string
 }
@@ -40,6 +43,9 @@ func (f *rlqsFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&f.reserve, "rlqs-reserve", quota.DefaultReserve, "RLQS: fraction of each limit kept back for proxies that just appeared (0: none)")
 	fs.DurationVar(&f.idle, "rlqs-idle-abandon", quota.DefaultIdleAbandon, "RLQS: abandon a bucket with no traffic reported for this long")
 	fs.IntVar(&f.maxBuckets, "rlqs-max-buckets-per-stream", quota.DefaultMaxBucketsPerStream, "RLQS: most buckets on one stream; more end it with RESOURCE_EXHAUSTED")
+	fs.IntVar(&f.maxStreams, "rlqs-max-streams", quota.DefaultMaxStreams, "RLQS: most open streams on this replica; more end with RESOURCE_EXHAUSTED")
+	fs.IntVar(&f.maxAll, "rlqs-max-buckets", quota.DefaultMaxBuckets, "RLQS: most buckets of all streams on this replica; a report past it ends its stream with RESOURCE_EXHAUSTED")
+	fs.IntVar(&f.maxClaims, "rlqs-max-claims", quota.DefaultMaxClaims, "RLQS with --store redis: most limits claimed through Redis per interval (script calls); past it, the limits of the streams with the fewest buckets first, the others in turn")
 	fs.StringVar(&f.fwStrategy, "rlqs-fixed-window-strategy", "requests_per_time_unit", "RLQS: strategy assigned for fixed-window rules: requests_per_time_unit | token_bucket (Envoy's filter does not enforce requests_per_time_unit yet)")
 	fs.StringVar(&f.replica, "rlqs-replica-id", "", "RLQS with --store redis: this replica's `name` in the shared demand (default host name and process id)")
 }
@@ -54,8 +60,10 @@ func (f *rlqsFlags) options() (quota.Options, error) {
 		return quota.Options{}, errors.New("--rlqs-threshold must be in [0, 1)")
 	case !(f.reserve >= 0 && f.reserve <= 0.5):
 		return quota.Options{}, errors.New("--rlqs-reserve must be in [0, 0.5]")
-	case f.idle <= 0 || f.maxBuckets < 1:
-		return quota.Options{}, errors.New("--rlqs-idle-abandon must be positive and --rlqs-max-buckets-per-stream at least 1")
+	case f.idle <= 0:
+		return quota.Options{}, errors.New("--rlqs-idle-abandon must be positive")
+	case f.maxBuckets < 1 || f.maxStreams < 1 || f.maxAll < 1 || f.maxClaims < 1:
+		return quota.Options{}, errors.New("--rlqs-max-buckets-per-stream, --rlqs-max-streams, --rlqs-max-buckets and --rlqs-max-claims must be at least 1")
 	}
 	switch f.fwStrategy {
 	case "requests_per_time_unit", "token_bucket":
@@ -63,7 +71,7 @@ func (f *rlqsFlags) options() (quota.Options, error) {
 		return quota.Options{}, fmt.Errorf("--rlqs-fixed-window-strategy %q: want requests_per_time_unit or token_bucket", f.fwStrategy)
 	}
 	o := quota.Options{FixedWindowAsTokenBucket: f.fwStrategy == "token_bucket", Interval: f.interval, TTL: f.ttl, Threshold: f.threshold, Reserve: f.reserve,
-		IdleAbandon: f.idle, MaxBucketsPerStream: f.maxBuckets}
+		IdleAbandon: f.idle, MaxBucketsPerStream: f.maxBuckets, MaxStreams: f.maxStreams, MaxBuckets: f.maxAll, MaxClaims: f.maxClaims}
 	// quota.Options reads 0 as "the default"; the flags mean none.
 	if f.threshold == 0 {
 		o.Threshold = -1

@@ -11,7 +11,10 @@ import (
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -114,6 +117,9 @@ func TestServeRLQS_BadSettings(t *testing.T) {
 		{[]string{"--rlqs-threshold", "1.5"}, "--rlqs-threshold"},
 		{[]string{"--rlqs-reserve", "0.9"}, "--rlqs-reserve"},
 		{[]string{"--rlqs-max-buckets-per-stream", "0"}, "--rlqs-max-buckets-per-stream"},
+		{[]string{"--rlqs-max-streams", "0"}, "--rlqs-max-streams"},
+		{[]string{"--rlqs-max-buckets", "-1"}, "--rlqs-max-buckets"},
+		{[]string{"--rlqs-max-claims", "0"}, "--rlqs-max-claims"},
 		{[]string{"--rlqs-fixed-window-strategy", "leaky"}, "--rlqs-fixed-window-strategy"},
 	} {
 		args := append([]string{"--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, c.args...)
@@ -138,4 +144,62 @@ func TestServeRLQS_ReloadReassigns(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the new limit of 40", func() bool { return p.share.Load() == 40 })
+}
+
+// TestServeRLQS_Caps: --rlqs-max-streams ends a stream past it with
+// RESOURCE_EXHAUSTED, counted in /metrics, and
+// --grpc-max-concurrent-streams makes a connection's next call wait for
+// one in flight to end.
+func TestServeRLQS_Caps(t *testing.T) {
+	cfg := writeConfig(t, "domain: q\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	grpcAddr, httpAddr, _ := startServe(t, nil, "--config", cfg, "--rlqs-max-streams", "1", "--grpc-max-concurrent-streams", "2")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dial := func() *grpc.ClientConn {
+		cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	open := func(cc *grpc.ClientConn) (rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient, error) {
+		s, err := rlqspb.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "q", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			{BucketId: &rlqspb.BucketId{Bucket: map[string]string{"tenant": "a"}}, TimeElapsed: durationpb.New(time.Second)}}})
+		_, err = s.Recv()
+		return s, err
+	}
+	cc := dial()
+	if _, err := open(cc); err != nil {
+		t.Fatalf("first stream: %v", err)
+	}
+	if _, err := open(dial()); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second stream past --rlqs-max-streams 1: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if body := httpGet(t, "http://"+httpAddr+"/metrics"); !strings.Contains(body, `sluice_rlqs_over_cap_total{cap="streams"} 1`) {
+		t.Errorf("/metrics does not count the stream past the cap:\n%s", body)
+	}
+	// cc holds the RLQS stream; a health watch takes the second place.
+	hc := healthpb.NewHealthClient(cc)
+	wctx, stopWatch := context.WithCancel(ctx)
+	w, err := hc.Watch(wctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := hc.Check(short, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a third call on a connection with 2 in flight: %v, want it to wait (DEADLINE_EXCEEDED)", err)
+	}
+	stopWatch()
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("once the watch ended: %v", err)
+	}
 }

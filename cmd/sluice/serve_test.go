@@ -238,7 +238,7 @@ func TestServe_EndToEnd(t *testing.T) {
 	if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health: %v %v", r, err)
 	}
-	res, err := http.Get("http://" + httpAddr + "/v1/check?domain=e2e&key=path&value=/login")
+	res, err := http.Post("http://"+httpAddr+"/v1/check", "application/json", strings.NewReader(`{"domain":"e2e","key":"path","value":"/login"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,6 +259,7 @@ func TestServe_BadSettings(t *testing.T) {
 		{"--config", "testdata/serve", "--store-failure-mode", "open"},
 		{"--config", "testdata/serve", "--tls-cert", "x.pem"},
 		{"--config", "testdata/serve", "--log-level", "loud"},
+		{"--config", "testdata/serve", "--grpc-max-concurrent-streams", "0"},
 		{"--config", t.TempDir()}, // empty without --allow-empty-config
 		{"--config", filepath.Join(t.TempDir(), "missing"), "--allow-empty-config"},
 	} {

@@ -57,7 +57,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	x.Run = append(x.Run, traffic.Run)
 	src := ui.Source{Kind: "file", Location: flagValue(f.fs, "config")}
 	if flagValue(f.fs, "config-source") == "xds" {
-		src = ui.Source{Kind: "xds", Location: flagValue(f.fs, "xds-server")}
+		src = ui.Source{Kind: "xds", Location: shownValue("xds-server", flagValue(f.fs, "xds-server"))}
 	}
 	var q observe.QuotaStatser
 	if x.Quota != nil { // RLQS registers before the page (file name order)
@@ -75,7 +75,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 		Traffic: traffic,
 		Store:   storeStatus(x, f.fs),
 		Serving: x.Health.Serving,
-		Build:   observe.Build{Version: version, Commit: buildCommit()},
+		Build:   observe.Build{Version: buildVersion(), Commit: buildCommit()},
 		Started: time.Now(),
 	})
 	if err != nil {
@@ -124,7 +124,7 @@ func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 // redisDeployment describes the Redis flags in force without credentials:
 // the deployment and its addresses.
 func redisDeployment(fs *flag.FlagSet) []ui.Stat {
-	get := func(name string) string { return flagValue(fs, name) }
+	get := func(name string) string { return shownValue(name, flagValue(fs, name)) }
 	switch {
 	case get("redis-cluster") != "":
 		return []ui.Stat{{Name: "deployment", Value: "cluster"}, {Name: "seeds", Value: get("redis-cluster")}}
@@ -133,7 +133,7 @@ func redisDeployment(fs *flag.FlagSet) []ui.Stat {
 			{Name: "sentinels", Value: get("redis-sentinel")}}
 	}
 	addr := "?"
-	if u, err := url.Parse(get("redis-url")); err == nil {
+	if u, err := url.Parse(flagValue(fs, "redis-url")); err == nil {
 		addr = u.Scheme + "://" + u.Host + u.Path // no user or password
 	}
 	return []ui.Stat{{Name: "deployment", Value: "single"}, {Name: "address", Value: addr}}

@@ -53,7 +53,7 @@ func TestServe_UI(t *testing.T) {
 	if o.RLQS == nil || o.RLQS.Shared {
 		t.Errorf("overview's rlqs %+v, want the quota service's, divided per replica (the memory store)", o.RLQS)
 	}
-	for _, p := range []string{"/healthcheck", "/metrics", "/v1/check?domain=edge&key=remote_address&value=1"} {
+	for _, p := range []string{"/healthcheck", "/metrics", "/v1/check?domain=edge&key=remote_address&value=1&cost=0"} {
 		if res, _ := uiGet(t, base+p); res.StatusCode != 200 {
 			t.Errorf("GET %s: %s", p, res.Status)
 		}

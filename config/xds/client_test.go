@@ -3,7 +3,6 @@ package xds
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -279,14 +278,6 @@ func TestNew_Options(t *testing.T) {
 		if d := c.jittered(time.Second); d < 0 || d > time.Second {
 			t.Fatalf("jittered(1s) = %v", d)
 		}
-	}
-}
-
-func TestNackMessage_Bounded(t *testing.T) {
-	long := strings.Repeat("config: resource \"r\": descriptors[0]: rate_limit has no unit\n", 200)
-	msg := nackMessage(errors.New(long))
-	if len(msg) > maxNackMessage+30 || !strings.HasSuffix(msg, "(more errors not shown)") {
-		t.Errorf("message of %d bytes ending %q", len(msg), msg[len(msg)-30:])
 	}
 }
 

@@ -24,7 +24,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -33,7 +32,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,6 +48,8 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/loadgen/harness"
 )
 
 type settings struct {
@@ -90,8 +90,7 @@ func main() {
 // instance is one sluice serve process.
 type instance struct {
 	name, store     string
-	grpc, http      string
-	cmd             *exec.Cmd
+	proc            *harness.Sluice
 	conn            *grpc.ClientConn
 	workload        string
 	mu              sync.Mutex
@@ -119,37 +118,6 @@ func (o *outcomes) add(p outcomes) {
 	o.canaryExcused += p.canaryExcused
 }
 
-// outages are the Redis-down intervals so far. Safe for concurrent use.
-type outages struct {
-	mu   sync.Mutex
-	from []time.Time
-	to   []time.Time // zero while the latest is under way
-}
-
-func (o *outages) begin(t time.Time) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.from, o.to = append(o.from, t), append(o.to, time.Time{})
-}
-
-func (o *outages) end(t time.Time) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.to[len(o.to)-1] = t
-}
-
-// overlaps reports whether [a, b] meets a down interval.
-func (o *outages) overlaps(a, b time.Time) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for i := range o.from {
-		if !b.Before(o.from[i]) && (o.to[i].IsZero() || !a.After(o.to[i])) {
-			return true
-		}
-	}
-	return false
-}
-
 func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	dir, err := os.MkdirTemp("", "sluice-soak-")
 	if err != nil {
@@ -163,11 +131,11 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	if err := writeLimits(limits, 0, s.canaryLimit); err != nil {
 		return false, err
 	}
-	rd, err := startRedis(ctx, s.redisServer, dir)
+	rd, err := harness.StartRedis(s.redisServer, dir)
 	if err != nil {
 		return false, err
 	}
-	defer rd.kill()
+	defer rd.Kill()
 
 	var insts []*instance
 	defer func() {
@@ -176,14 +144,14 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		}
 	}()
 	for i, st := range []string{"redis", "redis", "redis", "memory"} {
-		in, err := startInstance(ctx, s.sluice, fmt.Sprintf("%s%d", st, i+1), st, limits, rd.addr, dir)
+		in, err := startInstance(s.sluice, fmt.Sprintf("%s%d", st, i+1), st, limits, rd.Addr, dir)
 		if err != nil {
 			return false, err
 		}
 		insts = append(insts, in)
 	}
 	// Capacity: one Redis instance in a closed loop.
-	cal, err := bench(ctx, s.sluice, insts[0].grpc, "distinct", 0, 5*time.Second, "--concurrency", "50")
+	cal, err := bench(ctx, s.sluice, insts[0].proc.GRPC, "distinct", 0, 5*time.Second, "--concurrency", "50")
 	if err != nil {
 		return false, fmt.Errorf("calibration: %w", err)
 	}
@@ -195,7 +163,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	end := start.Add(s.duration)
 	runCtx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
-	var down outages
+	var down harness.Outages
 	var wg sync.WaitGroup
 	var chunkErr error
 	var errMu sync.Mutex
@@ -209,7 +177,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 					return
 				}
 				t0 := time.Now()
-				r, err := bench(runCtx, s.sluice, in.grpc, in.workload, perStream, min(s.sample, left), "--concurrency", "100", "--timeout", "1s")
+				r, err := bench(runCtx, s.sluice, in.proc.GRPC, in.workload, perStream, min(s.sample, left), "--concurrency", "100", "--timeout", "1s")
 				t1 := time.Now()
 				if err != nil {
 					if runCtx.Err() == nil {
@@ -223,7 +191,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 				o.requests, o.ok = r.Requests, r.Codes["OK"]
 				o.overLimit = r.Overall["OVER_LIMIT"]
 				failed := r.Requests - o.ok + r.Unfinished
-				if in.store == "redis" && down.overlaps(t0, t1) {
+				if in.store == "redis" && down.Overlaps(t0, t1) {
 					o.excused = failed
 				} else {
 					o.failed = failed
@@ -236,7 +204,11 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	}
 	can := newCanaries(s.canaryLimit)
 	wg.Go(func() { can.run(runCtx, insts, s.canaryRate, &down) })
-	wg.Go(func() { restartLoop(runCtx, rd, s.restartEvery, &down, can) })
+	wg.Go(func() {
+		if err := rd.RestartEvery(runCtx, restartPlan(s.restartEvery, can), &down); err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+		}
+	})
 	wg.Go(func() {
 		t := time.NewTicker(s.rewriteEvery)
 		defer t.Stop()
@@ -277,9 +249,9 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		case <-tick.C:
 		}
 		for i, in := range insts {
-			rss, fds := procStats(in.cmd.Process.Pid)
+			rss, fds := harness.ProcStats(in.proc.Pid())
 			r := &readings[i]
-			r.rss, r.gor, r.fds = append(r.rss, rss), append(r.gor, goroutines(in.http)), append(r.fds, float64(fds))
+			r.rss, r.gor, r.fds = append(r.rss, rss), append(r.gor, goroutines(in.proc.HTTP)), append(r.fds, float64(fds))
 		}
 		now := time.Now()
 		if now.Before(nextRow) && !done {
@@ -287,7 +259,7 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 		}
 		nextRow = nextRow.Add(s.sample)
 		el := now.Sub(start).Seconds()
-		isDown := down.overlaps(now.Add(-s.sample), now)
+		isDown := down.Overlaps(now.Add(-s.sample), now)
 		for i, in := range insts {
 			r := &readings[i]
 			rss, gor, fds := median(r.rss), median(r.gor), median(r.fds)
@@ -319,13 +291,27 @@ func run(ctx context.Context, s settings, out io.Writer) (bool, error) {
 	if chunkErr != nil {
 		return false, chunkErr
 	}
-	return summarise(out, s, insts, total, can, &down, rd.restarts), w.Error()
+	return summarise(out, s, insts, total, can, &down, rd.Restarts()), w.Error()
+}
+
+// restartPlan kills Redis every period for 2 s. Canary requests pause
+// from a second before the kill until the new process answers, and then
+// use new keys, so that no canary budget spans a restart (Redis forgets
+// its counters). The outage lasts 2 s more, for the breakers to close
+// (their probe runs every 100 ms while open).
+func restartPlan(period time.Duration, can *canaries) harness.RestartPlan {
+	return harness.RestartPlan{Every: period, Down: 2 * time.Second, Grace: 2 * time.Second,
+		Before: func() {
+			can.pause()
+			time.Sleep(1100 * time.Millisecond) // canaries under way end (1 s timeout)
+		},
+		After: can.nextEpoch}
 }
 
 func u(v uint64) string { return strconv.FormatUint(v, 10) }
 
 // summarise prints the pass/fail table and reports whether all passed.
-func summarise(out io.Writer, s settings, insts []*instance, total outcomes, can *canaries, down *outages, restarts int) bool {
+func summarise(out io.Writer, s settings, insts []*instance, total outcomes, can *canaries, down *harness.Outages, restarts int) bool {
 	pass := true
 	check := func(ok bool) string {
 		if ok {
@@ -364,14 +350,7 @@ func summarise(out io.Writer, s settings, insts []*instance, total outcomes, can
 		fmt.Fprintf(out, "canary failed: %s\n", f)
 	}
 	can.mu.Unlock()
-	down.mu.Lock()
-	var downFor time.Duration
-	for i := range down.from {
-		if !down.to[i].IsZero() {
-			downFor += down.to[i].Sub(down.from[i])
-		}
-	}
-	down.mu.Unlock()
+	downFor := down.Total()
 	fmt.Fprintf(out, "\n%v soak, %d Redis restarts (down %v in all, grace included); %d bench requests (%d OK, %d over limit), %d failed while Redis was down (excused); %d canary requests failed while Redis was down (excused).\n",
 		s.duration, restarts, downFor.Round(time.Millisecond), total.requests, total.ok, total.overLimit, total.excused, total.canaryExcused)
 	if pass {
@@ -459,53 +438,17 @@ func bench(ctx context.Context, bin, addr, workload string, rate float64, d time
 	return &r, nil
 }
 
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
-func startInstance(ctx context.Context, bin, name, st, limits, redisAddr, dir string) (*instance, error) {
-	g, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	h, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{"serve", "--config", limits, "--store", st, "--grpc-addr", g, "--http-addr", h, "--log-level", "info"}
+func startInstance(bin, name, st, limits, redisAddr, dir string) (*instance, error) {
+	args := []string{"serve", "--config", limits, "--store", st, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "info"}
 	if st == "redis" {
 		args = append(args, "--redis-url", "redis://"+redisAddr)
 	}
-	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	p, err := harness.StartSluice(bin, name, dir, args, nil)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	logf.Close()
-	in := &instance{name: name, store: st, grpc: g, http: h, cmd: cmd}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if res, err := http.Get("http://" + h + "/healthcheck"); err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			in.stop()
-			log, _ := os.ReadFile(filepath.Join(dir, name+".log"))
-			return nil, fmt.Errorf("%s not serving within 10s:\n%s", name, log)
-		}
-	}
-	in.conn, err = grpc.NewClient(g, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	in := &instance{name: name, store: st, proc: p}
+	in.conn, err = grpc.NewClient(p.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		in.stop()
 		return nil, err
@@ -517,127 +460,16 @@ func (in *instance) stop() {
 	if in.conn != nil {
 		in.conn.Close()
 	}
-	_ = in.cmd.Process.Signal(syscall.SIGTERM)
-	_ = in.cmd.Wait()
-}
-
-// procStats returns a process's RSS in KiB and its open file descriptors.
-func procStats(pid int) (rss float64, fds int) {
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		sc := bufio.NewScanner(strings.NewReader(string(b)))
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-				rss, _ = strconv.ParseFloat(strings.Fields(v)[0], 64)
-			}
-		}
-	}
-	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
-		fds = len(ents)
-	}
-	return rss, fds
+	in.proc.Stop()
 }
 
 // goroutines reads go_goroutines from an instance's /metrics.
 func goroutines(httpAddr string) float64 {
-	res, err := http.Get("http://" + httpAddr + "/metrics")
+	m, err := harness.Scrape(context.Background(), http.DefaultClient, "http://"+httpAddr+"/metrics", "go_goroutines")
 	if err != nil {
 		return 0
 	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
-			n, _ := strconv.ParseFloat(v, 64)
-			return n
-		}
-	}
-	return 0
-}
-
-// redisProc is the soak's redis-server, on one port across restarts.
-type redisProc struct {
-	bin, addr, dir string
-	mu             sync.Mutex
-	cmd            *exec.Cmd
-	restarts       int
-}
-
-func startRedis(ctx context.Context, bin, dir string) (*redisProc, error) {
-	addr, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	r := &redisProc{bin: bin, addr: addr, dir: dir}
-	return r, r.start(ctx)
-}
-
-func (r *redisProc) start(ctx context.Context) error {
-	_, port, _ := net.SplitHostPort(r.addr)
-	cmd := exec.CommandContext(ctx, r.bin, "--bind", "127.0.0.1", "--port", port, "--dir", r.dir,
-		"--logfile", filepath.Join(r.dir, "redis.log"), "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("redis-server: %w", err)
-	}
-	r.mu.Lock()
-	r.cmd = cmd
-	r.mu.Unlock()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err := net.DialTimeout("tcp", r.addr, time.Second); err == nil {
-			_, err = io.WriteString(c, "PING\r\n")
-			buf := make([]byte, 7)
-			if err == nil {
-				c.SetReadDeadline(time.Now().Add(time.Second))
-				_, err = io.ReadFull(c, buf)
-			}
-			c.Close()
-			if err == nil && string(buf) == "+PONG\r\n" {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("redis-server not answering on %s within 10s", r.addr)
-		}
-	}
-}
-
-func (r *redisProc) kill() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil {
-		_ = r.cmd.Process.Kill()
-		_ = r.cmd.Wait()
-		r.cmd = nil
-	}
-}
-
-// restartLoop kills Redis every period and starts it again 2 s later.
-// Canary requests pause from a second before the kill until the new
-// process answers, and then use new keys, so that no canary budget spans
-// a restart (Redis forgets its counters).
-func restartLoop(ctx context.Context, r *redisProc, period time.Duration, down *outages, can *canaries) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		can.pause()
-		time.Sleep(1100 * time.Millisecond) // canaries under way end (1 s timeout)
-		down.begin(time.Now())
-		r.kill()
-		time.Sleep(2 * time.Second)
-		if err := r.start(context.WithoutCancel(ctx)); err != nil {
-			fmt.Fprintln(os.Stderr, "soak:", err)
-		}
-		r.restarts++
-		can.nextEpoch()
-		// Grace for the breakers to close (their probe runs every 100 ms
-		// while open).
-		time.Sleep(2 * time.Second)
-		down.end(time.Now())
-	}
+	return m.Sum["go_goroutines"]
 }
 
 // canaries sends requests on keys whose budgets are exact and checks that
@@ -671,7 +503,7 @@ func (c *canaries) nextEpoch() {
 	c.mu.Unlock()
 }
 
-func (c *canaries) run(ctx context.Context, insts []*instance, rate float64, down *outages) {
+func (c *canaries) run(ctx context.Context, insts []*instance, rate float64, down *harness.Outages) {
 	const keys, workers = 4, 8
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) * workers / rate)
@@ -703,7 +535,7 @@ func (c *canaries) run(ctx context.Context, insts []*instance, rate float64, dow
 	wg.Wait()
 }
 
-func (c *canaries) send(ctx context.Context, in *instance, group, key string, down *outages) {
+func (c *canaries) send(ctx context.Context, in *instance, group, key string, down *harness.Outages) {
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	t0 := time.Now()
@@ -716,7 +548,7 @@ func (c *canaries) send(ctx context.Context, in *instance, group, key string, do
 	var o outcomes
 	switch {
 	case err != nil:
-		if group == "redis" && down.overlaps(t0, t1) {
+		if group == "redis" && down.Overlaps(t0, t1) {
 			o.canaryExcused = 1
 		} else {
 			o.canaryFailed = 1

@@ -8,7 +8,8 @@
 // work at the root of the HTTP port or behind a reverse proxy's path
 // prefix. The live traffic comes from the per-rule counters of
 // observe.Rules (the ones /metrics exports), sampled once a second by
-// Traffic; the JSON never carries a descriptor value of real traffic
+// Traffic, which holds the rules of the config in force only; the JSON
+// never carries a descriptor value of real traffic
 // unless the rule opted into detailed_metric (or value_to_metric), and
 // every list in it is bounded. The demo runs on a private limiter with a
 // memory store and a built-in config of its own, served by the same

@@ -159,7 +159,7 @@ func TestQuota_Bounded(t *testing.T) {
 	if err := r.reload.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	st, err := r.q.Open("web")
+	st, err := r.q.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestQuota_Bounded(t *testing.T) {
 	for i := range 2 * quota.MaxStatBuckets {
 		us = append(us, quota.Usage{Bucket: map[string]string{"user": fmt.Sprint(i, long)}, Elapsed: time.Second})
 	}
-	if err := st.Report(time.Now(), us); err != nil {
+	if err := st.Report(time.Now(), "web", us); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.q.Tick(t.Context(), time.Now()); err != nil {

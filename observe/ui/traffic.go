@@ -31,24 +31,42 @@ const (
 // ruleID names a rule as observe labels it: domain and config.Rule.Path.
 type ruleID struct{ domain, rule string }
 
-// frame is one sample: every rule's cumulative counts at a time.
+// frame is one sample: the cumulative counts of the rules held, by slot
+// (Traffic.rules); a slot past the end of counts was not listed then and
+// counts zero.
 type frame struct {
-	at    int64 // Unix nanoseconds
-	rules map[ruleID]observe.Counts
+	at     int64 // Unix nanoseconds
+	counts []observe.Counts
+}
+
+// count is f's counts of the rule in slot s.
+func (f *frame) count(s int) observe.Counts {
+	if s < len(f.counts) {
+		return f.counts[s]
+	}
+	return observe.Counts{}
 }
 
 // Traffic samples the per-rule counters at a fixed interval and keeps the
 // last Window samples, from which it derives each rule's rates. It keeps
-// no counts of its own. Safe for concurrent use.
+// no counts of its own, and holds only the rules its source lists now
+// (for observe.Rules, those of the config in force): a rule that is no
+// longer listed is dropped from every sample at the next one, so its
+// memory is bounded by the live config, Window+1 counts per rule. Safe
+// for concurrent use.
 type Traffic struct {
 	src      Snapshotter
 	interval time.Duration
 
-	mu     sync.Mutex
-	frames []frame // ring of window+1 samples; guarded by mu
-	next   int     // where the next sample goes
-	n      int     // samples held
+	mu     sync.Mutex // guards what follows
+	ids    map[ruleID]int
+	rules  []ruleID // the rules held, by slot
+	frames []frame  // ring of window+1 samples
+	next   int      // where the next sample goes
+	n      int      // samples held
 	buf    []observe.RuleCounts
+	slots  []int  // scratch: buf's slots
+	listed []bool // scratch: the slots the last snapshot listed
 }
 
 // NewTraffic returns a Traffic over src that keeps window rates (window+1
@@ -61,7 +79,7 @@ func NewTraffic(src Snapshotter, interval time.Duration, window int) *Traffic {
 	if window <= 0 {
 		window = DefaultWindow
 	}
-	return &Traffic{src: src, interval: interval, frames: make([]frame, window+1)}
+	return &Traffic{src: src, interval: interval, ids: map[ruleID]int{}, frames: make([]frame, window+1)}
 }
 
 // Run samples every interval until ctx ends.
@@ -79,28 +97,89 @@ func (t *Traffic) Run(ctx context.Context) error {
 	}
 }
 
-// Sample records every rule's counts at now (Unix nanoseconds). A sample
-// not after the previous one is ignored.
+// Sample records every rule's counts at now (Unix nanoseconds), and drops
+// the rules the source no longer lists from every sample. A sample not
+// after the previous one is ignored.
 func (t *Traffic) Sample(now int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.n > 0 && now <= t.frames[(t.next+len(t.frames)-1)%len(t.frames)].at {
 		return
 	}
-	t.buf = t.src.Snapshot(t.buf[:0])
-	f := &t.frames[t.next]
-	if f.rules == nil {
-		f.rules = make(map[ruleID]observe.Counts, len(t.buf))
-	} else {
-		clear(f.rules)
-	}
-	f.at = now
+	t.buf = shrink(t.src.Snapshot(t.buf[:0]))
+	t.slots = t.slots[:0]
+	clear(t.listed)
 	for _, c := range t.buf {
 		id := ruleID{c.Domain, c.Rule}
-		f.rules[id] = add(f.rules[id], c.Counts)
+		s, ok := t.ids[id]
+		if !ok {
+			s = len(t.rules)
+			t.ids[id] = s
+			t.rules = append(t.rules, id)
+			t.listed = append(t.listed, false)
+		}
+		t.listed[s] = true
+		t.slots = append(t.slots, s)
+	}
+	t.slots = shrink(t.slots)
+	f := &t.frames[t.next]
+	f.at = now
+	f.counts = slices.Grow(f.counts[:0], len(t.rules))[:len(t.rules)]
+	clear(f.counts)
+	for i, c := range t.buf {
+		s := t.slots[i]
+		f.counts[s] = add(f.counts[s], c.Counts)
 	}
 	t.next = (t.next + 1) % len(t.frames)
 	t.n = min(t.n+1, len(t.frames))
+	if slices.Contains(t.listed, false) {
+		t.compact()
+	}
+}
+
+// compact drops the rules the last snapshot did not list from every
+// sample, and the memory they held. t.mu is held.
+func (t *Traffic) compact() {
+	to := make([]int, len(t.rules)) // a slot's new slot, or -1
+	kept := 0
+	for s, id := range t.rules {
+		if !t.listed[s] {
+			to[s] = -1
+			continue
+		}
+		to[s] = kept
+		t.rules[kept] = id
+		kept++
+	}
+	clear(t.rules[kept:])
+	t.rules = shrink(t.rules[:kept])
+	t.listed = shrink(t.listed[:kept])
+	// A map does not give back the memory of deleted keys: make it anew.
+	t.ids = make(map[ruleID]int, kept)
+	for s, id := range t.rules {
+		t.ids[id] = s
+	}
+	for i := range t.frames {
+		f := &t.frames[i]
+		n := 0
+		for s, c := range f.counts {
+			if to[s] >= 0 { // to[s] <= s: in place
+				f.counts[to[s]] = c
+				n = to[s] + 1
+			}
+		}
+		f.counts = shrink(f.counts[:n])
+	}
+}
+
+// shrink returns s, copied to a smaller array when it uses less than a
+// quarter of a large one, so that a config that shrank does not keep the
+// memory of the one before.
+func shrink[S ~[]E, E any](s S) S {
+	if cap(s) > 1024 && len(s) < cap(s)/4 {
+		return slices.Clone(s)
+	}
+	return s
 }
 
 func add(a, b observe.Counts) observe.Counts {
@@ -181,46 +260,42 @@ type TrafficView struct {
 }
 
 // View returns the rates between the samples held and the current totals
-// of every rule that has seen traffic, the most active first, at most
-// MaxTrafficRules.
+// of every rule the source lists that has seen traffic, the most active
+// first, at most MaxTrafficRules.
 func (t *Traffic) View() TrafficView {
-	now := t.src.Snapshot(nil)
-	t.mu.Lock()
-	frames := make([]*frame, 0, t.n)
-	for i := t.n; i > 0; i-- {
-		frames = append(frames, &t.frames[(t.next+len(t.frames)-i)%len(t.frames)])
-	}
 	byID := map[ruleID]*RuleTraffic{}
 	var order []*RuleTraffic
-	get := func(id ruleID) *RuleTraffic {
+	for _, c := range t.src.Snapshot(nil) {
+		id := ruleID{c.Domain, c.Rule}
 		r := byID[id]
 		if r == nil {
 			r = &RuleTraffic{Domain: id.domain, Rule: id.rule}
 			byID[id] = r
 			order = append(order, r)
 		}
-		return r
-	}
-	for _, c := range now {
-		r := get(ruleID{c.Domain, c.Rule})
 		r.Total = countsJSON(add(r.Total.counts(), c.Counts))
 		if c.Value != "" && c.Counts != (observe.Counts{}) {
 			r.Values = append(r.Values, ValueTraffic{Value: c.Value, Total: countsJSON(c.Counts)})
 		}
 	}
+	t.mu.Lock()
+	frames := make([]*frame, 0, t.n)
+	for i := t.n; i > 0; i-- {
+		frames = append(frames, &t.frames[(t.next+len(t.frames)-i)%len(t.frames)])
+	}
 	if len(frames) > 1 {
 		first, last := frames[0], frames[len(frames)-1]
-		for id, c := range last.rules {
-			w := sub(c, first.rules[id])
-			if w == (observe.Counts{}) {
-				continue
+		for s, id := range t.rules {
+			r := byID[id]
+			w := sub(last.count(s), first.count(s))
+			if r == nil || w == (observe.Counts{}) {
+				continue // left since the last sample, or idle
 			}
-			r := get(id)
 			r.Window = countsJSON(w)
 			r.Within = make([]float64, 0, len(frames)-1)
 			r.Over = make([]float64, 0, len(frames)-1)
 			for i := 1; i < len(frames); i++ {
-				d := sub(frames[i].rules[id], frames[i-1].rules[id])
+				d := sub(frames[i].count(s), frames[i-1].count(s))
 				secs := float64(frames[i].at-frames[i-1].at) / 1e9
 				r.Within = append(r.Within, float64(d.Within)/secs)
 				r.Over = append(r.Over, float64(d.Over)/secs)

@@ -35,6 +35,18 @@ func (c *counts) add(domain, rule, value string, within, over, near, shadow uint
 	c.m[k] = v
 }
 
+// remove stops listing a rule's label sets, as observe.Rules does when
+// the rule leaves the config.
+func (c *counts) remove(domain, rule string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.m {
+		if k[0] == domain && k[1] == rule {
+			delete(c.m, k)
+		}
+	}
+}
+
 func (c *counts) Snapshot(dst []observe.RuleCounts) []observe.RuleCounts {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -84,6 +96,40 @@ func TestTraffic_Rates(t *testing.T) {
 		if fmt.Sprint(r.Within) != fmt.Sprint(s.wantWithin) || fmt.Sprint(r.Over) != fmt.Sprint(s.wantOver) || r.Window != s.wantWindow {
 			t.Errorf("step %d: within %v over %v window %+v, want %v %v %+v", i, r.Within, r.Over, r.Window, s.wantWithin, s.wantOver, s.wantWindow)
 		}
+	}
+}
+
+// TestTraffic_DropsRulesThatLeave: a rule the source no longer lists
+// (it left the config) is gone from the view at the next sample, though
+// its traffic is within the window; the rates of the rules that stay
+// are unchanged by the drop.
+func TestTraffic_DropsRulesThatLeave(t *testing.T) {
+	c := newCounts()
+	tr := ui.NewTraffic(c, time.Second, 5)
+	for s := range 3 {
+		c.add("web", "gone", "", 10, 0, 0, 0)
+		c.add("web", "stays", "", 1, 2, 0, 0)
+		c.add("web", "stays", "det_v", 3, 0, 0, 0)
+		tr.Sample(at(float64(s)))
+	}
+	c.remove("web", "gone")
+	c.add("web", "new", "", 7, 0, 0, 0)
+	c.add("web", "stays", "", 1, 2, 0, 0)
+	tr.Sample(at(3))
+	v := tr.View()
+	var rules []string
+	for _, r := range v.Rules {
+		rules = append(rules, r.Rule)
+	}
+	if fmt.Sprint(rules) != "[stays new]" {
+		t.Fatalf("rules %v, want [stays new]: the rule that left is dropped", rules)
+	}
+	stays := v.Rules[0]
+	if fmt.Sprint(stays.Within) != "[4 4 1]" || fmt.Sprint(stays.Over) != "[2 2 2]" || stays.Window != (ui.CountsJSON{Within: 9, Over: 6}) {
+		t.Errorf("stays: within %v over %v window %+v, want [4 4 1] [2 2 2] {9 6}", stays.Within, stays.Over, stays.Window)
+	}
+	if n := v.Rules[1]; fmt.Sprint(n.Within) != "[0 0 7]" || n.Total.Within != 7 {
+		t.Errorf("new: within %v total %+v, want [0 0 7] and 7", n.Within, n.Total)
 	}
 }
 

@@ -347,6 +347,9 @@ type RuleInfo struct {
 	Unlimited       bool     `json:"unlimited"`
 	Shadow          bool     `json:"shadow_mode"`
 	Replaces        []string `json:"replaces,omitempty"`
+	// TimeZone is a calendar rule's zone ("Europe/Berlin"): its windows
+	// are calendar periods there. Empty for windows aligned to the epoch.
+	TimeZone string `json:"time_zone,omitempty"`
 	// Flags lists the rule's other options that are set
 	// (detailed_metric, value_to_metric, quota_mode).
 	Flags []string `json:"flags,omitempty"`
@@ -407,6 +410,10 @@ func ruleInfo(r *config.Rule) RuleInfo {
 	if r.UnitMultiplier > 1 {
 		i.UnitMultiplier = r.UnitMultiplier
 		i.Limit = fmt.Sprintf("%d per %d %ss", r.RequestsPerUnit, r.UnitMultiplier, r.Unit)
+	}
+	if r.Calendar {
+		i.TimeZone = r.TimeZone.String()
+		i.Limit = fmt.Sprintf("%d per %s", r.RequestsPerUnit, r.Per())
 	}
 	if r.Algorithm == store.TokenBucket {
 		i.Burst = r.Burst

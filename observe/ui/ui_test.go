@@ -372,6 +372,24 @@ func TestLimits_Period(t *testing.T) {
 	}
 }
 
+// TestLimits_Calendar: a calendar rule reads as its calendar period and
+// zone.
+func TestLimits_Calendar(t *testing.T) {
+	r := newRig(t)
+	write(t, r.dir, "limits.yaml", "domain: web\ndescriptors:\n"+
+		"  - key: m\n    rate_limit: {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}\n"+
+		"  - key: q\n    rate_limit: {unit: month, unit_multiplier: 3, requests_per_unit: 5, calendar: true, algorithm: sliding_window}\n")
+	if err := r.reload.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	var v ui.LimitsView
+	getJSON(t, r.url+"/ui/api/limits", &v)
+	if len(v.Rules) != 2 || v.Rules[0].Limit != "1000 per calendar month (Europe/Berlin)" || v.Rules[0].TimeZone != "Europe/Berlin" ||
+		v.Rules[1].Limit != "5 per 3 calendar months (UTC)" || v.Rules[1].TimeZone != "UTC" || v.Rules[1].UnitMultiplier != 3 {
+		t.Fatalf("rules %+v, want 1000 per calendar month (Europe/Berlin) and 5 per 3 calendar months (UTC)", v.Rules)
+	}
+}
+
 // A budget past 32 bits is shown exactly.
 func TestLimits_Big(t *testing.T) {
 	r := newRig(t)

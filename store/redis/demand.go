@@ -26,17 +26,17 @@ var demandScript = newScript(demandLua)
 // written, the part of the limit the replica holds and the demands of its
 // proxies (equal ones once, with their count); demand.lua claims a
 // replica's part atomically. One more hash, <prefix>rlqs-replicas, holds
-// each live replica's last Exchange. Every
-// command names one key, so the layout works on Redis Cluster. Safe for
-// concurrent use.
+// each live replica's last Exchange. Every command names one key, so the
+// layout works on Redis Cluster, and each group's claim stands alone: a
+// failed one (a key of the wrong type, a shard down) costs only its group.
+// Safe for concurrent use.
 type Demand struct {
 	s       *Store
 	replica string
 	stale   time.Duration
 
-	mu        sync.Mutex
-	published map[string]struct{} // groups written by the last Exchange
-	gone      []string            // replicas long dead, deleted at the next Exchange
+	mu   sync.Mutex
+	gone []string // replicas long dead, deleted at the next Exchange
 }
 
 // goneAfter is how many stale periods a replica's membership may be old
@@ -48,26 +48,29 @@ const goneAfter = 10
 // fleet). A replica's entries older than stale are ignored, and a hash no
 // replica has written for stale expires.
 func (s *Store) Demand(replica string, stale time.Duration) *Demand {
-	return &Demand{s: s, replica: replica, stale: stale, published: map[string]struct{}{}}
+	return &Demand{s: s, replica: replica, stale: stale}
 }
 
 func (d *Demand) key(group string) string { return d.s.opt.KeyPrefix + "rlqs:" + group }
 
 func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas" }
 
-// Exchange claims this replica's part of each group in local, records its
-// membership, deletes its entries of groups it no longer has, and returns
+// Exchange records this replica's membership, deletes its entries of the
+// groups in release, claims its part of each group in local, and returns
 // the parts granted and the number of live replicas, in one pipelined
-// round trip (one per node on Cluster). A group whose claim failed has no
-// part in the result.
-func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]quota.Claim) (quota.Remote, error) {
+// round trip (one per node on Cluster; one more for the claims that found
+// the script not loaded, after a Redis restart). A group
+// whose claim failed has no part in the result, and the error names it;
+// the others are granted all the same. Live is 0 when the membership could
+// not be read.
+func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]quota.Claim, release []string) (quota.Remote, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c := d.s.client
 	ms := strconv.FormatInt(now.UnixMilli(), 10)
 	stale := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
 	mk := d.membersKey()
-	cmds := make(rueidis.Commands, 0, len(local)+len(d.published)+4)
+	cmds := make(rueidis.Commands, 0, len(local)+len(release)+4)
 	cmds = append(cmds,
 		c.B().Hset().Key(mk).FieldValue().FieldValue(d.replica, ms).Build(),
 		c.B().Arbitrary("PEXPIRE").Keys(mk).Args(strconv.FormatInt(max(goneAfter*d.stale.Milliseconds(), 1), 10)).Build(),
@@ -75,6 +78,10 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	if len(d.gone) > 0 {
 		cmds = append(cmds, c.B().Hdel().Key(mk).Field(d.gone...).Build())
 		d.gone = nil
+	}
+	// Given back before the claims, in case a group is in both.
+	for _, g := range release {
+		cmds = append(cmds, c.B().Hdel().Key(d.key(g)).Field(d.replica).Build())
 	}
 	first := len(cmds)
 	groups := make([]string, 0, len(local))
@@ -87,39 +94,19 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 		args = append(args, a)
 		cmds = append(cmds, c.B().Evalsha().Sha1(demandScript.sha).Numkeys(1).Key(d.key(g)).Arg(a...).Build())
 	}
-	for g := range d.published {
-		if _, ok := local[g]; !ok {
-			cmds = append(cmds, c.B().Hdel().Key(d.key(g)).Field(d.replica).Build())
-		}
-	}
-	res := c.DoMulti(ctx, cmds...)
-	d.published = make(map[string]struct{}, len(local))
-	for _, g := range groups {
-		d.published[g] = struct{}{}
-	}
+	res := d.do(ctx, cmds)
+	claims := d.loadAndRetry(ctx, res[first:], groups, args)
 	remote := quota.Remote{Granted: make(map[string]float64, len(groups))}
 	var errs []error
 	if m, err := res[2].AsStrMap(); err != nil {
 		errs = append(errs, fmt.Errorf("redis: rlqs replicas: %w", err))
 	} else {
-		for replica, v := range m {
-			at, err := strconv.ParseInt(v, 10, 64)
-			switch {
-			case err != nil || now.Sub(time.UnixMilli(at)) > goneAfter*d.stale:
-				d.gone = append(d.gone, replica)
-			case now.Sub(time.UnixMilli(at)) <= d.stale:
-				remote.Live++
-			}
-		}
+		remote.Live = d.live(now, m)
 	}
 	var failed int
 	var firstErr error
 	for i, g := range groups {
-		r := res[first+i]
-		if e, ok := rueidis.IsRedisErr(r.Error()); ok && e.IsNoScript() {
-			r = c.Do(ctx, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(d.key(g)).Arg(args[i]...).Build())
-		}
-		v, err := r.ToString()
+		v, err := claims[i].ToString()
 		if err == nil {
 			remote.Granted[g], err = strconv.ParseFloat(v, 64)
 		}
@@ -135,16 +122,81 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	} else if firstErr != nil {
 		errs = append(errs, firstErr)
 	}
-	for i, r := range res {
-		if i >= first && i < first+len(groups) {
-			continue // checked above
-		}
-		if err := r.Error(); err != nil {
-			errs = append(errs, err)
+	for i, r := range res[:first] {
+		if err := r.Error(); err != nil && i != 2 {
+			errs = append(errs, fmt.Errorf("redis: rlqs membership or release: %w", err))
 			break
 		}
 	}
 	return remote, errors.Join(errs...)
+}
+
+// loadAndRetry runs again the claims of res that found demand.lua not
+// loaded (after a Redis restart) and returns every claim's result. Each
+// round sends the first of them with EVAL, which loads the script, and the
+// others with EVALSHA behind it in one pipeline: on a single Redis one
+// round does, on Cluster one per node that lacked the script (each round
+// ends the EVAL'd claim's NOSCRIPT). EVAL for every claim would send the
+// script's source a thousand times.
+func (d *Demand) loadAndRetry(ctx context.Context, res []rueidis.RedisResult, groups []string, args [][]string) []rueidis.RedisResult {
+	c := d.s.client
+	noScript := func(r rueidis.RedisResult) bool {
+		e, ok := rueidis.IsRedisErr(r.Error())
+		return ok && e.IsNoScript()
+	}
+	for {
+		var idx []int
+		var cmds rueidis.Commands
+		for i, r := range res {
+			if !noScript(r) {
+				continue
+			}
+			k := d.key(groups[i])
+			if len(idx) == 0 {
+				cmds = append(cmds, c.B().Eval().Script(demandScript.src).Numkeys(1).Key(k).Arg(args[i]...).Build())
+			} else {
+				cmds = append(cmds, c.B().Evalsha().Sha1(demandScript.sha).Numkeys(1).Key(k).Arg(args[i]...).Build())
+			}
+			idx = append(idx, i)
+		}
+		if len(idx) == 0 {
+			return res
+		}
+		for j, r := range d.do(ctx, cmds) {
+			res[idx[j]] = r
+		}
+	}
+}
+
+// do pipelines cmds. Redis answering counts as a success for the store's
+// circuit breaker, as its own calls do: a health probe that waited behind
+// the exchange's commands does not open it.
+func (d *Demand) do(ctx context.Context, cmds rueidis.Commands) []rueidis.RedisResult {
+	res := d.s.client.DoMulti(ctx, cmds...)
+	for _, r := range res {
+		if _, answered := rueidis.IsRedisErr(r.Error()); answered || r.Error() == nil {
+			d.s.breaker.success()
+			break
+		}
+	}
+	return res
+}
+
+// live counts the replicas of members (replica → unix ms of its last
+// Exchange) seen within stale, and marks those gone for goneAfter stale
+// periods for deletion.
+func (d *Demand) live(now time.Time, members map[string]string) int {
+	n := 0
+	for replica, v := range members {
+		at, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case err != nil || now.Sub(time.UnixMilli(at)) > goneAfter*d.stale:
+			d.gone = append(d.gone, replica)
+		case now.Sub(time.UnixMilli(at)) <= d.stale:
+			n++
+		}
+	}
+	return n
 }
 
 // appendDemands appends ds, each at most capacity, for demand.lua:

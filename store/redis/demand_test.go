@@ -3,12 +3,15 @@ package redis
 import (
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/quota"
 
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -34,9 +37,9 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	b := newStore(t).Demand("b", 3*time.Second)
 	now := time.UnixMilli(1_800_000_000_000)
 
-	exchange := func(step string, d *Demand, at time.Time, local map[string]quota.Claim) quota.Remote {
+	exchange := func(step string, d *Demand, at time.Time, local map[string]quota.Claim, release ...string) quota.Remote {
 		t.Helper()
-		r, err := d.Exchange(ctx, at, local)
+		r, err := d.Exchange(ctx, at, local, release)
 		if err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
@@ -67,15 +70,15 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	g3 := func(ds ...float64) map[string]quota.Claim {
 		return map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
 	}
-	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5))
+	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5), "g2")
 	exchange("b g3", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
 	if r := exchange("a g3 again", a, now.Add(2*time.Second), g3(5, 5, 5, 5)); !near(r.Granted["g3"], 44) {
 		t.Errorf("a's four proxies of 5 beside b's one of 50 on 100: %+v, want 44 (4 × (5 + 30/5))", r)
 	}
 	exchange("b g3 again", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if cli != nil {
-		// a no longer has g2: its field is deleted (and the hash with it);
-		// the hashes expire.
+		// a gave g2 back: its field is deleted (and the hash with it); the
+		// hashes expire.
 		if got := cli("EXISTS", "d:rlqs:g2"); got != "0" {
 			t.Errorf("EXISTS d:rlqs:g2 = %s after a dropped it", got)
 		}
@@ -111,7 +114,7 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 			wg.Go(func() {
 				// Demands move every round until round 20, then hold.
 				v := float64((i*7+min(round, 20)*13)%50) * 40
-				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}})
+				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}}, nil)
 				if err != nil {
 					t.Error(err)
 				}
@@ -136,3 +139,127 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 		}
 	}
 }
+
+// TestDemand_ClaimFailsAlone: one group's hash of 250 is not a hash (a key
+// of the wrong type, as a shard down would do): its claim fails, the 249
+// others are granted, and the error names it.
+func TestDemand_ClaimFailsAlone(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "w:"}).Demand("a", 3*time.Second)
+	srv.CLI("SET", "w:rlqs:bad", "a string")
+	now := time.UnixMilli(1_800_000_000_000)
+	claim := quota.Claim{Capacity: 100, Max: 100, Demands: []float64{10}}
+	local := map[string]quota.Claim{"bad": claim}
+	for i := range 249 {
+		local["g"+strconv.Itoa(i)] = claim
+	}
+	r, err := d.Exchange(ctx, now, local, nil)
+	if err == nil || !strings.Contains(err.Error(), `"bad"`) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("error %v, want one naming the claim of \"bad\"", err)
+	}
+	if _, ok := r.Granted["bad"]; ok || len(r.Granted) != 249 || r.Live != 1 {
+		t.Errorf("%d granted (bad: %v), %d live; want the 249 others, 1 live", len(r.Granted), ok, r.Live)
+	}
+	// After a restart, Redis has forgotten the script: the claims load it,
+	// sending its source once, not once a claim.
+	srv.CLI("SCRIPT", "FLUSH")
+	srv.CLI("CONFIG", "RESETSTAT")
+	delete(local, "bad")
+	r, err = d.Exchange(ctx, now.Add(time.Second), local, nil)
+	if err != nil || len(r.Granted) != 249 {
+		t.Errorf("after SCRIPT FLUSH: %d granted, %v; want all 249", len(r.Granted), err)
+	}
+	if stats := srv.CLI("INFO", "commandstats"); !strings.Contains(stats, "cmdstat_eval:calls=1,") {
+		t.Errorf("after SCRIPT FLUSH, want one EVAL:\n%s", stats)
+	}
+}
+
+// TestDemand_ServiceStalesOnlyTheFailedGroup: two replicas (quota services
+// on one Redis) divide two limits between their proxies; then one limit's
+// hash gets the wrong type. The other limit stays divided over the fleet,
+// and only the broken one falls back to the cautious part (its share of
+// the reserve) once its last claim is stale.
+func TestDemand_ServiceStalesOnlyTheFailedGroup(t *testing.T) {
+	srv := redistest.Start(t)
+	p := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(p, []byte("domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	table, err := config.Load(p, config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type replica struct {
+		q         *quota.Service
+		good, bad *quota.Stream
+	}
+	var rs []replica
+	for _, name := range []string{"a", "b"} {
+		d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "s:"}).Demand(name, 3*time.Second)
+		q := quota.New(constTable{table}, quota.Options{Fleet: d})
+		r := replica{q: q}
+		r.good, _ = q.Open()
+		r.bad, _ = q.Open()
+		rs = append(rs, r)
+	}
+	t0 := time.UnixMilli(1_800_000_000_000)
+	held := map[*quota.Stream]uint64{}
+	var tickErr error
+	second := func(sec int) {
+		t.Helper()
+		now := t0.Add(time.Duration(sec) * time.Second)
+		for _, r := range rs {
+			for st, v := range map[*quota.Stream]string{r.good: "good", r.bad: "bad"} {
+				u := quota.Usage{Bucket: map[string]string{"tenant": v}, Elapsed: time.Second, Allowed: 5000}
+				if err := st.Report(now, "d", []quota.Usage{u}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for i, r := range rs {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			tickErr = r.q.Tick(ctx, now.Add(time.Duration(300*(i+1))*time.Millisecond))
+			cancel()
+			for _, st := range []*quota.Stream{r.good, r.bad} {
+				for _, a := range st.Pending() {
+					held[st] = a.Requests
+				}
+			}
+		}
+	}
+	for sec := range 3 {
+		second(sec)
+	}
+	for i, r := range rs {
+		if held[r.good] != 490 || held[r.bad] != 490 {
+			t.Fatalf("replica %d: good %d, bad %d, want 490 each", i, held[r.good], held[r.bad])
+		}
+	}
+	var bad string
+	for _, k := range strings.Fields(srv.CLI("KEYS", "s:rlqs:*tenant=bad*")) {
+		bad = k
+	}
+	if bad == "" {
+		t.Fatal("no hash for tenant=bad")
+	}
+	srv.CLI("DEL", bad)
+	srv.CLI("SET", bad, "a string")
+	for sec := 3; sec < 8; sec++ {
+		second(sec)
+	}
+	if tickErr == nil || !strings.Contains(tickErr.Error(), "WRONGTYPE") {
+		t.Errorf("Tick: %v, want the failed claim", tickErr)
+	}
+	for i, r := range rs {
+		if held[r.good] != 490 || held[r.bad] != 10 {
+			t.Errorf("replica %d with tenant=bad's hash broken for 5 s: good %d, want 490; bad %d, want 10 (the reserve of 20 over 2 replicas)",
+				i, held[r.good], held[r.bad])
+		}
+	}
+}
+
+type constTable struct{ t *config.Table }
+
+func (c constTable) Current() *config.Table { return c.t }

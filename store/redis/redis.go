@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/sluicehq/sluice/internal/redact"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -152,7 +153,8 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 	case opt.URL != "":
 		var err error
 		if co, err = rueidis.ParseURL(opt.URL); err != nil {
-			return co, fmt.Errorf("redis: url: %w", err)
+			// The parser's error quotes the URL, password and all.
+			return co, fmt.Errorf("redis: url: %w", redact.Error(err, opt.URL))
 		}
 		co.ForceSingleClient = true
 	case len(opt.SentinelAddrs) > 0:
@@ -391,11 +393,9 @@ func unreachable(err error) bool {
 }
 
 // windowEnd is the end, in Unix seconds, of the fixed window holding now
-// (store.TakeWindow's windows: before the epoch counts as the epoch).
-func windowEnd(r *store.Rule, now int64) uint64 {
-	w := uint64(r.Period() / time.Second)
-	return (clampNow(now)/uint64(time.Second)/w + 1) * w
-}
+// (store.TakeWindow's windows, calendar periods included: before the epoch
+// counts as the epoch).
+func windowEnd(r *store.Rule, now int64) uint64 { return r.WindowEnd(now) }
 
 // windowTTL is the expiry, in milliseconds from now, of a key counting the
 // window that ends at end (Unix seconds): a second after the window. A late
@@ -434,17 +434,22 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 	}
 	if r.Algorithm() == store.SlidingWindow {
 		g, bucket, bits := r.Buckets()
-		j := clampNow(now) / uint64(bucket)
+		j, leaves := r.SlidingBucket(now)
 		// The key expires a second after now's bucket has left the
 		// window, when a take at now counts in it (a later bucket the key
-		// holds keeps the key's expiry; a debt, until it is repaid).
-		ttl := ((j+g+1)*uint64(bucket)-clampNow(now))/uint64(time.Millisecond) + 1000
-		bms := strconv.FormatFloat(float64(bucket)/float64(time.Millisecond), 'g', 17, 64)
+		// holds keeps the key's expiry; a debt, until it is repaid: bms is
+		// a bucket's length, a tenth longer for a calendar's periods of
+		// unequal length, since a late expiry changes nothing).
+		ttl := uint64(leaves/time.Millisecond) + 1000
+		bms := float64(bucket) / float64(time.Millisecond)
+		if r.Calendar() != nil {
+			bms *= 1.1
+		}
 		// (A sliding window's debt stays below 2^32: 2^33 stands for
 		// every larger cost.)
 		return append(args, "s", flags, strconv.FormatUint(min(h.Cost, 1<<33), 10), strconv.FormatUint(r.Limit(), 10),
 			strconv.FormatUint(uint64(uint32(j)), 10), strconv.FormatUint(g, 10)+":"+strconv.FormatUint(bits, 10),
-			strconv.FormatUint(ttl, 10), bms)
+			strconv.FormatUint(ttl, 10), strconv.FormatFloat(bms, 'g', 17, 64))
 	}
 	k, rk, tol := r.Quanta()
 	ck := strconv.FormatUint(tokenQuanta(h, k, tol), 10)

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,6 +63,17 @@ func TestTake_Smoke(t *testing.T) {
 		t.Logf("step %d: %+v", step, out)
 		if out[0].Allowed != want {
 			t.Fatalf("step %d: allowed %v, want %v", step, out[0].Allowed, want)
+		}
+	}
+}
+
+// TestNew_BadURLHidesThePassword: a URL that does not parse is named in
+// the error without its password.
+func TestNew_BadURLHidesThePassword(t *testing.T) {
+	for _, u := range []string{"redis://user:hunter2@redis:notaport", "redis://:hunter2@redis:6379/notadb", "ftp://u:hunter2@redis"} {
+		_, err := New(context.Background(), Options{URL: u})
+		if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.HasPrefix(err.Error(), "redis: url") {
+			t.Errorf("New(%q) = %v, want an error without the password", u, err)
 		}
 	}
 }

@@ -2,11 +2,13 @@
 // and a fake clock for tests.
 //
 // Run(t, newStore) checks exact decisions (to the nanosecond) for every
-// algorithm at fixed instants, all-or-nothing batches, shadow and
-// saturating hits, checks of cost 0, duplicate keys in a batch, charges
-// recorded whole past the limit (overshoot and debt), refunds, limits past
-// 32 bits, the bounds of charged states, and concurrent takes and charges
-// that must grant exactly the budget and lose no charge.
+// algorithm at fixed instants, calendar windows across months of every
+// length and changes of daylight-saving time, all-or-nothing batches,
+// shadow and saturating hits, checks of cost 0, duplicate keys in a
+// batch, charges recorded whole past the limit (overshoot and debt),
+// refunds, limits past 32 bits, the bounds of charged states, and
+// concurrent takes and charges that must grant exactly the budget and
+// lose no charge.
 package storetest
 
 import (
@@ -16,6 +18,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	_ "time/tzdata" // the calendar cases' zones, whatever the host has
 
 	"github.com/sluicehq/sluice/store"
 )
@@ -97,6 +100,10 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 		{"Refunds", testRefunds},
 		{"WideLimits", testWideLimits},
 		{"ChargeBounds", testChargeBounds},
+		{"CalendarMonths", testCalendarMonths},
+		{"CalendarDaysAndWeeks", testCalendarDaysAndWeeks},
+		{"CalendarSliding", testCalendarSliding},
+		{"CalendarBatches", testCalendarBatches},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -771,4 +778,197 @@ func testConcurrentWide(t *testing.T, x *tester, o Options) {
 	if g := grantedAtOnce(t, x, Window(t, uint64(o.Budget)*cost, 24*time.Hour), cost, o); g != int64(o.Budget) {
 		t.Fatalf("granted %d takes of 2^23 of a limit of %d × 2^23, want exactly %d", g, o.Budget, o.Budget)
 	}
+}
+
+// Calendar returns a calendar of unit periods (months per period for
+// store.CalendarMonth) in the named zone, failing t if it is invalid.
+func Calendar(t testing.TB, unit store.CalendarUnit, months int, zone string) *store.Calendar {
+	t.Helper()
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := store.NewCalendar(unit, months, loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// CalendarWindow returns a fixed window of limit per period of c.
+func CalendarWindow(t testing.TB, limit uint64, c *store.Calendar) *store.Rule {
+	t.Helper()
+	r, err := store.NewCalendarWindow(limit, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// CalendarSliding returns a sliding window of limit per period of c.
+func CalendarSliding(t testing.TB, limit uint64, c *store.Calendar) *store.Rule {
+	t.Helper()
+	r, err := store.NewCalendarSliding(limit, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// dated is one single-hit take of a step table at an RFC 3339 instant.
+type dated struct {
+	name string
+	at   string
+	cost uint64
+	want store.Decision
+}
+
+// at parses an RFC 3339 instant into Unix nanoseconds.
+func at(t testing.TB, s string) int64 {
+	t.Helper()
+	ts, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts.UnixNano()
+}
+
+func (x *tester) dated(key string, r *store.Rule, steps []dated) {
+	x.t.Helper()
+	for i, s := range steps {
+		got := x.take(at(x.t, s.at), x.hit(key, r, s.cost))[0]
+		if got != s.want {
+			x.t.Errorf("%s step %d %q: take %d at %s = %+v, want %+v", key, i, s.name, s.cost, s.at, got, s.want)
+		}
+	}
+}
+
+const day = 24 * time.Hour
+
+// testCalendarMonths: calendar months reset on the 1st at midnight in
+// their zone, whatever their length: February of a leap year and not,
+// December into January, and months of summer time in Berlin, 1 h short
+// (March) or long (October). The reset is exact.
+func testCalendarMonths(t *testing.T, x *tester) {
+	utc := CalendarWindow(t, 3, Calendar(t, store.CalendarMonth, 1, "UTC"))
+	x.dated("utc", utc, []dated{
+		{"Feb 29, last second", "2024-02-29T23:59:59Z", 3, allow(3, 0, time.Second)},
+		{"half a second left", "2024-02-29T23:59:59.5Z", 1, deny(3, 0, 500*time.Millisecond, 500*time.Millisecond)},
+		{"Mar 1", "2024-03-01T00:00:00Z", 1, allow(3, 2, 31*day)},
+		{"Mar 31", "2024-03-31T12:00:00Z", 2, allow(3, 0, 12*time.Hour)},
+		{"Apr 1", "2024-04-01T00:00:00Z", 0, allow(3, 3, 30*day)},
+		{"Dec 31, 23:00", "2024-12-31T23:00:00Z", 1, allow(3, 2, time.Hour)},
+		{"Jan 1", "2025-01-01T00:00:00Z", 3, allow(3, 0, 31*day)},
+	})
+	x.dated("feb23", utc, []dated{
+		{"Feb 28 of a common year", "2023-02-28T12:00:00Z", 3, allow(3, 0, 12*time.Hour)},
+		{"Mar 1", "2023-03-01T00:00:00Z", 3, allow(3, 0, 31*day)},
+	})
+	berlin := CalendarWindow(t, 2, Calendar(t, store.CalendarMonth, 1, "Europe/Berlin"))
+	x.dated("berlin", berlin, []dated{
+		{"Feb 29, 23:59:59 +01", "2024-02-29T22:59:59Z", 2, allow(2, 0, time.Second)},
+		{"Mar 1, 00:00 +01", "2024-02-29T23:00:00Z", 1, allow(2, 1, 31*day-time.Hour)},
+		{"Mar 31, 23:59:59 +02", "2024-03-31T21:59:59Z", 1, allow(2, 0, time.Second)},
+		{"Apr 1, 00:00 +02", "2024-03-31T22:00:00Z", 2, allow(2, 0, 30*day)},
+		{"Oct 15", "2024-10-15T12:00:00Z", 1, allow(2, 1, 16*day+11*time.Hour)},
+		{"Oct 31, 23:30 +01", "2024-10-31T22:30:00Z", 2, deny(2, 1, 30*time.Minute, 30*time.Minute)},
+		{"Nov 1, 00:00 +01", "2024-10-31T23:00:00Z", 2, allow(2, 0, 30*day)},
+	})
+	quarter := CalendarWindow(t, 1, Calendar(t, store.CalendarMonth, 3, "UTC"))
+	x.dated("quarter", quarter, []dated{
+		{"Mar 31", "2024-03-31T23:59:59Z", 1, allow(1, 0, time.Second)},
+		{"Apr 1 starts the second quarter", "2024-04-01T00:00:00Z", 1, allow(1, 0, 91*day)},
+		{"Jun 30", "2024-06-30T00:00:00Z", 1, deny(1, 0, day, day)},
+	})
+}
+
+// testCalendarDaysAndWeeks: days of 23 and 25 hours and weeks of 7 days
+// less or more an hour across changes of summer time; ISO weeks start on
+// Monday at local midnight; a New York year starts at 05:00 UTC.
+func testCalendarDaysAndWeeks(t *testing.T, x *tester) {
+	d := CalendarWindow(t, 1, Calendar(t, store.CalendarDay, 1, "Europe/Berlin"))
+	x.dated("day", d, []dated{
+		{"Mar 30, 23:59:59 +01", "2024-03-30T22:59:59Z", 1, allow(1, 0, time.Second)},
+		{"Mar 31 is 23 h long", "2024-03-30T23:00:00Z", 1, allow(1, 0, 23*time.Hour)},
+		{"Mar 31, noon UTC", "2024-03-31T12:00:00Z", 1, deny(1, 0, 10*time.Hour, 10*time.Hour)},
+		{"Apr 1, 00:00 +02", "2024-03-31T22:00:00Z", 1, allow(1, 0, day)},
+		{"Oct 27 is 25 h long", "2024-10-26T22:00:00Z", 1, allow(1, 0, 25*time.Hour)},
+		{"Oct 27, 23:59:59 +01", "2024-10-27T22:59:59Z", 1, deny(1, 0, time.Second, time.Second)},
+		{"Oct 28", "2024-10-27T23:00:00Z", 1, allow(1, 0, day)},
+	})
+	w := CalendarWindow(t, 1, Calendar(t, store.CalendarWeek, 1, "Europe/Berlin"))
+	x.dated("week", w, []dated{
+		{"Sunday Mar 24, 23:59:59 +01", "2024-03-24T22:59:59Z", 1, allow(1, 0, time.Second)},
+		{"Monday Mar 25 starts a week an hour short", "2024-03-24T23:00:00Z", 1, allow(1, 0, 7*day-time.Hour)},
+		{"Sunday Mar 31, 23:59:59 +02", "2024-03-31T21:59:59Z", 1, deny(1, 0, time.Second, time.Second)},
+		{"Monday Apr 1", "2024-03-31T22:00:00Z", 1, allow(1, 0, 7*day)},
+	})
+	ny := CalendarWindow(t, 1, Calendar(t, store.CalendarDay, 1, "America/New_York"))
+	x.dated("ny", ny, []dated{
+		{"Nov 3 is 25 h long", "2024-11-03T04:00:00Z", 1, allow(1, 0, 25*time.Hour)},
+		{"Nov 3, 23:59:59 -05", "2024-11-04T04:59:59Z", 1, deny(1, 0, time.Second, time.Second)},
+		{"Nov 4", "2024-11-04T05:00:00Z", 1, allow(1, 0, day)},
+	})
+	year := CalendarWindow(t, 1, Calendar(t, store.CalendarYear, 1, "America/New_York"))
+	x.dated("year", year, []dated{
+		{"Dec 31 noon UTC", "2024-12-31T12:00:00Z", 1, allow(1, 0, 17*time.Hour)},
+		{"Dec 31, 23:59:59 -05", "2025-01-01T04:59:59Z", 1, deny(1, 0, time.Second, time.Second)},
+		{"Jan 1, 00:00 -05", "2025-01-01T05:00:00Z", 1, allow(1, 0, 365*day)},
+	})
+}
+
+// testCalendarSliding: a sliding window of 4 per calendar month counts in
+// 8 buckets of each month (3.5 days in February 2023, 93 h in March, 90 h
+// in April); one of 2 per day in Berlin in 8 buckets of each day (3 h, or
+// 2 h 52.5 min on the 23-hour day).
+func testCalendarSliding(t *testing.T, x *tester) {
+	m := CalendarSliding(t, 4, Calendar(t, store.CalendarMonth, 1, "UTC"))
+	x.dated("month", m, []dated{
+		// February's bucket 1 leaves when March's bucket 2 starts, on
+		// Mar 8 at 18:00.
+		{"Feb, bucket 1", "2023-02-04T12:00:00Z", 1, allow(4, 3, 28*day+102*time.Hour)},
+		{"Feb, bucket 7", "2023-02-25T12:00:00Z", 3, allow(4, 0, 270*time.Hour)},
+		{"Mar 1 still counts February", "2023-03-01T00:00:00Z", 1, deny(4, 0, 186*time.Hour, 186*time.Hour)},
+		// February's bucket 7 leaves when April starts.
+		{"Mar, bucket 2", "2023-03-08T18:00:00Z", 1, allow(4, 0, 558*time.Hour)},
+		{"Mar 31, last ns", "2023-03-31T23:59:59.999999999Z", 1, deny(4, 0, 1, 1)},
+		// March's bucket 2 leaves when April's bucket 3 starts.
+		{"Apr 1", "2023-04-01T00:00:00Z", 3, allow(4, 0, 270*time.Hour)},
+	})
+	d := CalendarSliding(t, 2, Calendar(t, store.CalendarDay, 1, "Europe/Berlin"))
+	x.dated("day", d, []dated{
+		// Mar 30's bucket 7 (21:00-24:00 +01) leaves when Apr 1 starts.
+		{"Mar 30, 22:00 +01", "2024-03-30T21:00:00Z", 2, allow(2, 0, 25*time.Hour)},
+		{"Mar 31, 14:00 +02", "2024-03-31T12:00:00Z", 1, deny(2, 0, 10*time.Hour, 10*time.Hour)},
+		// Apr 1's bucket 0 leaves when Apr 2's bucket 1 starts (03:00 +02).
+		{"Apr 1, 00:00 +02", "2024-03-31T22:00:00Z", 2, allow(2, 0, 27*time.Hour)},
+	})
+}
+
+// testCalendarBatches: calendar windows in batches with windows aligned to
+// the epoch (on Redis the batch of fixed windows runs in window.lua), and
+// with a calendar sliding window; all or nothing.
+func testCalendarBatches(t *testing.T, x *tester) {
+	c := Calendar(t, store.CalendarMonth, 1, "Europe/Berlin")
+	cw, cs := CalendarWindow(t, 5, c), CalendarSliding(t, 5, c)
+	ew := Window(t, 5, time.Minute)
+	// Both windows end at 22:00 UTC, the calendar one on Apr 1, 00:00 +02.
+	end := "2024-03-31T21:59:30Z"
+	x.expect("both fit", x.take(at(t, end), x.hit("c", cw, 2), x.hit("e", ew, 2)),
+		allow(5, 3, 30*time.Second), allow(5, 3, 30*time.Second))
+	x.expect("the calendar window denies", x.take(at(t, end), x.hit("e", ew, 1), x.hit("c", cw, 4)),
+		allow(5, 3, 30*time.Second), deny(5, 3, 30*time.Second, 30*time.Second))
+	x.expect("nothing consumed", x.take(at(t, end), x.hit("c", cw, 0), x.hit("e", ew, 0)),
+		allow(5, 3, 30*time.Second), allow(5, 3, 30*time.Second))
+	x.expect("April", x.take(at(t, "2024-03-31T22:00:00Z"), x.hit("c", cw, 5), x.hit("e", ew, 5)),
+		allow(5, 0, 30*day), allow(5, 0, time.Minute))
+	// March in Berlin is 31 days less an hour: 8 buckets of 92 h 52.5 min;
+	// a take on Mar 31 counts in bucket 7, which leaves when May's bucket
+	// 0 starts, 8 buckets of April (30 days) later.
+	x.expect("with a sliding window", x.take(at(t, end), x.hit("s", cs, 2), x.hit("x", cw, 1)),
+		allow(5, 3, 30*day+30*time.Second), allow(5, 4, 30*time.Second))
+	x.expect("the sliding window denies", x.take(at(t, end), x.hit("x", cw, 1), x.hit("s", cs, 4)),
+		allow(5, 4, 30*time.Second), deny(5, 3, 30*day+30*time.Second, 30*day+30*time.Second))
+	x.expect("nothing consumed", x.take(at(t, end), x.hit("x", cw, 0), x.hit("s", cs, 0)),
+		allow(5, 4, 30*time.Second), allow(5, 3, 30*day+30*time.Second))
 }

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitClosed reads from conn until the server closes it, and fails if it
+// has not within wait: the bounds under test are far shorter, and without
+// them the server never closes it.
+func waitClosed(t *testing.T, conn net.Conn, wait time.Duration) []byte {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(wait))
+	b, err := io.ReadAll(conn)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the server still holds the connection after %v (read %q)", wait, b)
+	}
+	return b
+}
+
+// TestServe_HTTPSlowBodyIsCut: a POST /json whose body stops coming (as one
+// that sends a byte every 3s) is cut off at --http-read-timeout, not held.
+func TestServe_HTTPSlowBodyIsCut(t *testing.T) {
+	_, addr, _ := startServe(t, nil, "--config", "testdata/serve", "--http-read-timeout", "300ms")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"/login"}]}]}`
+	fmt.Fprintf(conn, "POST /json HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
+	if b := waitClosed(t, conn, 20*time.Second); !strings.HasPrefix(string(b), "HTTP/1.1 408 ") {
+		t.Errorf("answer %q, want 408", b)
+	}
+}
+
+// TestServe_HTTPIdleConnectionIsClosed: a kept-alive connection left idle
+// is closed at --http-idle-timeout.
+func TestServe_HTTPIdleConnectionIsClosed(t *testing.T) {
+	_, addr, _ := startServe(t, nil, "--config", "testdata/serve", "--http-idle-timeout", "300ms")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "GET /healthcheck HTTP/1.1\r\nHost: sluice\r\n\r\n")
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || res.StatusCode != 200 || res.Close {
+		t.Fatalf("GET /healthcheck: %v %v, want 200 kept alive", res, err)
+	}
+	res.Body.Close()
+	waitClosed(t, conn, 20*time.Second)
+}
+
+// TestServe_HTTPBodyLimitOnEveryEndpoint: --http-max-body-bytes bounds the
+// body of every request on the HTTP port, the status page's demo
+// included.
+func TestServe_HTTPBodyLimitOnEveryEndpoint(t *testing.T) {
+	_, addr, _ := startServe(t, nil, "--config", "testdata/serve", "--http-max-body-bytes", "100")
+	long := `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"` + strings.Repeat("x", 100) + `"}]}]}`
+	for _, path := range []string{"/json", "/v1/check", "/ui/demo/v1/check"} {
+		res, err := http.Post("http://"+addr+path, "application/json", strings.NewReader(long))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("POST %s of %d bytes: %s, want 413", path, len(long), res.Status)
+		}
+	}
+}
+
+// TestServe_HTTPNeverCORS: no endpoint of the HTTP port grants a
+// cross-origin request, preflight included.
+func TestServe_HTTPNeverCORS(t *testing.T) {
+	_, addr, _ := startServe(t, nil, "--config", "testdata/serve")
+	for _, path := range []string{"/json", "/v1/check", "/healthcheck", "/metrics", "/", "/ui/api/overview", "/ui/demo/v1/check", "/nothing"} {
+		for _, method := range []string{"OPTIONS", "GET", "POST"} {
+			req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(`{"domain":"e2e","key":"path","value":"/login"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header = http.Header{"Origin": {"https://evil.example"}, "Access-Control-Request-Method": {"POST"},
+				"Access-Control-Request-Headers": {"content-type"}, "Content-Type": {"application/json"}}
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			for k := range res.Header {
+				if strings.HasPrefix(strings.ToLower(k), "access-control-") {
+					t.Errorf("%s %s: %s with %s: %q", method, path, res.Status, k, res.Header.Get(k))
+				}
+			}
+		}
+	}
+}
+
+func TestServe_HTTPBadBounds(t *testing.T) {
+	for _, flag := range []string{"--http-read-timeout", "--http-write-timeout", "--http-idle-timeout", "--http-max-body-bytes"} {
+		err := serve(testCtx(t), []string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", flag, "0"},
+			serveEnv{}.get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), "must be positive") {
+			t.Errorf("%s 0: %v, want an error", flag, err)
+		}
+	}
+}
