@@ -37,12 +37,13 @@ func NewBucket(rate uint64, period time.Duration, burst uint64, clock store.Cloc
 // Take takes n tokens at now (nanoseconds since the Unix epoch) if the
 // bucket holds them, and reports the outcome: when denied, RetryAfter is
 // the time until n tokens will be there (store.Never if n exceeds the
-// burst), and nothing was taken. Zero tokens reports without taking.
+// burst), and nothing was taken. Zero tokens reports whether one token is
+// there, without taking it.
 func (b *Bucket) Take(now int64, n uint64) store.Decision {
 	for {
 		old := b.state.Load()
-		s, d := store.TakeTokens(old, b.rule, now, n)
-		if !d.Allowed || s == old || b.state.CompareAndSwap(old, s) {
+		s, d := store.TakeTokens(store.State{Word: old}, b.rule, now, n)
+		if !d.Allowed || s.Word == old || b.state.CompareAndSwap(old, s.Word) {
 			return d
 		}
 	}

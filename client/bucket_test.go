@@ -69,7 +69,8 @@ func TestBucket_Steps(t *testing.T) {
 		{ms(0), 1, false, 0, 125 * time.Millisecond},
 		{ms(124), 1, false, 0, time.Millisecond},
 		{ms(125), 1, true, 0, 0},
-		{ms(125), 0, true, 0, 0},                       // zero cost reports without taking
+		{ms(125), 0, false, 0, 125 * time.Millisecond}, // zero cost checks for one token, taking none
+		{ms(250), 0, true, 1, 0},                       // (one is there)
 		{ms(375), 3, false, 2, 125 * time.Millisecond}, // denied takes nothing
 		{ms(375), 2, true, 0, 0},
 		{ms(5375), 41, false, 40, store.Never},          // more than the burst never fits

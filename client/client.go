@@ -219,13 +219,32 @@ func (c *Client) ShouldRateLimit(ctx context.Context, domain string, descriptors
 	return c.answered(rlsResult(resp)), nil
 }
 
-// Check asks over Sluice's own API. cost is taken from every descriptor;
-// 0 checks the limits without consuming.
+// Check asks over Sluice's own API. cost is taken from every descriptor,
+// all or nothing; 0 checks, without consuming, whether one more unit
+// fits.
 //
 // When Sluice does not answer, err says why and the Result carries the
 // FailureMode's decision (Allowed, FailedOpen) and no statuses.
 func (c *Client) Check(ctx context.Context, domain string, descriptors []Descriptor, cost uint64) (Result, error) {
-	req := &sluicev1.CheckRequest{Domain: domain, Cost: &cost,
+	return c.check(ctx, domain, descriptors, cost, sluicev1.CostKind_COST_KIND_UNSPECIFIED)
+}
+
+// Charge records usage that already happened (the tokens a response
+// used) on every descriptor, whole, past the limits too: later checks are
+// denied until the limits have room again. The Result is not allowed when
+// the charge did not fit.
+func (c *Client) Charge(ctx context.Context, domain string, descriptors []Descriptor, cost uint64) (Result, error) {
+	return c.check(ctx, domain, descriptors, cost, sluicev1.CostKind_COST_KIND_CHARGE)
+}
+
+// Refund gives usage back on every descriptor (an estimate charged
+// earlier, trued up), never below empty nor above the limits.
+func (c *Client) Refund(ctx context.Context, domain string, descriptors []Descriptor, cost uint64) (Result, error) {
+	return c.check(ctx, domain, descriptors, cost, sluicev1.CostKind_COST_KIND_REFUND)
+}
+
+func (c *Client) check(ctx context.Context, domain string, descriptors []Descriptor, cost uint64, kind sluicev1.CostKind) (Result, error) {
+	req := &sluicev1.CheckRequest{Domain: domain, Cost: &cost, Kind: kind,
 		Descriptors: make([]*sluicev1.Descriptor, len(descriptors))}
 	for i, d := range descriptors {
 		pd := &sluicev1.Descriptor{Entries: make([]*sluicev1.Entry, len(d))}

@@ -50,7 +50,7 @@ descriptors:
 `)
 	cases := []struct {
 		bucket map[string]string
-		limit  uint32 // 0: no rule
+		limit  uint64 // 0: no rule
 		key    string
 	}{
 		{bucket("tenant=acme"), 2, "q|tenant=acme|fw:1s"},

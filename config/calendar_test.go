@@ -70,7 +70,7 @@ descriptors:
 	// The compiled rule counts calendar months: Feb 2024 in Berlin ends
 	// on Mar 1 at 00:00 +01.
 	now := time.Date(2024, 2, 29, 12, 0, 0, 0, time.UTC).UnixNano()
-	if _, d := store.Take(0, a.Limit, now, 1); !d.Allowed || d.ResetAfter != 11*time.Hour {
+	if _, d := store.Take(store.State{}, a.Limit, now, 1); !d.Allowed || d.ResetAfter != 11*time.Hour {
 		t.Errorf("Feb 29, 12:00 UTC in Berlin: %+v, want the window to end in 11 h", d)
 	}
 	want := "b.berlin: unit=MONTH requests_per_unit=1000000, shadow_mode: false, quota_mode: false, calendar: true, time_zone: Europe/Berlin\n" +

@@ -24,7 +24,9 @@ const DefaultMaxValueBytes = 256
 //	domain|key=value|sw:10/3month@UTC
 //
 // The domain comes first, then one key=value part per descriptor entry, then
-// the algorithm with its window (fw:<seconds>s) or, for a token bucket, its
+// the algorithm with its window (fw:<seconds>s; fw64:<seconds>s for a limit
+// above store.MaxFixedWindowLimit, whose state takes two words, so a narrow
+// and a wide rule never share a state) or, for a token bucket, its
 // rate, period and burst (tb:<rate>/<seconds>s:<burst>), for a sliding
 // window its limit and window (sw:<limit>/<seconds>s), because a bucket's
 // or a sliding window's stored state is only meaningful for those
@@ -85,15 +87,19 @@ func keySuffix(r *Rule) string {
 	case store.SlidingWindow:
 		return "|sw:" + strconv.FormatUint(r.Limit.Limit(), 10) + "/" + per
 	}
+	if r.Limit.Wide() {
+		return "|fw64:" + per
+	}
 	return "|fw:" + per
 }
 
 // OverrideKey appends the counter key for a descriptor's limit override:
 // the domain, the request's entries as sent and the override's unit, as a
-// fixed window. It is the key a rule matching the same entries exactly with
-// the same unit uses, as in envoyproxy/ratelimit. Parts longer than the
-// table's MaxValueBytes are hashed, as in rule keys.
-func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Unit) []byte {
+// fixed window (wide when its limit exceeds store.MaxFixedWindowLimit). It
+// is the key a rule matching the same entries exactly with the same unit
+// uses, as in envoyproxy/ratelimit. Parts longer than the table's
+// MaxValueBytes are hashed, as in rule keys.
+func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Unit, wide bool) []byte {
 	dst = appendPart(dst, domain, t.max)
 	for _, e := range entries {
 		dst = append(dst, '|')
@@ -101,7 +107,11 @@ func (t *Table) OverrideKey(dst []byte, domain string, entries []Entry, unit Uni
 		dst = append(dst, '=')
 		dst = appendPart(dst, e.Value, t.max)
 	}
-	dst = append(dst, "|fw:"...)
+	if wide {
+		dst = append(dst, "|fw64:"...)
+	} else {
+		dst = append(dst, "|fw:"...)
+	}
 	dst = strconv.AppendInt(dst, int64(unit.Duration()/time.Second), 10)
 	return append(dst, 's')
 }

@@ -37,7 +37,7 @@ func TestUnit(t *testing.T) {
 }
 
 func TestOverrideKey(t *testing.T) {
-	got := string((&Table{max: DefaultMaxValueBytes}).OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute))
+	got := string((&Table{max: DefaultMaxValueBytes}).OverrideKey([]byte("x:"), "api", entries("user=bob", "path=/a|b"), Minute, false))
 	if want := "x:api|user=bob|path=/a%7Cb|fw:60s"; got != want {
 		t.Errorf("OverrideKey = %q, want %q", got, want)
 	}
@@ -51,11 +51,29 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
 `)
 	_, key := tbl.Match("api", entries("user=bob"), nil)
-	if ov := tbl.OverrideKey(nil, "api", entries("user=bob"), Minute); string(ov) != string(key) {
+	if ov := tbl.OverrideKey(nil, "api", entries("user=bob"), Minute, false); string(ov) != string(key) {
 		t.Errorf("OverrideKey %q differs from the rule's key %q", ov, key)
 	}
 	if p := tbl.KeyPrefix("api"); !strings.HasPrefix(string(key), p) || p != "api|" {
 		t.Errorf("KeyPrefix = %q, want the start of %q", p, key)
+	}
+}
+
+// A fixed window past 2^32-3 is wide: its state takes two words, under a
+// key of its own.
+func TestKey_WideFixedWindow(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: api
+descriptors:
+  - key: narrow
+    rate_limit: {unit: minute, requests_per_unit: 4294967293}
+  - key: wide
+    rate_limit: {unit: minute, requests_per_unit: 4294967294}
+`)
+	for _, c := range []struct{ entry, want string }{{"narrow=a", "api|narrow=a|fw:60s"}, {"wide=a", "api|wide=a|fw64:60s"}} {
+		if _, key := tbl.Match("api", entries(c.entry), nil); string(key) != c.want {
+			t.Errorf("key of %s = %q, want %q", c.entry, key, c.want)
+		}
 	}
 }
 
@@ -67,7 +85,7 @@ func TestOverrideKey_MaxValueBytes(t *testing.T) {
 	}
 	long := entries("user=" + strings.Repeat("x", 9))
 	_, key := tbl.Match("api", long, nil)
-	if ov := tbl.OverrideKey(nil, "api", long, Minute); string(ov) != string(key) || strings.Contains(string(ov), "xxxxxxxxx") {
+	if ov := tbl.OverrideKey(nil, "api", long, Minute, false); string(ov) != string(key) || strings.Contains(string(ov), "xxxxxxxxx") {
 		t.Errorf("override key %q, rule key %q: want the same, hashed", ov, key)
 	}
 }
@@ -104,7 +122,7 @@ descriptors:
 `)
 	for _, v := range []string{"{x}", "a{x}b", "}{", "{", "}", "{{x}}"} {
 		_, key := tbl.Match("api", entries("user="+v), nil)
-		ov := tbl.OverrideKey(nil, "api", entries("user="+v), Minute)
+		ov := tbl.OverrideKey(nil, "api", entries("user="+v), Minute, false)
 		for _, k := range []string{string(key), string(ov)} {
 			if strings.ContainsAny(k, "{}") {
 				t.Errorf("value %q: key %q holds a brace", v, k)

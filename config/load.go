@@ -509,10 +509,10 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 	}
 	if f, ok := fields["requests_per_unit"]; ok {
 		if v, ok := l.uint(file, path, "requests_per_unit", f); ok {
-			if v > math.MaxUint32 {
-				l.errorf(file, f.val.Line, path, "requests_per_unit: %d exceeds %d", v, uint64(math.MaxUint32))
+			if v > store.MaxLimit {
+				l.errorf(file, f.val.Line, path, "requests_per_unit: %d exceeds %d (2^53)", v, uint64(store.MaxLimit))
 			}
-			r.RequestsPerUnit = uint32(v)
+			r.RequestsPerUnit = v
 		}
 	}
 	if f, ok := fields["algorithm"]; ok {
@@ -543,12 +543,14 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 			r.UnitMultiplier = uint32(v)
 		}
 	}
-	r.Burst = uint64(r.RequestsPerUnit)
+	r.Burst = r.RequestsPerUnit
 	if f, ok := fields["burst"]; ok {
 		switch v, ok := l.uint(file, path, "burst", f); {
 		case !ok:
 		case r.Algorithm != store.TokenBucket:
 			l.errorf(file, f.key.Line, path, "burst needs algorithm: token_bucket")
+		case v > store.MaxLimit:
+			l.errorf(file, f.val.Line, path, "burst: %d exceeds %d (2^53)", v, uint64(store.MaxLimit))
 		default:
 			r.Burst = v
 		}
@@ -568,11 +570,11 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 		case r.Calendar:
 			r.Limit, err = l.calendarRule(r)
 		case r.Algorithm == store.TokenBucket:
-			r.Limit, err = store.NewTokenBucket(uint64(r.RequestsPerUnit), period, r.Burst)
+			r.Limit, err = store.NewTokenBucket(r.RequestsPerUnit, period, r.Burst)
 		case r.Algorithm == store.SlidingWindow:
-			r.Limit, err = store.NewSlidingWindow(uint64(r.RequestsPerUnit), period)
+			r.Limit, err = store.NewSlidingWindow(r.RequestsPerUnit, period)
 		default:
-			r.Limit, err = store.NewFixedWindow(uint64(r.RequestsPerUnit), period)
+			r.Limit, err = store.NewFixedWindow(r.RequestsPerUnit, period)
 		}
 		if err != nil {
 			l.errorf(file, n.Line, path, "rate_limit: %s", strings.TrimPrefix(err.Error(), "store: "))
@@ -669,9 +671,9 @@ func (l *loader) calendarRule(r *Rule) (*store.Rule, error) {
 		l.calendars[k] = c
 	}
 	if r.Algorithm == store.SlidingWindow {
-		return store.NewCalendarSliding(uint64(r.RequestsPerUnit), c)
+		return store.NewCalendarSliding(r.RequestsPerUnit, c)
 	}
-	return store.NewCalendarWindow(uint64(r.RequestsPerUnit), c)
+	return store.NewCalendarWindow(r.RequestsPerUnit, c)
 }
 
 type calendarKey struct {

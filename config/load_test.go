@@ -177,7 +177,7 @@ descriptors:
 `)
 	cases := []struct {
 		e     Entry
-		rpu   uint32
+		rpu   uint64
 		unit  Unit
 		flags [3]bool // shadow, quota, value_to_metric
 	}{
@@ -291,5 +291,26 @@ descriptors:
 		"m.bucket: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false, unit_multiplier: 10, algorithm: token_bucket, burst: 6\n"
 	if got := tbl.String(); got != want {
 		t.Errorf("String() =\n%s\nwant\n%s", got, want)
+	}
+}
+
+// Limits past 32 bits load from files up to 2^53, exactly.
+func TestLoad_BigLimits(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: budgets
+descriptors:
+  - key: dollars
+    rate_limit: {unit: month, requests_per_unit: 100_000_000_000}
+  - key: max
+    rate_limit: {unit: year, requests_per_unit: 9007199254740992, algorithm: token_bucket, burst: 9007199254740992}
+`)
+	for _, c := range []struct {
+		entry        Entry
+		limit, burst uint64
+	}{{Entry{"dollars", "a"}, 100_000_000_000, 100_000_000_000}, {Entry{"max", "a"}, 1 << 53, 1 << 53}} {
+		r, _ := tbl.Match("budgets", []Entry{c.entry}, nil)
+		if r == nil || r.RequestsPerUnit != c.limit || r.Burst != c.burst || r.Limit.Limit() != c.limit || r.Limit.Burst() != c.burst {
+			t.Errorf("%v: rule %v, want %d burst %d", c.entry, r, c.limit, c.burst)
+		}
 	}
 }

@@ -273,3 +273,19 @@ func BenchmarkCompileRateLimitConfigs(b *testing.B) {
 		}
 	}
 }
+
+// Envoy Gateway's own test of the uint32 bound: a limit of 4294967295
+// pushed over xDS compiles (it was refused as exceeding 4294967294) into
+// a rule that counts it exactly.
+func TestCompileRateLimitConfigs_MaxUint32(t *testing.T) {
+	tbl, err := CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{{Name: "eg", Domain: "eg", Descriptors: []*ratelimitpb.RateLimitDescriptor{
+		{Key: "k", RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_HOUR, RequestsPerUnit: 4294967295}},
+	}}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, key := tbl.Match("eg", []Entry{{"k", "v"}}, nil)
+	if r == nil || r.RequestsPerUnit != 4294967295 || r.Limit.Limit() != 4294967295 || !r.Limit.Wide() || !strings.HasSuffix(string(key), "|fw64:3600s") {
+		t.Fatalf("rule %v key %q: want 4294967295 per hour, wide", r, key)
+	}
+}

@@ -316,7 +316,7 @@ descriptors:
 		if err := r.Reload(); err != nil {
 			t.Fatalf("reload %d: %v", i, err)
 		}
-		if got, _ := r.Current().Match("api", []Entry{{"a", "1"}}, nil); got.RequestsPerUnit != uint32(1+i%2) {
+		if got, _ := r.Current().Match("api", []Entry{{"a", "1"}}, nil); got.RequestsPerUnit != uint64(1+i%2) {
 			t.Fatalf("reload %d: rule %v, want limit %d", i, got, 1+i%2)
 		}
 	}

@@ -39,9 +39,11 @@ type Rule struct {
 	// stats-key convention: each level's key, or key_value when the
 	// descriptor has a value, joined by dots ("remote_address",
 	// "key1_value1.key2"). Domain + "." + Path is the reference's stats key.
-	Path            string
-	Unit            Unit
-	RequestsPerUnit uint32
+	Path string
+	Unit Unit
+	// RequestsPerUnit is requests per window, or tokens per unit: up to
+	// store.MaxLimit (2^53).
+	RequestsPerUnit uint64
 	// UnitMultiplier makes the window (or a token bucket's refill period)
 	// that many units long: rate_limit.unit_multiplier, 1 by default.
 	UnitMultiplier uint32

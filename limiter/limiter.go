@@ -111,8 +111,9 @@ type Options struct {
 	// quota descriptors are over. Without it only the descriptors whose
 	// rule has quota_mode are.
 	QuotaMode bool
-	// SaturateDenied makes denied hits consume what is left up to the
-	// limit (--denied-hits=saturate) instead of nothing.
+	// SaturateDenied makes denied hits (Kind Hits) consume what is left
+	// up to the limit (--denied-hits=saturate) instead of nothing.
+	// Charges are recorded whole and refunds applied either way.
 	SaturateDenied bool
 	// FailureMode decides what a store failure answers.
 	FailureMode FailureMode
@@ -173,6 +174,7 @@ type planned struct {
 	override bool
 	first, n int    // the descriptor's limits: s.lims[first:first+n]
 	cost     uint64 // the descriptor's hits_addend
+	kind     Kind   // how cost counts
 	over     bool   // a vetoing hit of the descriptor was denied
 	dropped  bool   // an unlimited rule replaced by another descriptor's
 	// unlimited: the matched rule is unlimited (even once replaced): the
@@ -288,7 +290,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
 		p := &s.plan[i]
-		*p = planned{first: len(s.lims), cost: cost(req, d)}
+		*p = planned{first: len(s.lims), cost: cost(req, d), kind: d.Kind}
 		if d.Override != (Override{}) {
 			r, err := l.overrideRule(d.Override)
 			if err != nil {
@@ -296,7 +298,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			}
 			p.override = true
 			start := len(s.keys)
-			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit)
+			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit, r.Wide())
 			if m := d.Override.UnitMultiplier; m > 1 {
 				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
 			}
@@ -422,11 +424,11 @@ func (l *Limiter) build(s *scratch) {
 			}
 			lp.hit = len(s.hits)
 			s.hits = append(s.hits, store.Hit{
-				Key:      keyString(s.keys[lp.keyStart:lp.keyEnd]),
-				Rule:     lp.limit,
-				Cost:     p.cost,
-				Veto:     lp.rule == nil || !lp.rule.ShadowMode,
-				Saturate: l.opts.SaturateDenied,
+				Key:  keyString(s.keys[lp.keyStart:lp.keyEnd]),
+				Rule: lp.limit,
+				Cost: p.cost,
+				Veto: lp.rule == nil || !lp.rule.ShadowMode,
+				Mode: l.mode(p.kind),
 			})
 		}
 	}
@@ -434,6 +436,19 @@ func (l *Limiter) build(s *scratch) {
 		s.out = make([]store.Decision, len(s.hits))
 	}
 	s.out = s.out[:len(s.hits)]
+}
+
+// mode is the store mode of a descriptor's hits of kind k.
+func (l *Limiter) mode(k Kind) store.Mode {
+	switch {
+	case k == Charge:
+		return store.ModeCharge
+	case k == Refund:
+		return store.ModeRefund
+	case l.opts.SaturateDenied:
+		return store.ModeSaturate
+	}
+	return store.ModeTake
 }
 
 // cost is d's hits_addend: its own when set (zero checks without
@@ -464,7 +479,9 @@ func keyString(b []byte) string {
 // them: the request consumes from every other descriptor at once, and
 // the over quota descriptors consume nothing. Each round drops at least
 // one descriptor, so there are at most as many rounds as quota
-// descriptors. With SaturateDenied every hit is charged anyway: one round.
+// descriptors. Charges and refunds applied in the first round and keep
+// its decisions. With SaturateDenied every hit is charged anyway: one
+// round.
 func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 	if err := l.store.Take(ctx, now, s.hits, s.out); err != nil {
 		return err
@@ -488,7 +505,7 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 				continue
 			}
 			for j := p.first; j < p.first+p.n; j++ {
-				if h := s.lims[j].hit; h >= 0 {
+				if h := s.lims[j].hit; h >= 0 && !s.hits[h].Always() {
 					s.round = append(s.round, s.hits[h])
 					s.roundAt = append(s.roundAt, h)
 				}
@@ -609,11 +626,12 @@ func (l *Limiter) report(req *Request, resp *Response, s *scratch) {
 	for i := range s.plan {
 		p := &s.plan[i]
 		st := &resp.Statuses[i]
+		st.Kind = p.kind
 		switch {
 		case p.override:
 			d := req.Descriptors[i].Override
 			st.Limited = true
-			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = d.RequestsPerUnit, d.Unit, d.UnitMultiplier
+			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = uint64(d.RequestsPerUnit), d.Unit, d.UnitMultiplier
 			st.Decision, st.Hits = s.out[s.lims[p.first].hit], p.cost
 		case p.rule == nil:
 			continue
@@ -686,6 +704,7 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 	for i := range s.plan {
 		p := &s.plan[i]
 		st := &resp.Statuses[i]
+		st.Kind = p.kind
 		if p.rule != nil && p.rule.Unlimited {
 			st.Rule, st.Unlimited, st.Hits = p.rule, true, p.cost
 			continue
@@ -713,7 +732,7 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 		st.Limited, st.Hits = true, p.cost
 		if p.override {
 			o := req.Descriptors[i].Override
-			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = o.RequestsPerUnit, o.Unit, o.UnitMultiplier
+			st.RequestsPerUnit, st.Unit, st.UnitMultiplier = uint64(o.RequestsPerUnit), o.Unit, o.UnitMultiplier
 		} else {
 			st.Rule = lp.rule
 			st.Name, st.RequestsPerUnit, st.Unit, st.UnitMultiplier = lp.rule.Name, lp.rule.RequestsPerUnit, lp.rule.Unit, lp.rule.UnitMultiplier
@@ -730,13 +749,12 @@ func (l *Limiter) storeFailed(req *Request, resp *Response, s *scratch, err erro
 }
 
 // overrideRule returns the fixed-window rule of an override, compiled once
-// per override while the cache has room. A limit above what a fixed
-// window holds is clamped to it.
+// per override while the cache has room.
 func (l *Limiter) overrideRule(o Override) (*store.Rule, error) {
 	if r, ok := l.overrides.Load(o); ok {
 		return r, nil
 	}
-	r, err := store.NewFixedWindow(min(uint64(o.RequestsPerUnit), store.MaxFixedWindowLimit), o.window())
+	r, err := store.NewFixedWindow(uint64(o.RequestsPerUnit), o.window())
 	if err != nil {
 		return nil, err
 	}

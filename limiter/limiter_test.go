@@ -49,15 +49,16 @@ func (c *fakeClock) Now() int64              { return c.now.Load() }
 func (c *fakeClock) advance(d time.Duration) { c.now.Add(int64(d)) }
 
 // mapStore is a hand-written Store: a mutex, a map and the store
-// package's pure algorithms, all-or-nothing like a real store.
+// package's pure algorithms, all-or-nothing like a real store: takes
+// commit together, other modes apply in their turn.
 type mapStore struct {
 	mu    sync.Mutex
-	state map[string]uint64
+	state map[string]store.State
 	takes int
 	fail  error
 }
 
-func newMapStore() *mapStore { return &mapStore{state: map[string]uint64{}} }
+func newMapStore() *mapStore { return &mapStore{state: map[string]store.State{}} }
 
 func (m *mapStore) Take(_ context.Context, now int64, hits []store.Hit, out []store.Decision) error {
 	m.mu.Lock()
@@ -66,27 +67,26 @@ func (m *mapStore) Take(_ context.Context, now int64, hits []store.Hit, out []st
 		return m.fail
 	}
 	m.takes++
-	next := make([]uint64, len(hits))
+	next := make([]store.State, len(hits))
 	denied := false
 	for i, h := range hits {
-		next[i], out[i] = store.Take(m.state[h.Key], h.Rule, now, h.Cost)
+		if h.Always() {
+			m.state[strings.Clone(h.Key)], out[i] = store.Apply(m.state[h.Key], h.Rule, now, h.Cost, h.Mode)
+		} else {
+			next[i], out[i] = store.Take(m.state[h.Key], h.Rule, now, h.Cost)
+		}
 		if !out[i].Allowed && h.Veto {
 			denied = true
 		}
 	}
 	for i, h := range hits {
 		switch {
+		case h.Always():
 		case !denied:
 			m.state[strings.Clone(h.Key)] = next[i]
-		case h.Saturate:
-			var d store.Decision
-			m.state[strings.Clone(h.Key)], d = store.Saturate(m.state[h.Key], h.Rule, now, h.Cost)
-			if !out[i].Allowed {
-				out[i] = d
-			}
 		case out[i].Allowed:
 			// Denied as a whole: report what was there before.
-			_, out[i] = store.Take(m.state[h.Key], h.Rule, now, 0)
+			out[i] = store.View(m.state[h.Key], h.Rule, now)
 		}
 	}
 	return nil
@@ -152,7 +152,7 @@ type want struct {
 	code      limiter.Code
 	limited   bool
 	name      string
-	rpu       uint32
+	rpu       uint64
 	remaining uint32
 	reset     time.Duration
 }
@@ -183,6 +183,8 @@ func TestCheck_Steps(t *testing.T) {
 		{"more entries than the rule", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("fw", "x", "y", "z")}}, limiter.OK, []want{none}},
 		{"first hit", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("fw", "x")}}, limiter.OK, []want{fw(1, limiter.OK)}},
 		{"check only", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{withCost(desc("fw", "x"), 0)}}, limiter.OK, []want{fw(1, limiter.OK)}},
+		{"take both of another value", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{withCost(desc("fw", "z"), 2)}}, limiter.OK, []want{fw(0, limiter.OK)}},
+		{"one more does not fit", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{withCost(desc("fw", "z"), 0)}}, limiter.OverLimit, []want{fw(0, limiter.OverLimit)}},
 		{"second hit", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("fw", "x")}}, limiter.OK, []want{fw(0, limiter.OK)}},
 		{"third hit denied", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("fw", "x")}}, limiter.OverLimit, []want{fw(0, limiter.OverLimit)}},
 		{"other value counts apart", limiter.Request{Domain: "test", Descriptors: []limiter.Descriptor{desc("fw", "y")}, HitsAddend: 2}, limiter.OK, []want{fw(0, limiter.OK)}},

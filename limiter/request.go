@@ -49,9 +49,44 @@ type Descriptor struct {
 	// descriptor; zero checks without consuming.
 	Cost    uint64
 	HasCost bool
+	// Kind says how the cost counts: the request's own hits (the zero
+	// value), a charge or a refund.
+	Kind Kind
 	// Override, when set (Unit != 0), replaces the matched rule by a
 	// fixed window of RequestsPerUnit per Unit.
 	Override Override
+}
+
+// Kind says how a descriptor's cost counts.
+type Kind uint8
+
+const (
+	// Hits are the request's own: consumed only if the whole request is
+	// allowed (all or nothing; --denied-hits saturate consumes what is
+	// left of a denied one). A cost of 0 checks whether one more unit
+	// would fit.
+	Hits Kind = iota
+	// Charge is usage that already happened (Envoy's per-descriptor
+	// hits_addend: Envoy Gateway's cost, apply_on_stream_done): recorded
+	// whole, past the limit too and whatever the request's outcome. It
+	// reports over the limit, and denies the request, when it did not
+	// fit.
+	Charge
+	// Refund gives usage back (Envoy's is_negative_hits): never below
+	// empty, never above the limit's capacity, whatever the request's
+	// outcome. It is never over the limit.
+	Refund
+)
+
+// String returns "hits", "charge" or "refund".
+func (k Kind) String() string {
+	switch k {
+	case Charge:
+		return "charge"
+	case Refund:
+		return "refund"
+	}
+	return "hits"
 }
 
 // Override is a limit carried by the request itself (Envoy's
@@ -109,9 +144,10 @@ type Status struct {
 	// Unlimited reports a rule with `unlimited: true`.
 	Unlimited bool
 	// Name, RequestsPerUnit and Unit describe the limit in Envoy's terms:
-	// for a token bucket RequestsPerUnit is the refill per Unit.
+	// for a token bucket RequestsPerUnit is the refill per Unit. It is
+	// exact (up to 2^53); Envoy's field holds at most 4294967295.
 	Name            string
-	RequestsPerUnit uint32
+	RequestsPerUnit uint64
 	Unit            config.Unit
 	// UnitMultiplier is the override's or the rule's (rate_limit's
 	// unit_multiplier): the window is that many Units; 0 or 1 means one.
@@ -122,25 +158,39 @@ type Status struct {
 	// nothing applied. Per-rule metrics count it, as the reference's
 	// stats add hits_addend.
 	Hits uint64
+	// Kind is how Hits counted: the request's own, a charge or a refund.
+	Kind Kind
 	// Decision is the store's answer. For a rule in shadow mode it keeps
 	// Allowed=false when the rule was exceeded although Code is OK.
 	Decision store.Decision
 }
 
 // Remaining is Envoy's limit_remaining: requests or whole tokens left,
-// saturated to uint32; 0 when the descriptor's hit was denied (shadow mode
-// included) or had no limit, as in envoyproxy/ratelimit; 4294967295 for
-// an unlimited rule. Decision.Remaining keeps what is really left.
+// saturated to uint32 (4294967295 for more); 0 when the descriptor's hit
+// was denied (shadow mode included) or had no limit, as in
+// envoyproxy/ratelimit; 4294967295 for an unlimited rule. ExactRemaining
+// is the same, not saturated.
 func (s *Status) Remaining() uint32 {
+	return uint32(min(s.ExactRemaining(), math.MaxUint32))
+}
+
+// ExactRemaining is Remaining up to 2^53: requests or whole tokens left,
+// 0 when denied or without a limit, 4294967295 for an unlimited rule.
+// Decision.Remaining keeps what is left even when denied.
+func (s *Status) ExactRemaining() uint64 {
 	switch {
 	case s.Unlimited:
 		return math.MaxUint32
 	case !s.Decision.Allowed:
 		return 0
-	case s.Decision.Remaining > math.MaxUint32:
-		return math.MaxUint32
 	}
-	return uint32(s.Decision.Remaining)
+	return s.Decision.Remaining
+}
+
+// EnvoyRequestsPerUnit is RequestsPerUnit as Envoy's uint32
+// current_limit.requests_per_unit holds it: 4294967295 for more.
+func (s *Status) EnvoyRequestsPerUnit() uint32 {
+	return uint32(min(s.RequestsPerUnit, math.MaxUint32))
 }
 
 // ResetAfter is Envoy's duration_until_reset: the time until the window

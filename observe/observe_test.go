@@ -274,6 +274,51 @@ func TestRules_CountsHitsAddend(t *testing.T) {
 	}
 }
 
+// TestRules_CountsCharges: charges count as hits and as charged, those
+// that did not fit as charged over the limit (the overspend); refunds
+// count as refunded only.
+func TestRules_CountsCharges(t *testing.T) {
+	tab := loadTable(t, limits)
+	reg := prometheus.NewRegistry()
+	rules, err := observe.NewRules(reg, observe.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules.SetTable(tab)
+	lim := limiter.New(tables{tab}, memory.New(memory.Options{}), limiter.Options{Observer: rules, Clock: storetest.NewClock(t0)})
+	send := func(kind limiter.Kind, cost uint64) {
+		t.Helper()
+		d := desc("k", "a")
+		d.Cost, d.HasCost, d.Kind = cost, true, kind
+		if err := lim.Check(context.Background(), &limiter.Request{Domain: "web", Descriptors: []limiter.Descriptor{d}}, new(limiter.Response)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(limiter.Hits, 0)    // a peek: nothing
+	send(limiter.Charge, 8)  // 8 of 10
+	send(limiter.Charge, 30) // past the limit: 38 counted
+	send(limiter.Hits, 1)    // denied
+	send(limiter.Refund, 35) // 3 counted
+	send(limiter.Hits, 2)    // within
+	fams := scrape(t, reg)
+	l := map[string]string{"domain": "web", "rule": "k", "value": ""}
+	check(t, fams, "sluice_rule_hits_total", l, 41)
+	check(t, fams, "sluice_rule_within_limit_total", l, 10)
+	check(t, fams, "sluice_rule_over_limit_total", l, 31)
+	check(t, fams, "sluice_rule_charged_total", l, 38)
+	check(t, fams, "sluice_rule_charged_over_limit_total", l, 30)
+	check(t, fams, "sluice_rule_refunded_total", l, 35)
+	var got observe.Counts
+	for _, c := range rules.Snapshot(nil) {
+		if c.Rule == "k" {
+			got = c.Counts
+		}
+	}
+	if want := (observe.Counts{Within: 10, Over: 31, Near: 1, Charged: 38, ChargedOver: 30, Refunded: 35}); got != want {
+		t.Errorf("Snapshot: %+v, want %+v", got, want)
+	}
+}
+
 func TestRules_ReloadKeepsSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	rules, err := observe.NewRules(reg, observe.Options{})

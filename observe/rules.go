@@ -107,7 +107,10 @@ type series struct {
 // within + over, one atomic add per descriptor fewer on the hot path.
 type counters struct {
 	within, over, near, shadow, local atomic.Uint64
-	labels                            [3]string // domain, rule, value
+	// charges (usage recorded after the fact, within or over) and those
+	// recorded past the limit; refunds, which count in no other counter.
+	charged, chargedOver, refunded atomic.Uint64
+	labels                         [3]string // domain, rule, value
 }
 
 // detailed are a detailed rule's counters: one set per value, capped,
@@ -135,6 +138,12 @@ var (
 		"Hits over the limit of a shadow-mode rule, allowed anyway.", ruleLabels, nil)
 	localDesc = prometheus.NewDesc("sluice_rule_over_limit_local_cache_total",
 		"Hits over the limit answered from the store's local over-limit cache, without a Redis call.", ruleLabels, nil)
+	chargedDesc = prometheus.NewDesc("sluice_rule_charged_total",
+		"Units charged after the fact (a descriptor's own hits_addend above 0), recorded whole, within the limit or past it.", ruleLabels, nil)
+	chargedOverDesc = prometheus.NewDesc("sluice_rule_charged_over_limit_total",
+		"Units of charges that did not fit, recorded past the limit (the overspend).", ruleLabels, nil)
+	refundedDesc = prometheus.NewDesc("sluice_rule_refunded_total",
+		"Units given back (is_negative_hits).", ruleLabels, nil)
 )
 
 // NewRules registers the per-rule and store-failure counters on reg.
@@ -167,7 +176,7 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 type rulesCollector struct{ r *Rules }
 
 func (c rulesCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc, localDesc} {
+	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc, localDesc, chargedDesc, chargedOverDesc, refundedDesc} {
 		ch <- d
 	}
 }
@@ -182,6 +191,9 @@ func (c rulesCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(nearDesc, prometheus.CounterValue, float64(s.near.Load()), l...)
 		ch <- prometheus.MustNewConstMetric(shadowDesc, prometheus.CounterValue, float64(s.shadow.Load()), l...)
 		ch <- prometheus.MustNewConstMetric(localDesc, prometheus.CounterValue, float64(s.local.Load()), l...)
+		ch <- prometheus.MustNewConstMetric(chargedDesc, prometheus.CounterValue, float64(s.charged.Load()), l...)
+		ch <- prometheus.MustNewConstMetric(chargedOverDesc, prometheus.CounterValue, float64(s.chargedOver.Load()), l...)
+		ch <- prometheus.MustNewConstMetric(refundedDesc, prometheus.CounterValue, float64(s.refunded.Load()), l...)
 	})
 }
 
@@ -346,10 +358,11 @@ func (r *Rules) override(domain string) *counters {
 // Observe counts one descriptor's decision, adding its hits (st.Hits) as
 // the reference adds hits_addend: a check (0 hits) counts nothing. Of an
 // allowed descriptor's hits, those that brought the usage to or past the
-// near-limit threshold count as near. A rule of an earlier table counts
-// with the live rule of the same domain and path, or not at all if it
-// left the config. For a live rule that is not detailed it allocates
-// nothing and takes no lock.
+// near-limit threshold count as near. A charge counts as hits too, and as
+// charged (over the limit: charged past it); a refund counts as refunded
+// only. A rule of an earlier table counts with the live rule of the same
+// domain and path, or not at all if it left the config. For a live rule
+// that is not detailed it allocates nothing and takes no lock.
 func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule, st *limiter.Status) {
 	var c *counters
 	if rule == nil {
@@ -366,8 +379,17 @@ func (r *Rules) Observe(domain string, entries []config.Entry, rule *config.Rule
 		}
 	}
 	n := st.Hits
-	if c == nil || n == 0 {
+	switch {
+	case c == nil || n == 0:
 		return
+	case st.Kind == limiter.Refund:
+		c.refunded.Add(n)
+		return
+	case st.Kind == limiter.Charge:
+		c.charged.Add(n)
+		if !st.Decision.Allowed && !st.Unlimited {
+			c.chargedOver.Add(n)
+		}
 	}
 	d := &st.Decision
 	switch {
@@ -476,6 +498,10 @@ func errorKind(err error) string {
 // Counts are a label set's cumulative counts, in hits (see Rules).
 type Counts struct {
 	Within, Over, Near, Shadow uint64
+	// Charged counts the units of charges (within and over above), and
+	// ChargedOver those recorded past the limit; Refunded the units given
+	// back (in no other count).
+	Charged, ChargedOver, Refunded uint64
 }
 
 // RuleCounts are the counts of one label set: a rule (Value ""), one value
@@ -496,7 +522,8 @@ func (r *Rules) Snapshot(dst []RuleCounts) []RuleCounts {
 	defer r.labelsMu.Unlock()
 	for _, c := range r.byLabels {
 		dst = append(dst, RuleCounts{Domain: c.labels[0], Rule: c.labels[1], Value: c.labels[2],
-			Counts: Counts{Within: c.within.Load(), Over: c.over.Load(), Near: c.near.Load(), Shadow: c.shadow.Load()}})
+			Counts: Counts{Within: c.within.Load(), Over: c.over.Load(), Near: c.near.Load(), Shadow: c.shadow.Load(),
+				Charged: c.charged.Load(), ChargedOver: c.chargedOver.Load(), Refunded: c.refunded.Load()}})
 	}
 	return dst
 }

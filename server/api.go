@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -50,7 +51,9 @@ func (a *API) check(ctx context.Context, in *sluicev1.CheckRequest) (*sluicev1.C
 }
 
 // fillCheck translates our API's request. Every descriptor gets an
-// explicit cost, so 0 means "check only" here, unlike Envoy's hits_addend.
+// explicit cost, so 0 means "check only" here, unlike Envoy's hits_addend,
+// and its kind is said in words: a cost is the request's own unless the
+// request or the descriptor makes it a charge or a refund.
 func fillCheck(r *limiter.Request, in *sluicev1.CheckRequest) error {
 	r.Reset()
 	r.Domain = in.GetDomain()
@@ -58,13 +61,17 @@ func fillCheck(r *limiter.Request, in *sluicev1.CheckRequest) error {
 	if in.Cost != nil {
 		cost = in.GetCost()
 	}
+	kind, err := costKind(in.GetKind())
+	if err != nil {
+		return err
+	}
 	if in.GetKey() != "" || in.GetValue() != "" {
 		if len(in.GetDescriptors()) > 0 {
 			return &limiter.InvalidError{Reason: "key/value and descriptors are mutually exclusive"}
 		}
 		d := r.AddDescriptor()
 		d.Entries = append(d.Entries, config.Entry{Key: in.GetKey(), Value: in.GetValue()})
-		d.Cost, d.HasCost = cost, true
+		d.Cost, d.HasCost, d.Kind = cost, true, kind
 		return nil
 	}
 	for _, pd := range in.GetDescriptors() {
@@ -72,12 +79,30 @@ func fillCheck(r *limiter.Request, in *sluicev1.CheckRequest) error {
 		for _, e := range pd.GetEntries() {
 			d.Entries = append(d.Entries, config.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		d.Cost, d.HasCost = cost, true
+		d.Cost, d.HasCost, d.Kind = cost, true, kind
 		if pd.Cost != nil {
 			d.Cost = pd.GetCost()
 		}
+		if pd.Kind != nil {
+			if d.Kind, err = costKind(pd.GetKind()); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
+}
+
+// costKind translates our API's CostKind.
+func costKind(k sluicev1.CostKind) (limiter.Kind, error) {
+	switch k {
+	case sluicev1.CostKind_COST_KIND_UNSPECIFIED:
+		return limiter.Hits, nil
+	case sluicev1.CostKind_COST_KIND_CHARGE:
+		return limiter.Charge, nil
+	case sluicev1.CostKind_COST_KIND_REFUND:
+		return limiter.Refund, nil
+	}
+	return 0, &limiter.InvalidError{Reason: fmt.Sprintf("unknown cost kind %d", int32(k))}
 }
 
 func checkResponse(r *limiter.Response) *sluicev1.CheckResponse {

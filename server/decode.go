@@ -150,11 +150,22 @@ func decodeDescriptor(d *limiter.Descriptor, b []byte) error {
 		}
 		return 0, nil
 	})
-	if negative {
-		// Refunds are not applied: the descriptor is only checked.
-		d.Cost, d.HasCost = 0, true
-	}
+	d.Kind = kind(d.HasCost, d.Cost, negative)
 	return err
+}
+
+// kind is how an Envoy descriptor's cost counts: is_negative_hits gives it
+// back; a hits_addend of its own above 0 is a charge (Envoy Gateway's
+// cost, apply_on_stream_done: usage recorded whole, past the limit too);
+// anything else is the request's own hits.
+func kind(hasCost bool, cost uint64, negative bool) limiter.Kind {
+	switch {
+	case negative:
+		return limiter.Refund
+	case hasCost && cost > 0:
+		return limiter.Charge
+	}
+	return limiter.Hits
 }
 
 // decodeEntry decodes a RateLimitDescriptor.Entry; its strings alias b.

@@ -65,7 +65,7 @@ func FuzzDecodeRLS(f *testing.F) {
 func describe(r *limiter.Request) string {
 	s := fmt.Sprintf("domain %q hits %d\n", r.Domain, r.HitsAddend)
 	for i, d := range r.Descriptors {
-		s += fmt.Sprintf("%d: cost %d/%v override %+v entries", i, d.Cost, d.HasCost, d.Override)
+		s += fmt.Sprintf("%d: cost %d/%v %v override %+v entries", i, d.Cost, d.HasCost, d.Kind, d.Override)
 		for _, e := range d.Entries {
 			s += fmt.Sprintf(" %q=%q", e.Key, e.Value)
 		}

@@ -78,7 +78,7 @@ func appendStatus(b []byte, st *limiter.Status) []byte {
 	case st.Limited:
 		at := 0
 		b, at = beginMessage(b, statusCurrentLimit)
-		b = appendVarint(b, limitRequestsPerUnit, uint64(st.RequestsPerUnit))
+		b = appendVarint(b, limitRequestsPerUnit, uint64(st.EnvoyRequestsPerUnit()))
 		b = appendVarint(b, limitUnit, uint64(st.Unit))
 		b = appendString(b, limitName, st.Name)
 		if st.UnitMultiplier > 1 {
@@ -106,8 +106,8 @@ func (s *RLS) appendHeaders(b []byte, r *limiter.Response) []byte {
 	}
 	st := &r.Statuses[i]
 	var num [20]byte
-	b = appendHeader(b, s.headers.Limit, strconv.AppendUint(num[:0], uint64(st.RequestsPerUnit), 10))
-	b = appendHeader(b, s.headers.Remaining, strconv.AppendUint(num[:0], uint64(st.Remaining()), 10))
+	b = appendHeader(b, s.headers.Limit, strconv.AppendUint(num[:0], st.RequestsPerUnit, 10))
+	b = appendHeader(b, s.headers.Remaining, strconv.AppendUint(num[:0], st.ExactRemaining(), 10))
 	b = appendHeader(b, s.headers.Reset, strconv.AppendInt(num[:0], seconds(st.ResetAfter()), 10))
 	if d := r.RetryAfter(); d > 0 && d != store.Never {
 		b = appendHeader(b, "Retry-After", strconv.AppendInt(num[:0], seconds(d), 10))

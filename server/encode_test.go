@@ -37,7 +37,7 @@ func buildResponse(s *RLS, r *limiter.Response) *rlspb.RateLimitResponse {
 			ps.LimitRemaining = st.Remaining()
 		case st.Limited:
 			l := &b.limit
-			l.Name, l.RequestsPerUnit, l.Unit = st.Name, st.RequestsPerUnit, rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)
+			l.Name, l.RequestsPerUnit, l.Unit = st.Name, uint32(min(st.RequestsPerUnit, math.MaxUint32)), rlspb.RateLimitResponse_RateLimit_Unit(st.Unit)
 			if st.UnitMultiplier > 1 {
 				l.UnitMultiplier = wrapperspb.UInt32(st.UnitMultiplier)
 			}
@@ -66,8 +66,8 @@ func buildHeaders(s *RLS, r *limiter.Response) []*corepb.HeaderValue {
 	}
 	st := &r.Statuses[i]
 	hs := []*corepb.HeaderValue{
-		{Key: s.headers.Limit, Value: strconv.FormatUint(uint64(st.RequestsPerUnit), 10)},
-		{Key: s.headers.Remaining, Value: strconv.FormatUint(uint64(st.Remaining()), 10)},
+		{Key: s.headers.Limit, Value: strconv.FormatUint(st.RequestsPerUnit, 10)},
+		{Key: s.headers.Remaining, Value: strconv.FormatUint(st.ExactRemaining(), 10)},
 		{Key: s.headers.Reset, Value: strconv.FormatInt(int64(st.ResetAfter().Seconds()), 10)},
 	}
 	if d := r.RetryAfter(); d > 0 && d != store.Never {
@@ -96,7 +96,7 @@ func checkEncoding(t *testing.T, name string, s *RLS, r *limiter.Response) {
 	}
 }
 
-func limited(code limiter.Code, name string, rpu uint32, unit config.Unit, d store.Decision) limiter.Status {
+func limited(code limiter.Code, name string, rpu uint64, unit config.Unit, d store.Decision) limiter.Status {
 	return limiter.Status{Code: code, Limited: true, Name: name, RequestsPerUnit: rpu, Unit: unit, Decision: d}
 }
 
@@ -188,7 +188,7 @@ func readStatus(b []byte) (limiter.Status, []byte) {
 		n := min(int(u(1)), len(b))
 		st.Name = strings.ToValidUTF8(string(b[:n]), "?") // names are valid UTF-8
 		b = b[n:]
-		st.RequestsPerUnit, st.Unit, st.UnitMultiplier = uint32(u(4)), config.Unit(int8(u(1))), uint32(u(1))
+		st.RequestsPerUnit, st.Unit, st.UnitMultiplier = u(8), config.Unit(int8(u(1))), uint32(u(1))
 		st.Decision.Remaining = u(8)
 		st.Decision.ResetAfter = time.Duration(u(4)) * time.Millisecond
 		st.Decision.RetryAfter = time.Duration(u(4)) * time.Millisecond

@@ -204,3 +204,27 @@ func TestHTTP_NeverCORS(t *testing.T) {
 		}
 	}
 }
+
+// TestHTTP_ChargeAndRefund: POST /v1/check says a cost's kind with "kind"
+// (on the request or a descriptor): a charge past the limit is recorded
+// whole, a refund gives usage back; a GET peeks.
+func TestHTTP_ChargeAndRefund(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{})
+	for i, c := range []struct {
+		method, q, body string
+		code            int
+		remaining       string
+	}{
+		{"POST", "", `{"domain":"e2e","key":"path","value":"/c","cost":7,"kind":"COST_KIND_CHARGE"}`, 429, "0"},
+		{"GET", "?domain=e2e&key=path&value=/c", "", 429, "0"},
+		{"POST", "", `{"domain":"e2e","key":"path","value":"/c","cost":4,"kind":"COST_KIND_REFUND"}`, 200, "2"},
+		{"POST", "", `{"domain":"e2e","key":"path","value":"/c","cost":2,"kind":"COST_KIND_CHARGE"}`, 200, "0"},
+		{"POST", "", `{"domain":"e2e","descriptors":[{"entries":[{"key":"path","value":"/c"}],"kind":"COST_KIND_REFUND"}],"cost":1}`, 200, "1"},
+		{"GET", "?domain=e2e&key=path&value=/c", "", 200, "1"},
+	} {
+		r := e.do(t, c.method, "/v1/check"+c.q, c.body)
+		if r.code != c.code || r.body["remaining"] != c.remaining {
+			t.Errorf("step %d %s %s%s: %d %v, want %d remaining %s", i, c.method, c.q, c.body, r.code, r.body, c.code, c.remaining)
+		}
+	}
+}

@@ -47,13 +47,13 @@ func ietfFields(r *limiter.Response) (policy, limits []byte) {
 	r.EachLimit(func(desc int, rule *config.Rule, d *store.Decision) {
 		name, q, window := "override", uint64(0), time.Duration(0)
 		if rule != nil {
-			name, q, window = rule.Name, uint64(rule.RequestsPerUnit), rule.Limit.Period()
+			name, q, window = rule.Name, rule.RequestsPerUnit, rule.Limit.Period()
 			if name == "" {
 				name = rule.Path
 			}
 		} else {
 			st := &r.Statuses[desc]
-			q, window = uint64(st.RequestsPerUnit), st.Unit.Duration()*time.Duration(max(1, st.UnitMultiplier))
+			q, window = st.RequestsPerUnit, st.Unit.Duration()*time.Duration(max(1, st.UnitMultiplier))
 		}
 		remaining := d.Remaining
 		if !d.Allowed {

@@ -140,10 +140,7 @@ func fillRequest(r *limiter.Request, in *rlspb.RateLimitRequest) {
 		if h := pd.GetHitsAddend(); h != nil {
 			d.Cost, d.HasCost = h.GetValue(), true
 		}
-		if pd.GetIsNegativeHits() {
-			// Refunds are not applied: the descriptor is only checked.
-			d.Cost, d.HasCost = 0, true
-		}
+		d.Kind = kind(d.HasCost, d.Cost, pd.GetIsNegativeHits())
 		if o := pd.GetLimit(); o != nil {
 			d.Override = limiter.Override{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: config.Unit(o.GetUnit()),
 				UnitMultiplier: o.GetUnitMultiplier().GetValue()}

@@ -79,6 +79,8 @@ descriptors:
   - key: quota
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1, name: quota_rule}
+  - key: budget
+    rate_limit: {unit: day, requests_per_unit: 10000000000, name: budget}
 `
 
 // t0 is a minute boundary: a minute window resets 60 s after it.
@@ -248,11 +250,14 @@ func TestShouldRateLimit(t *testing.T) {
 		{name: "replaces", in: req(0, d("small", "r"), d("big", "r")), want: overall(ok, noRule, st(ok, "", 100, minute, 99, time.Minute))},
 		{name: "replaced rule not counted", in: req(0, d("small", "r")), want: overall(ok, st(ok, "small_rule", 1, minute, 0, time.Minute))},
 		{name: "request hits_addend", in: req(3, d("path", "/a")), want: overall(ok, st(ok, "", 5, minute, 2, time.Minute))},
-		{name: "descriptor hits_addend wins", in: req(3, hits(d("path", "/a"), 1)), want: overall(ok, st(ok, "", 5, minute, 1, time.Minute))},
+		{name: "descriptor hits_addend wins (a charge)", in: req(3, hits(d("path", "/a"), 1)), want: overall(ok, st(ok, "", 5, minute, 1, time.Minute))},
 		{name: "descriptor hits_addend 0 checks", in: req(0, hits(d("path", "/a"), 0)), want: overall(ok, st(ok, "", 5, minute, 1, time.Minute))},
-		{name: "all-or-nothing", in: req(0, d("path", "/b"), hits(d("path", "/a"), 2)),
+		{name: "all-or-nothing: a charge that does not fit denies", in: req(0, d("path", "/b"), hits(d("path", "/a"), 2)),
 			want: overall(over, st(ok, "", 5, minute, 5, time.Minute), st(over, "", 5, minute, 0, time.Minute))},
 		{name: "nothing consumed", in: req(0, hits(d("path", "/b"), 0)), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
+		{name: "the charge was recorded whole: a check is over", in: req(0, hits(d("path", "/a"), 0)), want: overall(over, st(over, "", 5, minute, 0, time.Minute))},
+		{name: "is_negative_hits gives 3 of the 6 back", in: req(0, negative(hits(d("path", "/a"), 3))), want: overall(ok, st(ok, "", 5, minute, 2, time.Minute))},
+		{name: "a check fits again", in: req(0, hits(d("path", "/a"), 0)), want: overall(ok, st(ok, "", 5, minute, 2, time.Minute))},
 		{name: "override", in: req(0, override(d("shadow", "o"), 1, typepb.RateLimitUnit_HOUR)), want: overall(ok, st(ok, "", 1, hour, 0, time.Hour))},
 		{name: "override, no shadow", in: req(0, override(d("shadow", "o"), 1, typepb.RateLimitUnit_HOUR)), want: overall(over, st(over, "", 1, hour, 0, time.Hour))},
 		{name: "override without a rule", in: req(0, override(d("nothing", "o"), 7, typepb.RateLimitUnit_DAY)),
@@ -261,7 +266,7 @@ func TestShouldRateLimit(t *testing.T) {
 			want: overall(ok, withMultiplier(st(ok, "", 2, minute, 1, 5*time.Minute), 5))},
 		{name: "override with a multiplier counts apart", in: req(0, override(d("nothing", "m"), 2, typepb.RateLimitUnit_MINUTE)),
 			want: overall(ok, st(ok, "", 2, minute, 1, time.Minute))},
-		{name: "negative hits only check", in: req(0, negative(hits(d("path", "/neg"), 3))), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
+		{name: "is_negative_hits never goes below empty", in: req(0, negative(hits(d("path", "/neg"), 3))), want: overall(ok, st(ok, "", 5, minute, 5, time.Minute))},
 		{name: "token bucket", in: req(15, d("tokens", "t")), want: overall(ok, st(ok, "", 10, second, 5, 2*time.Second))},
 		{name: "token bucket refills", advance: time.Second, in: req(0, hits(d("tokens", "t"), 0)), want: overall(ok, st(ok, "", 10, second, 15, time.Second))},
 		{name: "window resets", advance: 59 * time.Second, in: req(0, d("remote_address", "10.0.0.1")), want: overall(ok, st(ok, "per_ip", 2, minute, 1, time.Minute))},
@@ -434,6 +439,43 @@ func TestCheck(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("key and descriptors: %v, want InvalidArgument", err)
 	}
+	_, err = e.api.Check(ctx(t), &sluicev1.CheckRequest{Domain: "e2e", Key: "k", Kind: 7})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("an unknown cost kind: %v, want InvalidArgument", err)
+	}
+}
+
+// TestCheck_ChargeAndRefund: Sluice's own API says a cost's kind in
+// CheckRequest.kind (every descriptor) or Descriptor.kind (one).
+func TestCheck_ChargeAndRefund(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{})
+	cost := func(n uint64) *uint64 { return &n }
+	kind := func(k sluicev1.CostKind) *sluicev1.CostKind { return &k }
+	path := func(v string) []*sluicev1.Entry { return []*sluicev1.Entry{{Key: "path", Value: v}} }
+	for i, c := range []struct {
+		in        *sluicev1.CheckRequest
+		allowed   bool
+		remaining []uint64
+	}{
+		{&sluicev1.CheckRequest{Domain: "e2e", Key: "path", Value: "/u", Cost: cost(8), Kind: sluicev1.CostKind_COST_KIND_CHARGE}, false, []uint64{0}},
+		{&sluicev1.CheckRequest{Domain: "e2e", Descriptors: []*sluicev1.Descriptor{
+			{Entries: path("/u"), Cost: cost(0)}, {Entries: path("/v"), Cost: cost(2)}}}, false, []uint64{0, 5}},
+		{&sluicev1.CheckRequest{Domain: "e2e", Cost: cost(5), Kind: sluicev1.CostKind_COST_KIND_REFUND, Descriptors: []*sluicev1.Descriptor{
+			{Entries: path("/u")}, {Entries: path("/v"), Cost: cost(2), Kind: kind(sluicev1.CostKind_COST_KIND_UNSPECIFIED)}}}, true, []uint64{2, 3}},
+	} {
+		got, err := e.api.Check(ctx(t), c.in)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got.Allowed != c.allowed {
+			t.Errorf("step %d: allowed %v, want %v", i, got.Allowed, c.allowed)
+		}
+		for j, want := range c.remaining {
+			if r := got.Results[j].Remaining; r != want {
+				t.Errorf("step %d descriptor %d: remaining %d, want %d", i, j, r, want)
+			}
+		}
+	}
 }
 
 // TestGRPC_LoggingAndRecovery: at debug level every call is logged; a
@@ -493,5 +535,56 @@ func TestNewGRPC_StreamWorkers(t *testing.T) {
 	// (A margin for goroutines of earlier tests still exiting.)
 	if n := runtime.NumGoroutine() - before; n < 450 {
 		t.Errorf("%d goroutines more after NewGRPC, want the 500 workers", n)
+	}
+}
+
+// TestBigLimits: a budget of 10^10 charged in steps of 3×10^9 is counted
+// exactly; Envoy's statuses report min(value, 4294967295) in their uint32
+// fields, Sluice's own API and HTTP the exact values.
+func TestBigLimits(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{ResponseHeaders: true})
+	const u32 = math.MaxUint32
+	day := rlspb.RateLimitResponse_RateLimit_DAY
+	for i, want := range []*resp{
+		overall(ok, st(ok, "budget", u32, day, u32, 24*time.Hour)),         // 7×10^9 left
+		overall(ok, st(ok, "budget", u32, day, 4e9, 24*time.Hour)),         // 4×10^9 left
+		overall(ok, st(ok, "budget", u32, day, 1e9, 24*time.Hour)),         // 10^9 left
+		overall(over, st(over, "budget", u32, day, 0, 24*time.Hour)),       // 1.2×10^10 counted
+		overall(over, st(over, "budget", u32, day, 0, 24*time.Hour)),       // a check
+		overall(ok, st(ok, "budget", u32, day, 500_000_000, 24*time.Hour)), // 2.5×10^9 refunded
+	} {
+		in := req(0, hits(d("budget", "tenant"), 3e9))
+		switch i {
+		case 4:
+			in = req(0, hits(d("budget", "tenant"), 0))
+		case 5:
+			in = req(0, negative(hits(d("budget", "tenant"), 25e8)))
+		}
+		got, err := e.rls.ShouldRateLimit(ctx(t), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.ResponseHeadersToAdd = nil
+		if !proto.Equal(got, want) {
+			t.Errorf("step %d:\n got %s\nwant %s", i, protojson.Format(got), protojson.Format(want))
+		}
+	}
+	cost := uint64(0)
+	api, err := e.api.Check(ctx(t), &sluicev1.CheckRequest{Domain: "e2e", Key: "budget", Value: "tenant", Cost: &cost})
+	if err != nil || api.Limit != 1e10 || api.Remaining != 5e8 || api.Results[0].Limit != 1e10 || api.Results[0].Remaining != 5e8 {
+		t.Errorf("sluice.v1: %v %v, want limit 10^10 and 5×10^8 left", api, err)
+	}
+	r := e.do(t, "GET", "/v1/check?domain=e2e&key=budget&value=tenant&cost=0", "")
+	if r.body["limit"] != "10000000000" || r.body["remaining"] != "500000000" || r.header.Get("RateLimit-Limit") != "10000000000" {
+		t.Errorf("/v1/check: %v %v, want exact values", r.body, r.header)
+	}
+	got, err := e.rls.ShouldRateLimit(ctx(t), req(0, hits(d("budget", "tenant"), 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range got.ResponseHeadersToAdd {
+		if h.Key == "RateLimit-Limit" && h.Value != "10000000000" || h.Key == "RateLimit-Remaining" && h.Value != "500000000" {
+			t.Errorf("response header %s: %s, want the exact value", h.Key, h.Value)
+		}
 	}
 }

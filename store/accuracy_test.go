@@ -56,7 +56,7 @@ func BenchmarkSlidingWindowAccuracy(b *testing.B) {
 					rng := rand.New(rand.NewPCG(limit, 1))
 					exact := &exactLog{limit: int(limit), window: int64(window)}
 					fixedLog := &exactLog{limit: 1 << 30, window: int64(window)} // what the fixed window admitted
-					var s, f uint64
+					var s, f State
 					now := t0
 					var got, want, fixed, worst int
 					take := func() {

@@ -17,9 +17,9 @@ type step struct {
 
 // runSteps walks steps through Take from the fresh state, naming the step
 // in failures, and returns the final state.
-func runSteps(t *testing.T, r *Rule, t0 int64, steps []step) uint64 {
+func runSteps(t *testing.T, r *Rule, t0 int64, steps []step) State {
 	t.Helper()
-	var s uint64
+	var s State
 	for i, st := range steps {
 		var d Decision
 		s, d = Take(s, r, t0+int64(st.at), st.cost)
@@ -67,7 +67,7 @@ func TestFixedWindow_ResetsAtBoundary(t *testing.T) {
 	}
 	steps = append(steps,
 		step{"eleventh is denied", 5 * time.Second, 1, deny(10, 0, 55*time.Second, 55*time.Second)},
-		step{"check on a full window", 30 * time.Second, 0, ok(10, 0, 30*time.Second)},
+		step{"check on a full window", 30 * time.Second, 0, deny(10, 0, 30*time.Second, 30*time.Second)},
 		step{"last nanosecond of the window", time.Minute - 1, 1, deny(10, 0, 1, 1)},
 		step{"boundary opens a new window", time.Minute, 1, ok(10, 9, time.Minute)},
 		step{"two windows later", 3*time.Minute + 500*time.Millisecond, 4, ok(10, 6, 59*time.Second+500*time.Millisecond)},
@@ -82,7 +82,7 @@ func TestFixedWindow_DeniedConsumesNothing(t *testing.T) {
 		{"take 7", 0, 7, ok(10, 3, time.Second)},
 		{"4 does not fit", 0, 4, deny(10, 3, time.Second, time.Second)},
 		{"3 still fits", 0, 3, ok(10, 0, time.Second)},
-		{"cost 0 on an exhausted window", 0, 0, ok(10, 0, time.Second)},
+		{"cost 0 on an exhausted window: one more does not fit", 0, 0, deny(10, 0, time.Second, time.Second)},
 	})
 }
 
@@ -92,7 +92,7 @@ func TestFixedWindow_LimitZeroDeniesAll(t *testing.T) {
 		{"take", 0, 1, deny(0, 0, time.Hour, Never)},
 		{"check", 0, 0, deny(0, 0, time.Hour, Never)},
 	})
-	if s != 0 {
+	if s != (State{}) {
 		t.Errorf("state = %#x, want 0", s)
 	}
 }
@@ -121,7 +121,7 @@ func TestFixedWindow_ResetMatchesReference(t *testing.T) {
 		r := mustWindow(t, 5, u)
 		unit := int64(u / time.Second)
 		for _, now := range nows {
-			_, d := Take(0, r, now, 1)
+			_, d := Take(State{}, r, now, 1)
 			want := unit - (now/1e9)%unit
 			got := (int64(d.ResetAfter) + 1e9 - 1) / 1e9
 			if got != want || d.ResetAfter <= 0 {
@@ -135,7 +135,7 @@ func TestFixedWindow_WeekStartsThursday(t *testing.T) {
 	r := mustWindow(t, 1, 7*24*time.Hour)
 	// 2026-11-19 is a Thursday: a new week window starts at its midnight.
 	thu := time.Date(2026, 11, 19, 0, 0, 0, 0, time.UTC).UnixNano()
-	s, d := Take(0, r, thu-1, 1)
+	s, d := Take(State{}, r, thu-1, 1)
 	if !d.Allowed || d.ResetAfter != 1 {
 		t.Fatalf("Wednesday's last ns: %+v", d)
 	}
@@ -169,7 +169,7 @@ func TestTokenBucket_BurstThenRefill(t *testing.T) {
 func TestTokenBucket_Burst45Into40(t *testing.T) {
 	r := mustBucket(t, 8, time.Second, 40)
 	for _, start := range []int64{0, t0, t0 + 1, t0 + 123_456_789} {
-		var s uint64
+		var s State
 		granted := 0
 		for range 45 {
 			var d Decision
@@ -187,7 +187,7 @@ func TestTokenBucket_Burst45Into40(t *testing.T) {
 // 125ms, granted at the first poll at or after it.
 func TestTokenBucket_Drip(t *testing.T) {
 	r := mustBucket(t, 8, time.Second, 8)
-	var s uint64
+	var s State
 	for range 8 {
 		s, _ = Take(s, r, t0, 1)
 	}
@@ -227,10 +227,10 @@ func TestTokenBucket_RetryAfterExact(t *testing.T) {
 func TestTokenBucket_FullBucketBetweenQuanta(t *testing.T) {
 	r := mustBucket(t, 3, time.Second, 3)
 	at := t0 + 1
-	if _, d := Take(0, r, at, 3); !d.Allowed || d.Remaining != 0 {
+	if _, d := Take(State{}, r, at, 3); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("cost 3 on a full bucket at %d: %+v", at, d)
 	}
-	var s uint64
+	var s State
 	granted := 0
 	for range 5 {
 		var d Decision
@@ -257,7 +257,7 @@ func TestTokenBucket_CostOverBurst(t *testing.T) {
 		{"cost 0 check", 0, 0, ok(5, 5, 0)},
 		{"cost 5", 0, 5, ok(5, 0, 5*time.Second)},
 	})
-	if s == 0 {
+	if s == (State{}) {
 		t.Fatal("state still fresh after an allowed take")
 	}
 }
@@ -267,7 +267,7 @@ func TestTokenBucket_ClockBackwards(t *testing.T) {
 	runSteps(t, r, t0, []step{
 		{"drain at 10s", 10 * time.Second, 2, ok(2, 0, 2*time.Second)},
 		{"back to 5s", 5 * time.Second, 1, deny(2, 0, 7*time.Second, 6*time.Second)},
-		{"check at 5s", 5 * time.Second, 0, deny(2, 0, 7*time.Second, 5*time.Second)},
+		{"check at 5s waits for one token", 5 * time.Second, 0, deny(2, 0, 7*time.Second, 6*time.Second)},
 		{"back before the epoch", time.Duration(-t0) - time.Hour, 1, deny(2, 0, time.Duration(t0)+12*time.Second, time.Duration(t0)+11*time.Second)},
 		{"11s", 11 * time.Second, 1, ok(2, 0, 2*time.Second)},
 		{"13s", 13 * time.Second, 0, ok(2, 2, 0)},
@@ -294,15 +294,15 @@ func TestTokenBucket_NearIntegerLimits(t *testing.T) {
 		{"cost 2 waits 2s", time.Second, 2, deny(b32, 0, b32*time.Second, 2*time.Second)},
 	})
 
-	// The largest capacity: one quantum per token.
-	r = mustBucket(t, 1_000_000_000, time.Second, 1<<62)
-	if _, _, tol := r.Quanta(); tol != 1<<62 {
-		t.Fatalf("capacity %d quanta, want 2^62", tol)
+	// The largest burst, one quantum per token.
+	r = mustBucket(t, 1_000_000_000, time.Second, MaxLimit)
+	if _, _, tol := r.Quanta(); tol != MaxLimit {
+		t.Fatalf("capacity %d quanta, want 2^53", tol)
 	}
 	now := int64(math.MaxInt64 - 1<<40)
-	s, d := Take(0, r, now, 1<<62)
-	if !d.Allowed || d.ResetAfter != 1<<62 || d.Remaining != 0 {
-		t.Fatalf("cost 2^62 near the end of int64 time: %+v", d)
+	s, d := Take(State{}, r, now, MaxLimit)
+	if !d.Allowed || d.ResetAfter != MaxLimit || d.Remaining != 0 {
+		t.Fatalf("cost 2^53 near the end of int64 time: %+v", d)
 	}
 	if _, d = Take(s, r, now, 1); d.Allowed || d.RetryAfter != 1 {
 		t.Fatalf("empty bucket: %+v", d)
@@ -310,48 +310,48 @@ func TestTokenBucket_NearIntegerLimits(t *testing.T) {
 
 	// A refill so slow that full is more than 292 years away saturates.
 	r = mustBucket(t, 1, 365*24*time.Hour, 1000)
-	if _, d = Take(0, r, t0, 1000); !d.Allowed || d.ResetAfter != Never {
+	if _, d = Take(State{}, r, t0, 1000); !d.Allowed || d.ResetAfter != Never {
 		t.Fatalf("1000-year refill: %+v", d)
 	}
 }
 
-func TestRefund(t *testing.T) {
+func TestRollback(t *testing.T) {
 	for _, r := range []*Rule{mustWindow(t, 10, time.Minute), mustBucket(t, 10, time.Minute, 10)} {
 		t.Run(r.Algorithm().String(), func(t *testing.T) {
-			s0, _ := Take(0, r, t0, 3)
+			s0, _ := Take(State{}, r, t0, 3)
 			s1, d1 := Take(s0, r, t0, 4)
 			if !d1.Allowed {
 				t.Fatal("take 4 denied")
 			}
 			other, _ := Take(s1, r, t0, 2)
-			back := Refund(other, s1, r, t0, 4)
+			back := Rollback(other, s1, r, t0, 4)
 			want, _ := Take(s0, r, t0, 2)
 			if back != want {
-				t.Fatalf("refund after an interleaved take: %#x, want %#x", back, want)
+				t.Fatalf("rollback after an interleaved take: %#x, want %#x", back, want)
 			}
 			if _, d := Take(back, r, t0, 0); d.Remaining != 5 {
-				t.Fatalf("remaining after refund %d, want 5", d.Remaining)
+				t.Fatalf("remaining after rollback %d, want 5", d.Remaining)
 			}
-			if got := Refund(s0, s0, r, t0, 10); !Fresh(got, r, t0) {
-				t.Fatalf("over-refund left %#x, want a fresh state", got)
+			if got := Rollback(s0, s0, r, t0, 10); !Fresh(got, r, t0) {
+				t.Fatalf("over-rollback left %#x, want a fresh state", got)
 			}
-			if got := Refund(s1, s1, r, t0, 11); got != s1 {
-				t.Fatalf("refund of a cost over the capacity changed the state %#x → %#x", s1, got)
+			if got := Rollback(s1, s1, r, t0, 11); got != s1 {
+				t.Fatalf("rollback of a cost over the capacity changed the state %#x → %#x", s1, got)
 			}
 		})
 	}
-	// A window that has turned since the take is not refunded into.
+	// A window that has turned since the take is not rolled back into.
 	r := mustWindow(t, 10, time.Second)
-	s, _ := Take(0, r, t0, 5)
+	s, _ := Take(State{}, r, t0, 5)
 	next, _ := Take(s, r, t0+int64(time.Second), 5)
-	if got := Refund(next, s, r, t0+int64(time.Second), 5); got != next {
-		t.Fatalf("refund into the next window: %#x, want %#x", got, next)
+	if got := Rollback(next, s, r, t0+int64(time.Second), 5); got != next {
+		t.Fatalf("rollback into the next window: %#x, want %#x", got, next)
 	}
 }
 
 func TestSaturate(t *testing.T) {
 	w := mustWindow(t, 10, time.Minute)
-	s, _ := Take(0, w, t0, 7)
+	s, _ := Take(State{}, w, t0, 7)
 	s, d := Saturate(s, w, t0, 5)
 	if d.Allowed || d.Remaining != 0 || d.RetryAfter != time.Minute {
 		t.Fatalf("window saturate: %+v", d)
@@ -359,12 +359,12 @@ func TestSaturate(t *testing.T) {
 	if _, d = Take(s, w, t0, 1); d.Allowed {
 		t.Fatal("window not drained")
 	}
-	if s2, d := Saturate(0, w, t0, 4); !d.Allowed || d.Remaining != 6 || s2 == 0 {
+	if s2, d := Saturate(State{}, w, t0, 4); !d.Allowed || d.Remaining != 6 || s2 == (State{}) {
 		t.Fatalf("window saturate that fits: %+v", d)
 	}
 
 	b := mustBucket(t, 1, time.Second, 10)
-	s, _ = Take(0, b, t0, 7)
+	s, _ = Take(State{}, b, t0, 7)
 	s, d = Saturate(s, b, t0, 5)
 	if d.Allowed || d.Remaining != 0 || d.ResetAfter != 10*time.Second || d.RetryAfter != 5*time.Second {
 		t.Fatalf("bucket saturate: %+v", d)
@@ -381,15 +381,15 @@ func TestSaturate(t *testing.T) {
 
 func TestFresh(t *testing.T) {
 	w := mustWindow(t, 10, time.Minute)
-	s, _ := Take(0, w, t0, 1)
+	s, _ := Take(State{}, w, t0, 1)
 	if Fresh(s, w, t0) || Fresh(s, w, t0+int64(time.Minute)-1) {
 		t.Error("window with a count reported fresh inside its window")
 	}
-	if !Fresh(s, w, t0+int64(time.Minute)) || !Fresh(0, w, t0) {
+	if !Fresh(s, w, t0+int64(time.Minute)) || !Fresh(State{}, w, t0) {
 		t.Error("lapsed or zero window not fresh")
 	}
 	b := mustBucket(t, 3, time.Second, 3)
-	s, _ = Take(0, b, t0, 1)
+	s, _ = Take(State{}, b, t0, 1)
 	if Fresh(s, b, t0) || Fresh(s, b, t0+333_333_333) {
 		t.Error("bucket in debt reported fresh")
 	}
@@ -397,16 +397,16 @@ func TestFresh(t *testing.T) {
 		t.Error("refilled bucket not fresh")
 	}
 	for _, r := range []*Rule{w, b} {
-		if Fresh(Tombstone, r, math.MaxInt64) {
+		if Fresh(State{Word: Tombstone}, r, math.MaxInt64) {
 			t.Errorf("%v: tombstone reported fresh", r)
 		}
 	}
 }
 
-// TestRefund_OwedOnly: a rollback that comes after time has passed
+// TestRollback_OwedOnly: a rollback that comes after time has passed
 // returns only what the take still owes. The refilled part was there for
 // others to take; returning it as well would erase their debt.
-func TestRefund_OwedOnly(t *testing.T) {
+func TestRollback_OwedOnly(t *testing.T) {
 	r := mustBucket(t, 1, time.Second, 10) // one token per second
 	steps := []struct {
 		name    string
@@ -421,7 +421,7 @@ func TestRefund_OwedOnly(t *testing.T) {
 		{"9 s later, alone", 9, false, 10},
 	}
 	for _, st := range steps {
-		after, d := Take(0, r, t0, 5)
+		after, d := Take(State{}, r, t0, 5)
 		if !d.Allowed {
 			t.Fatalf("%s: take 5 denied", st.name)
 		}
@@ -430,7 +430,7 @@ func TestRefund_OwedOnly(t *testing.T) {
 		if st.stacked {
 			s, _ = Take(s, r, at, 1)
 		}
-		s = Refund(s, after, r, at, 5)
+		s = Rollback(s, after, r, at, 5)
 		// Without the take, the bucket at `at` holds 10 (less the stacked 1).
 		if _, d := Take(s, r, at, 0); d.Remaining != st.want {
 			t.Errorf("%s: remaining %d after the rollback, want %d", st.name, d.Remaining, st.want)
@@ -441,11 +441,11 @@ func TestRefund_OwedOnly(t *testing.T) {
 func TestAllocations(t *testing.T) {
 	w := mustWindow(t, 10, time.Minute)
 	b := mustBucket(t, 3, time.Second, 3)
-	var s uint64
+	var s State
 	if n := testing.AllocsPerRun(100, func() {
 		s, _ = Take(s, w, t0, 1)
 		s, _ = Take(s, b, t0, 1)
-		s = Refund(s, s, b, t0, 1)
+		s = Rollback(s, s, b, t0, 1)
 	}); n != 0 {
 		t.Fatalf("%v allocations per take", n)
 	}

@@ -23,8 +23,8 @@ func BenchmarkCalendar(b *testing.B) {
 		b.Run(c.name+"/fresh", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				s, _ := TakeWindow(0, c.r, now, 1)
-				benchSink += s
+				s, _ := TakeWindow(State{}, c.r, now, 1)
+				benchSink += s.Word
 			}
 		})
 	}
@@ -37,12 +37,12 @@ func BenchmarkCalendar(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
-			var s uint64
+			var s State
 			for b.Loop() {
 				s, _ = TakeSliding(s, c.r, now, 1)
-				s = Refund(s, s, c.r, now, 1)
+				s = Rollback(s, s, c.r, now, 1)
 			}
-			benchSink += s
+			benchSink += s.Word
 		})
 	}
 	b.Run("period_lookup", func(b *testing.B) {

@@ -280,7 +280,7 @@ func TestCalendarSliding_MonthBuckets(t *testing.T) {
 		{"Mar 31, last ns", 59*day - 1, 1, deny(4, 0, 1, 1)},
 		// Mar bucket 2 leaves when April's bucket 3 starts (90 h each).
 		{"Apr 1", 59 * day, 3, ok(4, 0, 3*90*time.Hour)},
-		{"clock back a day counts in April", 58 * day, 0, ok(4, 0, 3*90*time.Hour+day)},
+		{"clock back a day counts in April: one more does not fit", 58 * day, 0, deny(4, 0, 3*90*time.Hour+day, 3*90*time.Hour+day)},
 	})
 }
 
@@ -321,7 +321,8 @@ func FuzzCalendarWindow(f *testing.F) {
 		if err != nil {
 			t.Skip()
 		}
-		var s, mEnd, mCount uint64 // the state, and the model's window end (s) and count
+		var s State
+		var mEnd, mCount uint64 // the model's window end (s) and count
 		for i := 0; i+2 < len(prog); i += 3 {
 			now += int64(calendarSteps[prog[i]%byte(len(calendarSteps))])
 			cost := fuzzCost(prog[i+1], limit)
@@ -331,14 +332,14 @@ func FuzzCalendarWindow(f *testing.F) {
 				count = mCount
 			}
 			want := Decision{Limit: limit, ResetAfter: time.Duration(end*nsPerSec - uint64(now))}
-			switch {
-			case limit > 0 && cost <= limit-min(count, limit) && count <= limit:
+			switch need := max(cost, 1); {
+			case count < limit && need <= limit-count:
 				want.Allowed = true
 				if cost > 0 {
 					count += cost
 					mEnd, mCount = end, count
 				}
-			case limit == 0 || cost > limit:
+			case need > limit:
 				want.RetryAfter = Never
 			default:
 				want.RetryAfter = want.ResetAfter
@@ -353,7 +354,7 @@ func FuzzCalendarWindow(f *testing.F) {
 				t.Fatalf("op %d: TakeWindow(%#x, %s, %d) = %+v, model %+v", i/3, s0, time.Unix(0, now).In(o.loc), cost, d, want)
 			}
 			if d.Allowed && cost > 0 && prog[i+2]&1 == 1 {
-				s = Refund(s, s, r, now, cost)
+				s = Rollback(s, s, r, now, cost)
 				mCount -= cost
 			}
 			if windowCount(s, mEnd) != mCount || mCount > limit {
@@ -383,7 +384,8 @@ func FuzzCalendarSliding(f *testing.F) {
 			t.Skip() // (the window check is cubic in the program's length)
 		}
 		m := &slidingModel{r: r, counts: map[uint64]uint64{}, cal: &o}
-		var s uint64
+		bucketStart := func(i uint64) uint64 { at, _ := m.start(i); return at }
+		var s State
 		type hit struct {
 			at   uint64
 			cost uint64
@@ -405,15 +407,15 @@ func FuzzCalendarSliding(f *testing.F) {
 				continue
 			}
 			if prog[i+2]&1 == 1 {
-				s = Refund(s, s, r, now, cost)
+				s = Rollback(s, s, r, now, cost)
 				m.counts[m.n] -= cost
 				continue
 			}
-			admitted = append(admitted, hit{max(uint64(now), m.start(m.n)), cost})
+			admitted = append(admitted, hit{max(uint64(now), bucketStart(m.n)), cost})
 			for _, x := range admitted {
 				k := o.index(int64(x.at))
 				span := uint64(min(o.start(k)-o.start(k-1), o.start(k+1)-o.start(k)))
-				from := m.start(m.bucket(x.at) - r.g)
+				from := bucketStart(m.bucket(x.at) - r.g)
 				var since, last uint64
 				for _, h := range admitted {
 					if h.at <= x.at && h.at >= from {
@@ -438,11 +440,11 @@ func TestCalendar_Allocations(t *testing.T) {
 	c := mustCalendar(t, CalendarMonth, 1, "Europe/Berlin")
 	w, sw := mustCalendarWindow(t, 10, c), mustCalendarSliding(t, 10, c)
 	now := at(t, "2024-03-15T12:00:00Z")
-	var s uint64
+	var s State
 	if n := testing.AllocsPerRun(100, func() {
-		Take(0, w, now, 1) // a fresh key: the window's end is looked up
+		Take(State{}, w, now, 1) // a fresh key: the window's end is looked up
 		s, _ = Take(s, sw, now, 1)
-		s = Refund(s, s, sw, now, 1)
+		s = Rollback(s, s, sw, now, 1)
 	}); n != 0 {
 		t.Fatalf("%v allocations per take", n)
 	}

@@ -2,7 +2,9 @@
 //
 // The algorithms are pure functions of (state, rule, now, cost) returning
 // (new state, Decision): no clock, no I/O, no allocation. A key's whole
-// state is one uint64 whose zero value is the fresh state:
+// state is a State whose zero value is the fresh state; it fits one
+// uint64 (State.Word) for every rule but a wide one (a fixed window above
+// MaxFixedWindowLimit, up to MaxLimit = 2^53):
 //
 //   - TakeWindow: Envoy-compatible fixed windows aligned to the Unix
 //     epoch; a denied hit consumes nothing.
@@ -17,8 +19,12 @@
 // NewCalendarSliding): periods of unequal length that start at local
 // midnight.
 //
-// Take dispatches on the rule; Refund, Saturate and Fresh support stores'
-// batch rollback, saturating hits and lossless sweeping. WallClock is the
+// A hit has a Mode: Take (all or nothing), Saturate, Charge (usage that
+// already happened, recorded whole past the limit: a fixed window's
+// overshoot, a token bucket's or sliding window's debt) or Refund (usage
+// given back). A check (cost 0) asks whether one more unit fits. Apply
+// dispatches on the mode and Take on the rule; Rollback and Fresh support
+// stores' batch rollback and lossless sweeping. WallClock is the
 // production Clock.
 //
 // Stores (the in-memory store in store/memory, Redis in store/redis) own

@@ -38,9 +38,17 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// MaxFixedWindowLimit is the largest requests-per-window a fixed window
-// holds. The count shares a 64-bit word with the window's end.
-const MaxFixedWindowLimit = math.MaxUint32 - 1
+// MaxLimit is the largest limit (requests per window, tokens per period)
+// and burst a rule holds: 2^53, the largest integer up to which Redis's
+// Lua numbers (doubles) count exactly.
+const MaxLimit = 1 << 53
+
+// MaxFixedWindowLimit is the largest requests-per-window of a narrow fixed
+// window, whose state is one 64-bit word: the window's end and a count of
+// 32 bits, which goes one past the limit (2^32-2) when charged past it. A
+// larger limit, up to MaxLimit, makes a wide rule (Rule.Wide), whose state
+// takes two words.
+const MaxFixedWindowLimit = math.MaxUint32 - 2
 
 // maxTolerance bounds a token bucket's capacity measured in time quanta,
 // leaving headroom so that state + cost arithmetic never wraps.
@@ -57,6 +65,7 @@ type Rule struct {
 	limit  uint64        // requests per window, or tokens per period
 	period time.Duration // window length, or refill period
 	burst  uint64        // token bucket capacity
+	wide   bool          // fixed window above MaxFixedWindowLimit: two-word state
 
 	// token bucket only
 	k   uint64 // quanta per token
@@ -74,9 +83,10 @@ type Rule struct {
 	cal *Calendar
 }
 
-// NewFixedWindow returns a fixed-window rule of limit requests per window.
-// The window is a whole number of seconds; windows start at multiples of it
-// since the Unix epoch. A limit of 0 denies every request.
+// NewFixedWindow returns a fixed-window rule of limit requests per window,
+// at most MaxLimit. The window is a whole number of seconds; windows start
+// at multiples of it since the Unix epoch. A limit of 0 denies every
+// request. A limit above MaxFixedWindowLimit makes a wide rule.
 func NewFixedWindow(limit uint64, window time.Duration) (*Rule, error) {
 	if window < time.Second || window%time.Second != 0 {
 		return nil, fmt.Errorf("store: fixed window of %v: must be a whole number of seconds", window)
@@ -84,16 +94,16 @@ func NewFixedWindow(limit uint64, window time.Duration) (*Rule, error) {
 	if window/time.Second > math.MaxUint32 {
 		return nil, fmt.Errorf("store: fixed window of %v is too long", window)
 	}
-	if limit > MaxFixedWindowLimit {
-		return nil, fmt.Errorf("store: fixed window limit %d exceeds %d", limit, uint64(MaxFixedWindowLimit))
+	if limit > MaxLimit {
+		return nil, fmt.Errorf("store: fixed window limit %d exceeds %d", limit, uint64(MaxLimit))
 	}
-	return &Rule{alg: FixedWindow, limit: limit, period: window}, nil
+	return &Rule{alg: FixedWindow, limit: limit, period: window, wide: limit > MaxFixedWindowLimit}, nil
 }
 
 // NewTokenBucket returns a token bucket holding up to burst tokens that
 // gains rate tokens per period, exactly (no rounding of the rate). It
 // starts full. It is an error if rate exceeds one token per nanosecond or
-// if burst is so large that the bucket's capacity in time cannot be held.
+// if rate or burst exceed MaxLimit.
 func NewTokenBucket(rate uint64, period time.Duration, burst uint64) (*Rule, error) {
 	switch {
 	case rate == 0:
@@ -104,6 +114,8 @@ func NewTokenBucket(rate uint64, period time.Duration, burst uint64) (*Rule, err
 		return nil, errors.New("store: token bucket burst must be at least 1")
 	case rate > uint64(period):
 		return nil, fmt.Errorf("store: token bucket rate %d per %v is faster than one token per nanosecond", rate, period)
+	case rate > MaxLimit || burst > MaxLimit:
+		return nil, fmt.Errorf("store: token bucket rate %d or burst %d exceeds %d", rate, burst, uint64(MaxLimit))
 	}
 	// Finest quanta that keep time counts within an int64: k quanta per
 	// token, rate*k ≤ period in nanoseconds. Coarser when the capacity
@@ -111,9 +123,6 @@ func NewTokenBucket(rate uint64, period time.Duration, burst uint64) (*Rule, err
 	k := uint64(period) / rate
 	if max := uint64(maxTolerance) / burst; k > max {
 		k = max
-	}
-	if k == 0 {
-		return nil, fmt.Errorf("store: token bucket burst %d is too large", burst)
 	}
 	return &Rule{alg: TokenBucket, limit: rate, period: period, burst: burst,
 		k: k, rk: rate * k, tol: burst * k}, nil
@@ -181,6 +190,11 @@ func NewCalendarSliding(limit uint64, c *Calendar) (*Rule, error) {
 
 // Algorithm reports how the rule counts.
 func (r *Rule) Algorithm() Algorithm { return r.alg }
+
+// Wide reports whether the rule's state takes two words: a fixed window
+// of more than MaxFixedWindowLimit requests (State.High may be non-zero).
+// Every other rule's state is State.Word alone.
+func (r *Rule) Wide() bool { return r.wide }
 
 // Limit is requests per window (fixed window) or tokens added per Period
 // (token bucket).

@@ -35,37 +35,91 @@ type Decision struct {
 	Local bool
 }
 
+// Mode says what a hit consumes.
+type Mode uint8
+
+const (
+	// ModeTake consumes Cost if it fits and its batch commits, else
+	// nothing: a request that is allowed or denied as a whole.
+	ModeTake Mode = iota
+	// ModeSaturate is ModeTake, except that a hit that does not fit, or
+	// whose batch is denied, consumes what is left, up to its cost.
+	ModeSaturate
+	// ModeCharge records usage that already happened: the whole Cost,
+	// whether it fits or not and whatever the batch's outcome. Past the
+	// limit it goes into the state as overshoot (a fixed window's count
+	// above its limit) or debt (a token bucket's or a sliding window's,
+	// repaid by later refills before anything is granted), bounded so no
+	// arithmetic overflows (see docs/STORE.md). Its decision reports
+	// whether it fitted.
+	ModeCharge
+	// ModeRefund gives Cost back, whatever the batch's outcome: the state
+	// loses that much usage, never going below empty and never holding
+	// more than the rule's capacity. It is never denied.
+	ModeRefund
+)
+
+// String returns "take", "saturate", "charge" or "refund".
+func (m Mode) String() string {
+	switch m {
+	case ModeSaturate:
+		return "saturate"
+	case ModeCharge:
+		return "charge"
+	case ModeRefund:
+		return "refund"
+	}
+	return "take"
+}
+
 // Hit asks a store to apply Cost to the state under Key by Rule.
 type Hit struct {
 	// Key names the state. It carries the domain, the matched path, the
 	// unit and the algorithm (see config's key format), so two rules never
-	// share state by accident. A store must not retain Key after Take
-	// returns; it copies the string when it keeps it (callers may pass a
-	// string that aliases a reused buffer).
+	// share state by accident; hits on one key agree on Rule.Wide. A
+	// store must not retain Key after Take returns; it copies the string
+	// when it keeps it (callers may pass a string that aliases a reused
+	// buffer).
 	Key string
 	// Rule is the compiled limit. Never nil.
 	Rule *Rule
-	// Cost is the number of requests or tokens to take. Zero checks the
-	// state without consuming.
+	// Cost is the number of requests or tokens to take, charge or refund.
+	// Zero checks the state without consuming: it is allowed when one
+	// more unit would fit.
 	Cost uint64
 	// Veto is true when a denial of this hit denies the whole batch.
 	// Shadow-mode rules set it false: they are reported but never deny.
+	// A refund never denies.
 	Veto bool
-	// Saturate makes the hit consume what is left, up to its limit, when
-	// the batch is denied, instead of nothing. It is for usage charged
-	// after the fact (Envoy's apply_on_stream_done), where denying no
-	// longer prevents the spend.
-	Saturate bool
+	// Mode says what the hit consumes; the zero value is ModeTake.
+	Mode Mode
+}
+
+// Always reports whether a store applies the hit whatever its batch's
+// outcome: a saturating hit, a charge or a refund.
+func (h *Hit) Always() bool { return h.Mode != ModeTake }
+
+// State is one key's state as the algorithms see it. The zero State is
+// the fresh state of every algorithm (a lapsed or empty window, a full
+// bucket), never an "uninitialised" marker. Word holds the whole state
+// of every rule except a wide one (Rule.Wide: a fixed window above
+// MaxFixedWindowLimit), whose count's bits above the low 32 are in High;
+// High is 0 otherwise. So stores keep a narrow rule's state in one atomic
+// word.
+type State struct {
+	Word uint64
+	High uint64
 }
 
 // Store holds per-key state and applies hits to it.
 //
 // Take applies hits as one batch at now (nanoseconds since the Unix
 // epoch) and writes one decision per hit into out, which must have
-// len(hits) elements. The batch is all-or-nothing: if any hit with Veto is
-// denied, no hit consumes anything (hits with Saturate excepted); a store
-// that consumed before it found the denial rolls back. A rollback may
-// briefly deny a concurrent caller; a store never over-grants.
+// len(hits) elements. The batch is all-or-nothing for ModeTake hits: if
+// any hit with Veto is denied, no ModeTake hit consumes anything; a store
+// that consumed before it found the denial rolls back. Hits of the other
+// modes apply whatever the outcome (see Mode). A rollback may briefly
+// deny a concurrent caller; a store never over-grants.
 //
 // An error means the store could not decide (I/O failure, timeout, a
 // cancelled ctx); out is then unspecified and nothing was consumed that

@@ -6,11 +6,13 @@ import (
 	"time"
 )
 
-// Token-bucket state: the theoretical arrival time (TAT) in quanta since
-// the Unix epoch, GCRA style: the instant at which the bucket is full
-// again. Zero (and any TAT at or before now) is a full bucket. A take of n
-// tokens moves the TAT n*k quanta later, starting from now if the bucket
-// was full; the bucket holds burst tokens' worth of debt, tol quanta.
+// Token-bucket state: Word is the theoretical arrival time (TAT) in
+// quanta since the Unix epoch, GCRA style: the instant at which the bucket
+// is full again. Zero (and any TAT at or before now) is a full bucket. A
+// take of n tokens moves the TAT n*k quanta later, starting from now if
+// the bucket was full; the bucket holds burst tokens' worth of debt, tol
+// quanta. A charge may move the TAT further: past tol, the overshoot is
+// debt that refills repay before a token is granted again.
 //
 // Rounding. The quantum is Period/(Rate*k) ns exactly, so token amounts
 // are exact; only the instant now falls between two quanta. nowFloor and
@@ -21,9 +23,16 @@ import (
 // times are converted back to nanoseconds rounding up. So rounding never
 // favours the caller.
 //
-// Bounds. nowCeil ≤ now < 2^63 and an allowed take leaves TAT ≤ nowCeil +
-// tol ≤ 2^63 + 2^62, so TAT + cost*k (cost ≤ burst, cost*k ≤ tol ≤ 2^62)
-// never wraps and no state reaches Tombstone.
+// Bounds. nowCeil ≤ now < 2^63. An allowed take leaves TAT ≤ nowCeil +
+// tol ≤ 2^63 + 2^62; a charge leaves TAT ≤ nowCeil + tol + MaxDebt <
+// 2^63 + 2^62 + 2^61, far from 2^64, so no sum wraps (the tests compare
+// TAT − nowFloor against tol − cost*k, never form TAT + cost*k) and no
+// state reaches Tombstone. MaxDebt quanta are at least 73 years of refill
+// (a quantum is at least a nanosecond): debt beyond it is forgiven.
+
+// MaxDebt bounds the debt a charge leaves a token bucket beyond its
+// capacity, in quanta: at least 73 years of refill.
+const MaxDebt = 1 << 61
 
 // quanta converts now (ns) to quanta: floor and ceil of now*rk/period.
 // now*rk < 2^63*period, so the 128-bit quotient fits in 64 bits.
@@ -73,51 +82,92 @@ func until(r *Rule, now, q uint64) time.Duration {
 // whose state is s, returning the new state and the decision.
 //
 // The hit is allowed iff cost tokens are in the bucket: cost ≤ burst and,
-// for a bucket not full, the debt after the take is at most the capacity.
-// An allowed hit consumes cost tokens; a denied hit consumes nothing; cost
-// 0 checks without consuming. RetryAfter is the exact time until cost
-// tokens exist, or Never if cost exceeds the burst. A clock that steps back
-// makes the bucket look emptier for a while: the TAT is never lowered.
-func TakeTokens(s uint64, r *Rule, now int64, cost uint64) (uint64, Decision) {
+// for a bucket not full, the debt after the take is at most the capacity;
+// cost 0 checks, and is allowed iff one token is there. An allowed hit
+// consumes cost tokens; a denied hit consumes nothing. RetryAfter is the
+// exact time until cost tokens (one for a check) exist, or Never if cost
+// exceeds the burst. A clock that steps back makes the bucket look
+// emptier for a while: the TAT is never lowered.
+func TakeTokens(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	t := clampNow(now)
 	nowF, nowC := quanta(r, t)
 	d := Decision{Limit: r.burst}
-	full := s <= nowF
+	tat := s.Word
+	need := max(cost, 1)
 	switch {
-	case cost > r.burst:
+	case need > r.burst:
 		d.RetryAfter = Never
-	case full:
+	case tat <= nowF:
 		// cost*k ≤ tol: the take fits in a full bucket. Anchoring at
 		// nowCeil keeps the refill from starting before now.
 		d.Allowed = true
 		if cost > 0 {
-			s = nowC + cost*r.k
+			tat = nowC + cost*r.k
 		}
-	case s+cost*r.k-nowF <= r.tol:
+	case tat-nowF <= r.tol-need*r.k:
 		d.Allowed = true
-		s += cost * r.k
+		tat += cost * r.k
 	default:
-		// The earliest quantum q with s + cost*k - q ≤ tol; q > nowF,
+		// The earliest quantum q with tat + need*k - q ≤ tol; q > nowF,
 		// so RetryAfter ≥ 1ns.
-		d.RetryAfter = until(r, t, s+cost*r.k-r.tol)
+		d.RetryAfter = until(r, t, tat-(r.tol-need*r.k))
 	}
-	fillTokens(&d, s, r, t, nowF)
-	return s, d
+	fillTokens(&d, tat, r, t, nowF)
+	return State{Word: tat}, d
 }
 
-// fillTokens sets the Remaining and ResetAfter of the bucket in state s.
-func fillTokens(d *Decision, s uint64, r *Rule, now, nowF uint64) {
-	if s <= nowF {
+// fillTokens sets the Remaining and ResetAfter of the bucket whose TAT is
+// tat.
+func fillTokens(d *Decision, tat uint64, r *Rule, now, nowF uint64) {
+	if tat <= nowF {
 		d.Remaining = r.burst
 		return
 	}
-	if debt := s - nowF; debt < r.tol {
+	if debt := tat - nowF; debt < r.tol {
 		d.Remaining = (r.tol - debt) / r.k
 	}
-	d.ResetAfter = until(r, now, s)
+	d.ResetAfter = until(r, now, tat)
 }
 
-// refundTokens rolls back an allowed take of cost that left the TAT at
+// costQuanta is cost tokens in quanta, saturating at the capacity plus
+// MaxDebt.
+func costQuanta(r *Rule, cost uint64) uint64 {
+	hi, lo := bits.Mul64(cost, r.k)
+	if hi != 0 || lo > r.tol+MaxDebt {
+		return r.tol + MaxDebt
+	}
+	return lo
+}
+
+// chargeTokens takes cost tokens whatever the bucket holds: the TAT moves
+// cost*k later (from nowCeil if the bucket was full), at most to nowCeil
+// + tol + MaxDebt, and never earlier than it was.
+func chargeTokens(s State, r *Rule, now int64, cost uint64) State {
+	nowF, nowC := quanta(r, clampNow(now))
+	base := s.Word
+	if base <= nowF {
+		base = nowC
+	}
+	if bound := nowC + r.tol + MaxDebt; base < bound {
+		return State{Word: base + min(costQuanta(r, cost), bound-base)}
+	}
+	return s
+}
+
+// refundTokens puts cost tokens back: the TAT moves cost*k earlier, and a
+// bucket that would hold more than its burst is full (the fresh state).
+func refundTokens(s State, r *Rule, now int64, cost uint64) State {
+	nowF, _ := quanta(r, clampNow(now))
+	if s.Word <= nowF {
+		return s // full already
+	}
+	if hi, q := bits.Mul64(cost, r.k); hi == 0 && q < s.Word-nowF {
+		return State{Word: s.Word - q}
+	}
+	return State{}
+}
+
+// rollbackTokens rolls back an allowed take of cost that left the TAT at
 // after, at now, the time of the rollback. Only what the take still owes
 // goes back: the part of its cost*k quanta that lies after now. The tokens
 // of that take that have refilled since were available to everyone in the
@@ -125,38 +175,42 @@ func fillTokens(d *Decision, s uint64, r *Rule, now, nowF uint64) {
 // from a bucket refilled past this take, or stacked behind it, would find
 // its own debt erased). Reading now late only shrinks the refund.
 //
-// Other takes only move the TAT later (or re-anchor it past after, when
+// Other hits only move the TAT later (or re-anchor it past after, when
 // the bucket had refilled entirely, in which case nothing is owed), so
-// the result is never earlier than the state before the take.
-func refundTokens(s, after uint64, r *Rule, now int64, cost uint64) uint64 {
+// the result is never earlier than the state before the take. (A refund
+// in between may have moved it earlier: then the rollback gives back at
+// most what is owed after now, never below a full bucket.)
+func rollbackTokens(s, after State, r *Rule, now int64, cost uint64) State {
 	if cost > r.burst {
 		return s // never taken
 	}
 	_, nowC := quanta(r, clampNow(now))
-	if after <= nowC {
+	if after.Word <= nowC {
 		return s // all of it has refilled
 	}
-	if owed := min(cost*r.k, after-nowC); owed < s {
-		return s - owed
+	if owed := min(cost*r.k, after.Word-nowC); owed < s.Word {
+		return State{Word: s.Word - owed}
 	}
-	return 0
+	return State{}
 }
 
 // saturateTokens consumes what is left of the bucket, up to cost: the TAT
 // moves cost*k later, but never beyond a debt of the full capacity at
 // nowCeil, and never earlier than it was.
-func saturateTokens(s uint64, r *Rule, now int64, cost uint64) uint64 {
+func saturateTokens(s State, r *Rule, now int64, cost uint64) State {
 	nowF, nowC := quanta(r, clampNow(now))
-	base := s
-	if s <= nowF {
+	base := s.Word
+	if base <= nowF {
 		base = nowC
 	}
-	n := min(base+min(cost, r.burst)*r.k, nowC+r.tol)
-	return max(s, n)
+	if bound := nowC + r.tol; base < bound {
+		return State{Word: base + min(costQuanta(r, min(cost, r.burst)), bound-base)}
+	}
+	return s
 }
 
 // freshTokens reports whether the bucket in state s is full at now.
-func freshTokens(s uint64, r *Rule, now int64) bool {
+func freshTokens(s State, r *Rule, now int64) bool {
 	nowF, _ := quanta(r, clampNow(now))
-	return s <= nowF
+	return s.Word <= nowF
 }

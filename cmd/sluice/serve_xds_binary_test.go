@@ -63,6 +63,25 @@ func egRequest(client string) *rlspb.RateLimitRequest {
 	}}}
 }
 
+// egControlPlane writes the /certs of Envoy Gateway's Deployment under a
+// new directory (tls.crt is both the gRPC server's certificate and the xDS
+// client's) and starts an xDS server that requires that client
+// certificate. It returns the directory, the server, and the TLS config
+// with which Envoy reaches the rate-limit service.
+func egControlPlane(t *testing.T) (dir string, xs *xdstest.Server, envoyTLS *tls.Config) {
+	t.Helper()
+	dir = t.TempDir()
+	ca := testcert.NewCA(t)
+	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ca.Peer(t).WriteFiles(t, filepath.Join(dir, "certs"), "tls")
+	ca.WriteFile(t, filepath.Join(dir, "certs"))
+	xs = xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{ca.Peer(t).TLS(t)},
+		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	return dir, xs, &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Peer(t).TLS(t)}, MinVersion: tls.VersionTLS12}
+}
+
 // egProc is one rate-limit pod of the test, and Envoy's connection to it.
 type egProc struct {
 	*sluiceProc
@@ -95,17 +114,7 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Redis, an xDS server, a statsd exporter and three sluice processes")
 	}
-	dir := t.TempDir()
-	ca := testcert.NewCA(t)
-	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// /certs/tls.crt is both the gRPC server's certificate and the xDS
-	// client's, as in Envoy Gateway's Deployment.
-	ca.Peer(t).WriteFiles(t, filepath.Join(dir, "certs"), "tls")
-	ca.WriteFile(t, filepath.Join(dir, "certs"))
-	xs := xdstest.Start(t, "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{ca.Peer(t).TLS(t)},
-		ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12})
+	dir, xs, clientTLS := egControlPlane(t)
 	rdb := redistest.Start(t)
 	exp := startStatsdExporter(t)
 
@@ -138,7 +147,6 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 	if err := os.Symlink(bin, ratelimit); err != nil {
 		t.Fatal(err)
 	}
-	clientTLS := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Peer(t).TLS(t)}, MinVersion: tls.VersionTLS12}
 	start := func(name string, env []string, argv ...string) *egProc {
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = env

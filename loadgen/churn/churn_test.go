@@ -41,7 +41,7 @@ func TestLimits(t *testing.T) {
 		es := []config.Entry{{Key: routeKey, Value: l.name}}
 		r1, k1 := g1.Match(domain, es, nil)
 		_, k2 := g2.Match(domain, es, nil)
-		if r1 == nil || r1.RequestsPerUnit != l.perSecond || string(k1) != string(k2) {
+		if r1 == nil || r1.RequestsPerUnit != uint64(l.perSecond) || string(k1) != string(k2) {
 			t.Errorf("limited[%d]: rule %v, keys %q and %q; want %d/s, one key in both generations", i, r1, k1, k2, l.perSecond)
 		}
 	}
@@ -58,7 +58,7 @@ func TestLimits(t *testing.T) {
 	}
 	for _, c := range []struct {
 		bucket map[string]string
-		want   uint32
+		want   uint64
 	}{
 		{map[string]string{tenantKey: sharedValue}, rlqsLimit},
 		{map[string]string{tenantKey: "s9-b1"}, freshLimit},

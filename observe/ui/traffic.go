@@ -183,7 +183,8 @@ func shrink[S ~[]E, E any](s S) S {
 }
 
 func add(a, b observe.Counts) observe.Counts {
-	return observe.Counts{Within: a.Within + b.Within, Over: a.Over + b.Over, Near: a.Near + b.Near, Shadow: a.Shadow + b.Shadow}
+	return observe.Counts{Within: a.Within + b.Within, Over: a.Over + b.Over, Near: a.Near + b.Near, Shadow: a.Shadow + b.Shadow,
+		Charged: a.Charged + b.Charged, ChargedOver: a.ChargedOver + b.ChargedOver, Refunded: a.Refunded + b.Refunded}
 }
 
 // sub returns b - a, each count at least 0.
@@ -194,19 +195,33 @@ func sub(b, a observe.Counts) observe.Counts {
 		}
 		return x - y
 	}
-	return observe.Counts{Within: d(b.Within, a.Within), Over: d(b.Over, a.Over), Near: d(b.Near, a.Near), Shadow: d(b.Shadow, a.Shadow)}
+	return observe.Counts{Within: d(b.Within, a.Within), Over: d(b.Over, a.Over), Near: d(b.Near, a.Near), Shadow: d(b.Shadow, a.Shadow),
+		Charged: d(b.Charged, a.Charged), ChargedOver: d(b.ChargedOver, a.ChargedOver), Refunded: d(b.Refunded, a.Refunded)}
 }
 
-// CountsJSON are counts of hits as the JSON shows them.
+// CountsJSON are counts of hits (units: a request's hits_addend, the
+// tokens of a charge) as the JSON shows them.
 type CountsJSON struct {
 	Within uint64 `json:"within"`
 	Over   uint64 `json:"over"`
 	Near   uint64 `json:"near"`
 	Shadow uint64 `json:"shadow"`
+	// Charged counts the units charged after the fact (within and over
+	// above), ChargedOver those recorded past the limit, Refunded those
+	// given back (see observe.Counts).
+	Charged     uint64 `json:"charged"`
+	ChargedOver uint64 `json:"charged_over"`
+	Refunded    uint64 `json:"refunded"`
+}
+
+func (c CountsJSON) counts() observe.Counts {
+	return observe.Counts{Within: c.Within, Over: c.Over, Near: c.Near, Shadow: c.Shadow,
+		Charged: c.Charged, ChargedOver: c.ChargedOver, Refunded: c.Refunded}
 }
 
 func countsJSON(c observe.Counts) CountsJSON {
-	return CountsJSON{Within: c.Within, Over: c.Over, Near: c.Near, Shadow: c.Shadow}
+	return CountsJSON{Within: c.Within, Over: c.Over, Near: c.Near, Shadow: c.Shadow,
+		Charged: c.Charged, ChargedOver: c.ChargedOver, Refunded: c.Refunded}
 }
 
 // RuleTraffic is one rule's traffic.
@@ -258,8 +273,7 @@ func (t *Traffic) View() TrafficView {
 			byID[id] = r
 			order = append(order, r)
 		}
-		tot := add(observe.Counts{Within: r.Total.Within, Over: r.Total.Over, Near: r.Total.Near, Shadow: r.Total.Shadow}, c.Counts)
-		r.Total = countsJSON(tot)
+		r.Total = countsJSON(add(r.Total.counts(), c.Counts))
 		if c.Value != "" && c.Counts != (observe.Counts{}) {
 			r.Values = append(r.Values, ValueTraffic{Value: c.Value, Total: countsJSON(c.Counts)})
 		}

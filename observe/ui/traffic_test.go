@@ -133,6 +133,30 @@ func TestTraffic_DropsRulesThatLeave(t *testing.T) {
 	}
 }
 
+// TestTraffic_Charges: the units charged, charged past the limit and
+// refunded are summed over a detailed rule's values, in the window and
+// in total.
+func TestTraffic_Charges(t *testing.T) {
+	c := newCounts()
+	tr := ui.NewTraffic(c, time.Second, 3)
+	c.m[[3]string{"ai", "tokens", "user_a"}] = observe.Counts{Within: 100}
+	tr.Sample(at(0))
+	c.m[[3]string{"ai", "tokens", "user_a"}] = observe.Counts{Within: 900, Over: 1500, Charged: 2300, ChargedOver: 1500, Refunded: 40}
+	c.m[[3]string{"ai", "tokens", "user_b"}] = observe.Counts{Within: 1_000_000, Charged: 1_000_000}
+	tr.Sample(at(1))
+	v := tr.View()
+	if len(v.Rules) != 1 {
+		t.Fatalf("%d rules, want 1", len(v.Rules))
+	}
+	r := v.Rules[0]
+	if want := (ui.CountsJSON{Within: 1_000_800, Over: 1500, Charged: 1_002_300, ChargedOver: 1500, Refunded: 40}); r.Window != want {
+		t.Errorf("window %+v, want %+v", r.Window, want)
+	}
+	if want := (ui.CountsJSON{Within: 1_000_900, Over: 1500, Charged: 1_002_300, ChargedOver: 1500, Refunded: 40}); r.Total != want {
+		t.Errorf("total %+v, want %+v", r.Total, want)
+	}
+}
+
 // TestTraffic_OrderAndBounds: the most active rules first, at most
 // MaxTrafficRules; a detailed rule's values summed into the rule and
 // listed, at most MaxValues, the most hit first.

@@ -341,7 +341,7 @@ type RuleInfo struct {
 	Limit           string   `json:"limit"`
 	Algorithm       string   `json:"algorithm,omitempty"`
 	Unit            string   `json:"unit,omitempty"`
-	RequestsPerUnit uint32   `json:"requests_per_unit"`
+	RequestsPerUnit uint64   `json:"requests_per_unit"`
 	Burst           uint64   `json:"burst,omitempty"`
 	UnitMultiplier  uint32   `json:"unit_multiplier,omitempty"`
 	Unlimited       bool     `json:"unlimited"`

@@ -389,3 +389,17 @@ func TestLimits_Calendar(t *testing.T) {
 		t.Fatalf("rules %+v, want 1000 per calendar month (Europe/Berlin) and 5 per 3 calendar months (UTC)", v.Rules)
 	}
 }
+
+// A budget past 32 bits is shown exactly.
+func TestLimits_Big(t *testing.T) {
+	r := newRig(t)
+	write(t, r.dir, "limits.yaml", "domain: ai\ndescriptors:\n  - key: user\n    rate_limit: {unit: month, requests_per_unit: 100_000_000_000}\n")
+	if err := r.reload.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	var v ui.LimitsView
+	getJSON(t, r.url+"/ui/api/limits", &v)
+	if len(v.Rules) != 1 || v.Rules[0].Limit != "100000000000 per month" || v.Rules[0].RequestsPerUnit != 100_000_000_000 {
+		t.Fatalf("rules %+v, want 10^11 per month", v.Rules)
+	}
+}

@@ -35,7 +35,10 @@ func BenchmarkWallClockNow(b *testing.B) {
 func benchRules(b *testing.B) map[string]*store.Rule {
 	return map[string]*store.Rule{
 		"fixed_window": storetest.Window(b, store.MaxFixedWindowLimit, time.Hour),
-		"token_bucket": storetest.Bucket(b, 1_000_000_000, time.Second, 1<<32),
+		// A wide rule (a limit past 32 bits): its state is a pair behind a
+		// pointer, one allocation per change.
+		"fixed_window_wide": storetest.Window(b, store.MaxLimit, time.Hour),
+		"token_bucket":      storetest.Bucket(b, 1_000_000_000, time.Second, 1<<32),
 	}
 }
 

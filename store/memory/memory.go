@@ -48,11 +48,12 @@ type Stats struct {
 
 // Store is the in-memory store. Safe for concurrent use.
 type Store struct {
-	m          *xsync.Map[string, *cell]
+	m          *xsync.Map[string, *cell]     // narrow rules: one word a key
+	wm         *xsync.Map[string, *wideCell] // wide rules (store.Rule.Wide)
 	maxKeys    int64
 	evictBatch int
 
-	keys      atomic.Int64 // live map entries
+	keys      atomic.Int64 // live map entries, both maps
 	inserts   atomic.Uint64
 	swept     atomic.Uint64
 	evictions atomic.Uint64
@@ -64,9 +65,24 @@ type Store struct {
 // freshness; a key's rule may be replaced by an equal one on reload, never
 // by one with other quanta (the key names the algorithm and its numbers).
 type cell struct {
-	state atomic.Uint64
+	state atomic.Uint64 // store.State.Word; store.Tombstone once removed
 	rule  atomic.Pointer[store.Rule]
 }
+
+// wideCell is the key of a wide rule, whose state takes two words: an
+// immutable pair behind a pointer, replaced by compare-and-swap (each
+// change allocates one). dead marks it removed.
+type wideCell struct {
+	state atomic.Pointer[store.State]
+	rule  atomic.Pointer[store.Rule]
+}
+
+var (
+	// dead is the state pointer of a removed wideCell.
+	dead = new(store.State)
+	// fresh is a new wideCell's state; it is never modified.
+	fresh = new(store.State)
+)
 
 // New returns an empty Store.
 func New(opts Options) *Store {
@@ -76,26 +92,35 @@ func New(opts Options) *Store {
 	}
 	return &Store{
 		m:          xsync.NewMap[string, *cell](),
+		wm:         xsync.NewMap[string, *wideCell](),
 		maxKeys:    int64(maxKeys),
 		evictBatch: max(1, maxKeys/16),
 		clock:      opts.Clock,
 	}
 }
 
-// taken records a consumption to roll back if the batch is denied.
-type taken struct {
-	c             *cell
-	before, after uint64
+// slot is the cell a hit changed: c for a narrow rule, w for a wide one,
+// neither when it inserted nothing.
+type slot struct {
+	c *cell
+	w *wideCell
 }
 
-// Take applies hits as one all-or-nothing batch at now, per store.Store.
+// taken records a consumption to roll back if the batch is denied.
+type taken struct {
+	slot
+	before, after store.State
+}
+
+// Take applies hits as one batch at now, per store.Store.
 //
 // Vetoing hits are taken first, in order; once one is denied the rest are
 // only evaluated, and after the non-vetoing hits have been evaluated the
 // taken ones are rolled back. Non-vetoing (shadow) hits consume only when
-// the batch commits. Saturate hits always consume: what fits, or what is
-// left. Hits on the same key see each other in order. Hits beyond the
-// eighth of a batch cost one allocation.
+// the batch commits. Hits that apply whatever the outcome (saturating,
+// charges, refunds) always do, in their turn. Hits on the same key see
+// each other in order. Hits beyond the eighth of a batch cost one
+// allocation.
 func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store.Decision) error {
 	if len(out) != len(hits) {
 		return fmt.Errorf("memory: %d decisions for %d hits", len(out), len(hits))
@@ -116,24 +141,24 @@ func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store
 		switch {
 		case !h.Veto:
 			continue
-		case denied && !h.Saturate:
+		case denied && !h.Always():
 			out[i] = s.peek(h, now)
 			continue
 		}
-		c, before, after, d := s.apply(h, now)
+		sl, before, after, d := s.apply(h, now)
 		out[i] = d
 		switch {
 		case !d.Allowed:
 			denied = true
-		case !h.Saturate && after != before:
-			tk[i] = taken{c, before, after}
+		case !h.Always() && after != before:
+			tk[i] = taken{sl, before, after}
 		}
 	}
 	for i := range hits {
 		h := &hits[i]
 		switch {
 		case h.Veto:
-		case denied && !h.Saturate:
+		case denied && !h.Always():
 			out[i] = s.peek(h, now)
 		default:
 			_, _, _, out[i] = s.apply(h, now)
@@ -147,14 +172,13 @@ func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store
 		at = max(at, s.clock.Now())
 	}
 	for i := len(hits) - 1; i >= 0; i-- {
-		if tk[i].c != nil {
-			refund(tk[i], &hits[i], at)
+		if tk[i].slot != (slot{}) {
+			rollback(tk[i], &hits[i], at)
 		}
 	}
 	for i := range hits {
-		if tk[i].c != nil {
-			_, out[i] = store.Take(s.load(hits[i].Key), hits[i].Rule, now, 0)
-			out[i].Allowed = true
+		if tk[i].slot != (slot{}) {
+			out[i] = store.View(s.load(&hits[i]), hits[i].Rule, now)
 		}
 	}
 	return nil
@@ -162,54 +186,110 @@ func (s *Store) Take(_ context.Context, now int64, hits []store.Hit, out []store
 
 // apply runs the hit's algorithm on its key's cell with a CAS loop,
 // returning the cell, the states before and after, and the decision.
-// A hit that would leave a missing key fresh (a check, a denial) inserts
-// nothing, so checks of hostile keys cost no memory.
-func (s *Store) apply(h *store.Hit, now int64) (c *cell, before, after uint64, d store.Decision) {
+// A hit that would leave a missing key fresh (a check, a denial, a
+// refund) inserts nothing, so checks of hostile keys cost no memory.
+func (s *Store) apply(h *store.Hit, now int64) (sl slot, before, after store.State, d store.Decision) {
+	if h.Rule.Wide() {
+		return s.applyWide(h, now)
+	}
 	for {
-		var ok bool
-		if c, ok = s.m.Load(h.Key); !ok {
-			if after, d = store.Take(0, h.Rule, now, h.Cost); after == 0 && !h.Saturate {
-				return nil, 0, 0, d
+		c, ok := s.m.Load(h.Key)
+		if !ok {
+			if after, d = store.Apply(store.State{}, h.Rule, now, h.Cost, h.Mode); after == (store.State{}) {
+				return slot{}, before, after, d
 			}
-			c = s.insert(h.Key, h.Rule, now)
+			c = insert(s, s.m, h.Key, now, func() *cell {
+				c := new(cell)
+				c.rule.Store(h.Rule)
+				return c
+			})
 		} else if c.rule.Load() != h.Rule {
 			c.rule.Store(h.Rule)
 		}
 		for {
-			before = c.state.Load()
-			if before == store.Tombstone {
+			w := c.state.Load()
+			if w == store.Tombstone {
 				break
 			}
-			if h.Saturate {
-				after, d = store.Saturate(before, h.Rule, now, h.Cost)
+			before = store.State{Word: w}
+			if h.Mode == store.ModeTake {
+				after, d = store.Take(before, h.Rule, now, h.Cost) // (one call less: the hot path)
 			} else {
-				after, d = store.Take(before, h.Rule, now, h.Cost)
+				after, d = store.Apply(before, h.Rule, now, h.Cost, h.Mode)
 			}
-			if after == before || c.state.CompareAndSwap(before, after) {
-				return c, before, after, d
+			if after.Word == w || c.state.CompareAndSwap(w, after.Word) {
+				return slot{c: c}, before, after, d
 			}
 		}
 		// Swept or evicted: help remove the dead entry, then find or
 		// insert the live one.
-		s.remove(h.Key, c)
+		remove(s, s.m, h.Key, c)
 	}
 }
 
-// refund rolls back one take at now, the time of the rollback. If nothing
-// touched the state since, it goes back exactly; otherwise store.Refund
-// takes back what the take still owes. A tombstone
-// means the state was swept (it had lapsed) or evicted: nothing to undo.
-func refund(t taken, h *store.Hit, now int64) {
+// applyWide is apply for a wide rule: the same loop on a pointer.
+func (s *Store) applyWide(h *store.Hit, now int64) (sl slot, before, after store.State, d store.Decision) {
 	for {
-		cur := t.c.state.Load()
-		if cur == store.Tombstone {
+		w, ok := s.wm.Load(h.Key)
+		if !ok {
+			if after, d = store.Apply(store.State{}, h.Rule, now, h.Cost, h.Mode); after == (store.State{}) {
+				return slot{}, before, after, d
+			}
+			w = insert(s, s.wm, h.Key, now, func() *wideCell {
+				w := new(wideCell)
+				w.state.Store(fresh)
+				w.rule.Store(h.Rule)
+				return w
+			})
+		} else if w.rule.Load() != h.Rule {
+			w.rule.Store(h.Rule)
+		}
+		for {
+			p := w.state.Load()
+			if p == dead {
+				break
+			}
+			before = *p
+			after, d = store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+			if after == before {
+				return slot{w: w}, before, after, d
+			}
+			n := new(store.State)
+			*n = after
+			if w.state.CompareAndSwap(p, n) {
+				return slot{w: w}, before, after, d
+			}
+		}
+		remove(s, s.wm, h.Key, w)
+	}
+}
+
+// rollback rolls back one take at now, the time of the rollback. If
+// nothing touched the state since, it goes back exactly; otherwise
+// store.Rollback takes back what the take still owes. A removed state
+// (swept: it had lapsed; or evicted) has nothing to undo.
+func rollback(t taken, h *store.Hit, now int64) {
+	next := func(cur store.State) store.State {
+		if cur != t.after {
+			return store.Rollback(cur, t.after, h.Rule, now, h.Cost)
+		}
+		return t.before
+	}
+	if c := t.c; c != nil {
+		for {
+			cur := c.state.Load()
+			if cur == store.Tombstone || c.state.CompareAndSwap(cur, next(store.State{Word: cur}).Word) {
+				return
+			}
+		}
+	}
+	for {
+		p := t.w.state.Load()
+		if p == dead {
 			return
 		}
-		n := t.before
-		if cur != t.after {
-			n = store.Refund(cur, t.after, h.Rule, now, h.Cost)
-		}
-		if t.c.state.CompareAndSwap(cur, n) {
+		n := new(store.State)
+		if *n = next(*p); *n == *p || t.w.state.CompareAndSwap(p, n) {
 			return
 		}
 	}
@@ -218,37 +298,40 @@ func refund(t taken, h *store.Hit, now int64) {
 // peek decides a hit of a denied batch without consuming: a denial as
 // Take reports it, or a fit reported as Allowed with what remains now.
 func (s *Store) peek(h *store.Hit, now int64) store.Decision {
-	st := s.load(h.Key)
-	_, d := store.Take(st, h.Rule, now, h.Cost)
-	if d.Allowed && h.Cost > 0 {
-		_, d = store.Take(st, h.Rule, now, 0)
-		d.Allowed = true
+	st := s.load(h)
+	if _, d := store.Take(st, h.Rule, now, h.Cost); !d.Allowed {
+		return d
 	}
-	return d
+	return store.View(st, h.Rule, now)
 }
 
-// load returns key's state, fresh if it has none.
-func (s *Store) load(key string) uint64 {
-	c, ok := s.m.Load(key)
-	if !ok {
-		return 0
+// load returns the state of the hit's key, fresh if it has none.
+func (s *Store) load(h *store.Hit) store.State {
+	if h.Rule.Wide() {
+		if w, ok := s.wm.Load(h.Key); ok {
+			if p := w.state.Load(); p != dead {
+				return *p
+			}
+		}
+		return store.State{}
 	}
-	if st := c.state.Load(); st != store.Tombstone {
-		return st
+	if c, ok := s.m.Load(h.Key); ok {
+		if w := c.state.Load(); w != store.Tombstone {
+			return store.State{Word: w}
+		}
 	}
-	return 0
+	return store.State{}
 }
 
-// insert adds a cell for key, making room first at the bound, and returns
-// the key's cell (another caller's if it won the race).
-func (s *Store) insert(key string, r *store.Rule, now int64) *cell {
+// insert adds the cell newCell makes for key to m, making room first at
+// the bound, and returns the key's cell (another caller's if it won the
+// race).
+func insert[C any](s *Store, m *xsync.Map[string, *C], key string, now int64, newCell func() *C) *C {
 	if s.keys.Load() >= s.maxKeys {
 		s.makeRoom(now)
 	}
-	c := new(cell)
-	c.rule.Store(r)
 	// The key may alias the caller's reused buffer: keep a copy.
-	actual, loaded := s.m.LoadOrStore(strings.Clone(key), c)
+	actual, loaded := m.LoadOrStore(strings.Clone(key), newCell())
 	if !loaded {
 		s.keys.Add(1)
 		s.inserts.Add(1)
@@ -260,10 +343,10 @@ func (s *Store) insert(key string, r *store.Rule, now int64) *cell {
 // evict is set) and reports whether it did. A Take racing it either
 // committed first (then the state is no longer fresh and kill re-judges)
 // or finds the tombstone and moves to a new cell: no update is lost.
-func kill(c *cell, now int64, evict bool) bool {
+func (c *cell) kill(now int64, evict bool) bool {
 	for {
 		st := c.state.Load()
-		if st == store.Tombstone || !evict && !store.Fresh(st, c.rule.Load(), now) {
+		if st == store.Tombstone || !evict && !store.Fresh(store.State{Word: st}, c.rule.Load(), now) {
 			return false
 		}
 		if c.state.CompareAndSwap(st, store.Tombstone) {
@@ -272,13 +355,26 @@ func kill(c *cell, now int64, evict bool) bool {
 	}
 }
 
-// remove deletes key's entry if it still maps to c.
-func (s *Store) remove(key string, c *cell) {
+// kill is cell.kill for a wide rule's cell.
+func (w *wideCell) kill(now int64, evict bool) bool {
+	for {
+		p := w.state.Load()
+		if p == dead || !evict && !store.Fresh(*p, w.rule.Load(), now) {
+			return false
+		}
+		if w.state.CompareAndSwap(p, dead) {
+			return true
+		}
+	}
+}
+
+// remove deletes key's entry from m if it still maps to c.
+func remove[C comparable](s *Store, m *xsync.Map[string, C], key string, c C) {
 	removed := false
-	s.m.Compute(key, func(old *cell, loaded bool) (*cell, xsync.ComputeOp) {
+	m.Compute(key, func(old C, loaded bool) (C, xsync.ComputeOp) {
 		if loaded && old == c {
 			removed = true
-			return nil, xsync.DeleteOp
+			return old, xsync.DeleteOp
 		}
 		return old, xsync.CancelOp
 	})
@@ -287,25 +383,37 @@ func (s *Store) remove(key string, c *cell) {
 	}
 }
 
+// killable is a cell of either map.
+type killable interface {
+	comparable
+	kill(now int64, evict bool) bool
+}
+
+// sweep removes m's states that are fresh at now and returns how many.
+func sweep[C killable](s *Store, m *xsync.Map[string, C], now int64) (removed int) {
+	m.Range(func(key string, c C) bool {
+		if c.kill(now, false) {
+			remove(s, m, key, c)
+			removed++
+		}
+		return true
+	})
+	return removed
+}
+
 // Sweep removes every state that was fresh a second before now (so a
 // concurrent Take with a slightly older clock reading is unaffected) and
 // returns how many it removed. Removing a fresh state changes no decision.
 // It is safe to run concurrently with Take; the caller owns the ticker.
 func (s *Store) Sweep(now int64) (removed int) {
 	now -= sweepGrace
-	s.m.Range(func(key string, c *cell) bool {
-		if kill(c, now, false) {
-			s.remove(key, c)
-			removed++
-		}
-		return true
-	})
+	removed = sweep(s, s.m, now) + sweep(s, s.wm, now)
 	s.swept.Add(uint64(removed))
 	return removed
 }
 
 // makeRoom runs when an insert finds the store at its bound. One caller
-// at a time passes over the map: it removes every fresh state (lossless),
+// at a time passes over the maps: it removes every fresh state (lossless),
 // and if that freed fewer than MaxKeys/16 keys it evicts live ones, the
 // first it met, until it has. So a pass costs O(MaxKeys) and frees at
 // least MaxKeys/16 keys: amortised, an insert costs at most 16 visits,
@@ -321,50 +429,49 @@ func (s *Store) makeRoom(now int64) {
 		return
 	}
 	now -= sweepGrace
-	type entry struct {
-		key string
-		c   *cell
-	}
-	live := make([]entry, 0, s.evictBatch)
-	freed := 0
-	s.m.Range(func(key string, c *cell) bool {
-		if kill(c, now, false) {
-			s.remove(key, c)
-			freed++
-		} else if len(live) < s.evictBatch {
-			live = append(live, entry{key, c})
-		}
-		return true
-	})
+	freed := sweep(s, s.m, now) + sweep(s, s.wm, now)
 	s.swept.Add(uint64(freed))
-	evicted := 0
-	for _, e := range live {
-		if freed+evicted >= s.evictBatch {
-			break
-		}
-		if kill(e.c, now, true) {
-			s.remove(e.key, e.c)
-			evicted++
-		}
-	}
+	evicted := evict(s, s.m, now, s.evictBatch-freed)
+	evicted += evict(s, s.wm, now, s.evictBatch-freed-evicted)
 	s.evictions.Add(uint64(evicted))
 }
 
-// RangeKeys calls fn with each live key that starts with prefix and the
-// decision a zero-cost check of it gets at now, in no particular order,
-// until fn returns false. It is for debugging views: it reads a snapshot
-// of each state and changes nothing.
+// evict drops up to n live states of m, the first it meets, and returns
+// how many it dropped.
+func evict[C killable](s *Store, m *xsync.Map[string, C], now int64, n int) (evicted int) {
+	if n <= 0 {
+		return 0
+	}
+	m.Range(func(key string, c C) bool {
+		if c.kill(now, true) {
+			remove(s, m, key, c)
+			evicted++
+		}
+		return evicted < n
+	})
+	return evicted
+}
+
+// RangeKeys calls fn with each live key that starts with prefix and what
+// a check of it reports at now (store.View), in no particular order, until
+// fn returns false. It is for debugging views: it reads a snapshot of each
+// state and changes nothing.
 func (s *Store) RangeKeys(prefix string, now int64, fn func(key string, d store.Decision) bool) {
+	more := true
 	s.m.Range(func(key string, c *cell) bool {
-		if !strings.HasPrefix(key, prefix) {
-			return true
+		if st := c.state.Load(); st != store.Tombstone && strings.HasPrefix(key, prefix) {
+			more = fn(key, store.View(store.State{Word: st}, c.rule.Load(), now))
 		}
-		st := c.state.Load()
-		if st == store.Tombstone {
-			return true
+		return more
+	})
+	if !more {
+		return
+	}
+	s.wm.Range(func(key string, w *wideCell) bool {
+		if p := w.state.Load(); p != dead && strings.HasPrefix(key, prefix) {
+			return fn(key, store.View(*p, w.rule.Load(), now))
 		}
-		_, d := store.Take(st, c.rule.Load(), now, 0)
-		return fn(key, d)
+		return true
 	})
 }
 

@@ -189,16 +189,25 @@ func TestTakeAllocations(t *testing.T) {
 		{Key: "a", Rule: w, Cost: 1, Veto: true},
 		{Key: "b", Rule: b, Cost: 1, Veto: true},
 		{Key: "c", Rule: w, Cost: 1},
-		{Key: "d", Rule: b, Cost: 1, Veto: true, Saturate: true},
+		{Key: "d", Rule: b, Cost: 1, Veto: true, Mode: store.ModeSaturate},
 	}
 	denied := append(hits[:2:2], store.Hit{Key: "e", Rule: storetest.Window(t, 0, time.Hour), Cost: 1, Veto: true})
 	sw := storetest.Sliding(t, store.MaxSlidingWindowLimit, time.Hour)
 	sliding := []store.Hit{{Key: "s", Rule: sw, Cost: 1, Veto: true}, {Key: "a", Rule: w, Cost: 1, Veto: true}}
 	full := []store.Hit{{Key: "f", Rule: storetest.Sliding(t, 7, time.Second), Cost: 8, Veto: true}}
+	// Charges and refunds: a fixed window past its limit, a sliding
+	// window and a token bucket in debt, a refund.
+	charges := []store.Hit{
+		{Key: "g", Rule: storetest.Window(t, 5, time.Hour), Cost: 3, Veto: true, Mode: store.ModeCharge},
+		{Key: "h", Rule: storetest.Sliding(t, 5, time.Hour), Cost: 3, Veto: true, Mode: store.ModeCharge},
+		{Key: "i", Rule: storetest.Bucket(t, 1, time.Hour, 5), Cost: 3, Veto: true, Mode: store.ModeCharge},
+		{Key: "b", Rule: b, Cost: 1, Mode: store.ModeRefund},
+	}
 	out := make([]store.Decision, len(hits))
 	ctx := context.Background()
 	s.Take(ctx, t0, hits, out)
 	s.Take(ctx, t0, sliding, out[:2])
+	s.Take(ctx, t0, charges, out[:4])
 	for name, f := range map[string]func(){
 		"one hit":                   func() { s.Take(ctx, t0, hits[:1], out[:1]) },
 		"four hits":                 func() { s.Take(ctx, t0, hits, out) },
@@ -206,6 +215,7 @@ func TestTakeAllocations(t *testing.T) {
 		"sliding window":            func() { s.Take(ctx, t0, sliding[:1], out[:1]) },
 		"sliding window in a batch": func() { s.Take(ctx, t0, sliding, out[:2]) },
 		"sliding window denied":     func() { s.Take(ctx, t0, full, out[:1]) },
+		"charges and a refund":      func() { s.Take(ctx, t0, charges, out[:4]) },
 	} {
 		if n := testing.AllocsPerRun(1000, f); n != 0 {
 			t.Errorf("%s: %v allocations per Take on existing keys", name, n)

@@ -20,7 +20,7 @@ type overCache struct {
 
 type overEntry struct {
 	rule  *store.Rule // the entry serves hits of this rule only
-	state uint64      // as the store package holds it
+	state store.State // as the store package holds it
 	until int64       // Unix ns after which a cost of 1 may fit again
 }
 
@@ -30,10 +30,10 @@ func newOverCache() *overCache { return &overCache{m: xsync.NewMap[string, overE
 // for its rule and still over at now, no hit saturates, and the batch is
 // denied. It reports whether out was written.
 func (c *overCache) answer(s *Store, sc *scratch, now int64, hits []store.Hit, keys []string, out []store.Decision) bool {
-	var buf [8]uint64
+	var buf [8]store.State
 	orig := buf[:0]
 	for i, h := range hits {
-		if h.Saturate && h.Cost > 0 {
+		if h.Always() && h.Cost > 0 {
 			return false
 		}
 		e, ok := c.m.Load(keys[i])
@@ -54,7 +54,7 @@ func (c *overCache) answer(s *Store, sc *scratch, now int64, hits []store.Hit, k
 // update caches the keys of the batch that are now over their limit, from
 // the batch's final states, and forgets the others. With the server clock
 // token buckets are not cached: their time is Redis's, not the caller's.
-func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []string, final []uint64) {
+func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []string, final []store.State) {
 	for i, h := range hits {
 		tb := h.Rule.Algorithm() == store.TokenBucket
 		if tb && tbNow != nil {

@@ -28,7 +28,7 @@ func TestTake_CalendarExpiry(t *testing.T) {
 	now := ts.UnixNano()
 	for _, batch := range [][]store.Hit{
 		{{Key: "m1", Rule: month, Cost: 1, Veto: true}},
-		{{Key: "m2", Rule: month, Cost: 1, Veto: true, Saturate: true}},
+		{{Key: "m2", Rule: month, Cost: 1, Veto: true, Mode: store.ModeSaturate}},
 		{{Key: "m3", Rule: month, Cost: 1, Veto: true}, {Key: "tb", Rule: tb, Cost: 1, Veto: true}},
 		{{Key: "d1", Rule: day, Cost: 1, Veto: true}},
 		{{Key: "d2", Rule: day, Cost: 1, Veto: true}, {Key: "m4", Rule: month, Cost: 1, Veto: true}},

@@ -37,7 +37,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		bs[j].args = s.args(hits, bs[j].idx, now)
 	}
 	if len(bs) == 1 {
-		return s.run(ctx, bs[0])
+		return s.run(ctx, hits, bs[0])
 	}
 
 	c := s.client
@@ -47,7 +47,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 	}
 	res := c.DoMulti(ctx, cmds...)
 	n := len(hits)
-	whole := reply{committed: true, orig: make([]uint64, n), final: make([]uint64, n)}
+	whole := reply{committed: true, orig: make([]store.State, n), final: make([]store.State, n)}
 	if s.opt.ServerClock {
 		whole.now = make([]int64, n)
 	}
@@ -57,7 +57,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		if e, ok := rueidis.IsRedisErr(res[j].Error()); ok && e.IsNoScript() {
 			res[j] = c.Do(ctx, c.B().Eval().Script(takeScript.src).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build())
 		}
-		r, err := parseReply(res[j], len(b.keys))
+		r, err := parseReply(res[j], hits, b.idx)
 		if err != nil {
 			errs = append(errs, err)
 			whole.committed = false
@@ -91,7 +91,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		owed := s.owed(now, r, sub, b.keys, out)
 		rkeys, rargs = rkeys[:0], append(rargs[:0], "r")
 		for k, h := range sub {
-			if !out[k].Allowed || h.Saturate || h.Cost == 0 {
+			if !out[k].Allowed || h.Always() || h.Cost == 0 {
 				continue
 			}
 			amount, end := h.Cost, ""
@@ -103,9 +103,15 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 				// batch: every take of a batch has its now), its count's
 				// width and the buckets per window.
 				g, _, bits := h.Rule.Buckets()
-				end = "s" + strconv.FormatUint(r.final[k]>>32, 10) + ":" + strconv.FormatUint(bits, 10) + ":" + strconv.FormatUint(g, 10)
+				end = "s" + strconv.FormatUint(r.final[k].Word>>32, 10) + ":" + strconv.FormatUint(bits, 10) + ":" + strconv.FormatUint(g, 10)
 			default:
-				end = strconv.FormatUint(windowEnd(h.Rule, now), 10)
+				// The take's window and, if a count there can be
+				// saturated past the limit (and so no longer exact), the
+				// bound where it is.
+				end = strconv.FormatUint(r.final[k].Word>>32, 10) + ":"
+				if b := windowBound(h.Rule); b > h.Rule.Limit() {
+					end += strconv.FormatUint(b, 10)
+				}
 			}
 			rkeys = append(rkeys, b.keys[k])
 			rargs = append(rargs, strconv.FormatUint(amount, 10), end)
@@ -138,10 +144,10 @@ func (s *Store) owed(now int64, r reply, sub []store.Hit, keys []string, out []s
 		at = max(at, s.opt.Clock.Now())
 	}
 	owed := make([]uint64, len(sub))
-	state := map[string]uint64{}
+	state := map[string]store.State{}
 	for k := len(sub) - 1; k >= 0; k-- {
 		h := &sub[k]
-		if h.Rule.Algorithm() != store.TokenBucket || !out[k].Allowed || h.Saturate || h.Cost == 0 {
+		if h.Rule.Algorithm() != store.TokenBucket || !out[k].Allowed || h.Always() || h.Cost == 0 {
 			continue
 		}
 		v, seen := state[keys[k]]
@@ -152,8 +158,8 @@ func (s *Store) owed(now int64, r reply, sub []store.Hit, keys []string, out []s
 		if r.now != nil {
 			t = r.now[k] // Redis TIME of the take
 		}
-		n := store.Refund(v, v, h.Rule, t, h.Cost)
-		owed[k], state[keys[k]] = v-n, n
+		n := store.Rollback(v, v, h.Rule, t, h.Cost)
+		owed[k], state[keys[k]] = v.Word-n.Word, n
 	}
 	return owed
 }

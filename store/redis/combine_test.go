@@ -62,7 +62,7 @@ func TestTake_Combined(t *testing.T) {
 		mem := memory.New(memory.Options{})
 		var rules []*store.Rule
 		for len(rules) < 6 {
-			if r := randomRules(rng, 1)[0]; r.Algorithm() == store.FixedWindow {
+			if r := randomRules(rng, 1)[0]; r.Algorithm() == store.FixedWindow && !r.Wide() {
 				rules = append(rules, r)
 			}
 		}

@@ -13,13 +13,14 @@ import (
 )
 
 // randomRules returns n rules with sizes from tiny to the limits the
-// store package accepts, so states reach ~2^62 quanta.
+// store package accepts, so states reach ~2^62 quanta, and counts of wide
+// rules 2^53.
 func randomRules(rng *rand.Rand, n int) []*store.Rule {
 	windows := []time.Duration{time.Second, time.Minute, time.Hour, 365 * 24 * time.Hour, math.MaxUint32 * time.Second}
-	limits := []uint64{0, 1, 2, 5, 1000, store.MaxFixedWindowLimit}
+	limits := []uint64{0, 1, 2, 5, 1000, store.MaxFixedWindowLimit, store.MaxFixedWindowLimit + 1, 1 << 32, 1e10, store.MaxLimit}
 	periods := []time.Duration{time.Nanosecond, 3 * time.Nanosecond, time.Microsecond, time.Second, time.Minute, 7 * time.Hour, 1000 * time.Hour}
 	rates := []uint64{1, 3, 7, 1000, 1e9}
-	bursts := []uint64{1, 2, 10, 1 << 20, 1 << 40, 1 << 62}
+	bursts := []uint64{1, 2, 10, 1 << 20, 1 << 40, store.MaxLimit}
 	slidingLimits := []uint64{0, 1, 5, 31, 60, 1000, store.MaxSlidingWindowLimit} // every bucket layout
 	var rules []*store.Rule
 	for len(rules) < n {
@@ -63,8 +64,9 @@ func randomCost(rng *rand.Rand, r *store.Rule) uint64 {
 // through the memory store and through the store package's algorithms on
 // states kept in Go: the decisions must be identical to the nanosecond.
 // (Take itself also checks each final state the script wrote against the
-// algorithms.) Seeds from 8 on send what window.lua runs: fixed windows
-// only, every hit vetoing, none saturating, keys mostly distinct.
+// algorithms.) Hits take, saturate, charge and refund. Seeds from 8 on
+// send what window.lua runs: fixed windows only, every hit a vetoing
+// take, keys mostly distinct.
 func TestTake_MatchesAlgorithms(t *testing.T) {
 	srv := redistest.Start(t)
 	for seed := range uint64(12) {
@@ -78,7 +80,7 @@ func TestTake_MatchesAlgorithms(t *testing.T) {
 			}
 		}
 		names := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
-		model := map[string]uint64{} // Redis key -> state
+		model := map[string]store.State{} // Redis key -> state
 		mem := memory.New(memory.Options{})
 		now := int64(1_800_000_000_000_000_000) + rng.Int64N(int64(time.Hour))
 		var retry time.Duration // of the last denial, to probe the boundary
@@ -99,14 +101,17 @@ func TestTake_MatchesAlgorithms(t *testing.T) {
 			for i := range hits {
 				k := rng.IntN(len(names))
 				hits[i] = store.Hit{Key: names[k], Rule: rules[k], Cost: randomCost(rng, rules[k]),
-					Veto: windows || rng.IntN(4) != 0, Saturate: !windows && rng.IntN(5) == 0}
+					Veto: windows || rng.IntN(4) != 0}
+				if !windows && rng.IntN(3) == 0 {
+					hits[i].Mode = store.Mode(1 + rng.IntN(3))
+				}
 			}
 			got := make([]store.Decision, n)
 			if err := s.Take(context.Background(), now, hits, got); err != nil {
 				t.Fatalf("seed %d step %d: %v", seed, step, err)
 			}
 			keys := make([]string, n)
-			orig := make([]uint64, n)
+			orig := make([]store.State, n)
 			for i := range hits {
 				keys[i] = s.opt.KeyPrefix + hits[i].Key
 				orig[i] = model[keys[i]]
@@ -125,7 +130,7 @@ func TestTake_MatchesAlgorithms(t *testing.T) {
 				}
 				if got[i] != fromMem[i] {
 					for j := range hits {
-						t.Logf("hit %d: %s %v cost %d veto %v sat %v: got %+v mem %+v want %+v", j, hits[j].Key, hits[j].Rule, hits[j].Cost, hits[j].Veto, hits[j].Saturate, got[j], fromMem[j], want[j])
+						t.Logf("hit %d: %s %v cost %d veto %v %v: got %+v mem %+v want %+v", j, hits[j].Key, hits[j].Rule, hits[j].Cost, hits[j].Veto, hits[j].Mode, got[j], fromMem[j], want[j])
 					}
 					t.Fatalf("seed %d step %d hit %d (%v cost %d): got %+v, memory store %+v",
 						seed, step, i, hits[i].Rule, hits[i].Cost, got[i], fromMem[i])

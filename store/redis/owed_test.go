@@ -16,7 +16,7 @@ func TestOwedAtRefundTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := storetest.T0
-	s0, _ := store.Take(0, r, t0, 3)
+	s0, _ := store.Take(store.State{}, r, t0, 3)
 	final, _ := store.Take(s0, r, t0, 2) // the key is 5 s in debt
 	hits := []store.Hit{{Key: "k", Rule: r, Cost: 3, Veto: true}, {Key: "k", Rule: r, Cost: 2, Veto: true}}
 	out := []store.Decision{{Allowed: true}, {Allowed: true}}
@@ -31,7 +31,7 @@ func TestOwedAtRefundTime(t *testing.T) {
 		{6 * time.Second, [2]uint64{0, 0}},
 	} {
 		st := &Store{opt: Options{Clock: storetest.NewClock(t0 + int64(tc.after))}}
-		got := st.owed(t0, reply{final: []uint64{final, final}}, hits, []string{"k", "k"}, out)
+		got := st.owed(t0, reply{final: []store.State{final, final}}, hits, []string{"k", "k"}, out)
 		if got[0] != tc.want[0] || got[1] != tc.want[1] {
 			t.Errorf("refund %v after the batch: owed %v, want %v", tc.after, got, tc.want)
 		}

@@ -422,27 +422,37 @@ func quanta(r *store.Rule, now int64) (lo, hi uint64) {
 // appendArgs appends the script arguments of one hit (see take.lua).
 func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 	r := h.Rule
-	flags := flagSets[b2i(h.Veto)|b2i(h.Saturate)<<1|b2i(h.Cost > r.Capacity())<<2]
+	flags := flagSets[b2i(h.Veto)|b2i(h.Cost > r.Capacity())<<1|int(h.Mode)<<2|b2i(h.Cost == 0)<<4]
 	if r.Algorithm() == store.FixedWindow {
-		// A cost above the limit is denied whatever the count; limit+1
-		// stands for all of them and keeps the script's sums exact.
-		cost := min(h.Cost, r.Limit()+1)
+		// A cost above the limit never fits (the flags say so); above the
+		// most a count holds it counts as that, which keeps the script's
+		// sums exact.
+		bound := windowBound(r)
 		end := windowEnd(r, now)
-		return append(args, "f", flags, strconv.FormatUint(cost, 10), strconv.FormatUint(r.Limit(), 10),
-			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), "", "")
+		return append(args, "f", flags, strconv.FormatUint(min(h.Cost, bound), 10), strconv.FormatUint(r.Limit(), 10),
+			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), strconv.FormatUint(bound, 10), "")
 	}
 	if r.Algorithm() == store.SlidingWindow {
-		g, _, bits := r.Buckets()
+		g, bucket, bits := r.Buckets()
 		j, leaves := r.SlidingBucket(now)
 		// The key expires a second after now's bucket has left the
 		// window, when a take at now counts in it (a later bucket the key
-		// holds keeps the key's expiry).
+		// holds keeps the key's expiry; a debt, until it is repaid: bms is
+		// a bucket's length, a tenth longer for a calendar's periods of
+		// unequal length, since a late expiry changes nothing).
 		ttl := uint64(leaves/time.Millisecond) + 1000
-		return append(args, "s", flags, strconv.FormatUint(min(h.Cost, r.Limit()+1), 10), strconv.FormatUint(r.Limit(), 10),
-			strconv.FormatUint(uint64(uint32(j)), 10), strconv.FormatUint(g, 10), strconv.FormatUint(bits, 10), strconv.FormatUint(ttl, 10))
+		bms := float64(bucket) / float64(time.Millisecond)
+		if r.Calendar() != nil {
+			bms *= 1.1
+		}
+		// (A sliding window's debt stays below 2^32: 2^33 stands for
+		// every larger cost.)
+		return append(args, "s", flags, strconv.FormatUint(min(h.Cost, 1<<33), 10), strconv.FormatUint(r.Limit(), 10),
+			strconv.FormatUint(uint64(uint32(j)), 10), strconv.FormatUint(g, 10)+":"+strconv.FormatUint(bits, 10),
+			strconv.FormatUint(ttl, 10), strconv.FormatFloat(bms, 'g', 17, 64))
 	}
 	k, rk, tol := r.Quanta()
-	ck := strconv.FormatUint(min(h.Cost, r.Burst())*k, 10) // at most tol < 2^62
+	ck := strconv.FormatUint(tokenQuanta(h, k, tol), 10)
 	ms := strconv.FormatFloat(float64(r.Period())/float64(rk)/float64(time.Millisecond), 'g', 17, 64)
 	if s.opt.ServerClock {
 		return append(args, "t", flags, ck, strconv.FormatUint(rk, 10),
@@ -454,9 +464,43 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		strconv.FormatUint(lo+tol, 10), strconv.FormatUint(hi+tol, 10), ms)
 }
 
-// flagSets are the script's hit flags indexed by veto | saturate<<1 |
-// beyond capacity<<2.
-var flagSets = [8]string{"0", "1", "2", "3", "4", "5", "6", "7"}
+// tokenQuanta is a token-bucket hit's cost in quanta for the script: one
+// token for a check, at most the burst for a take or a saturating hit (a
+// larger cost never fits), and for a charge or a refund the cost up to
+// the capacity, the debt bound and one quantum (every larger cost moves
+// the state as far).
+func tokenQuanta(h *store.Hit, k, tol uint64) uint64 {
+	switch {
+	case h.Cost == 0:
+		return k
+	case h.Mode == store.ModeTake || h.Mode == store.ModeSaturate:
+		return min(h.Cost, h.Rule.Burst()) * k // at most tol ≤ 2^62
+	}
+	hi, lo := bits.Mul64(h.Cost, k)
+	if hi != 0 || lo > tol+store.MaxDebt+1 {
+		return tol + store.MaxDebt + 1
+	}
+	return lo
+}
+
+// windowBound is the most a count of r's fixed windows holds (see
+// store.TakeWindow): 2^32-2 for a narrow rule, store.MaxLimit for a wide
+// one.
+func windowBound(r *store.Rule) uint64 {
+	if r.Wide() {
+		return store.MaxLimit
+	}
+	return store.MaxFixedWindowLimit + 1
+}
+
+// flagSets are the script's hit flags indexed by veto | beyond capacity<<1
+// | mode<<2 | cost 0<<4.
+var flagSets = func() (f [32]string) {
+	for i := range f {
+		f[i] = strconv.Itoa(i)
+	}
+	return f
+}()
 
 func b2i(b bool) int {
 	if b {

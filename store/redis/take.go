@@ -27,9 +27,9 @@ type batch struct {
 // reply is what the script answered for a batch.
 type reply struct {
 	committed bool
-	now       []int64  // per hit, Redis TIME in ns with the server clock, else nil
-	orig      []uint64 // state of each hit's key before the batch, as the store package holds it
-	final     []uint64 // and after it
+	now       []int64       // per hit, Redis TIME in ns with the server clock, else nil
+	orig      []store.State // state of each hit's key before the batch, as the store package holds it
+	final     []store.State // and after it
 }
 
 // call is the scratch of one Take: its keys and, for window.lua, its
@@ -40,7 +40,7 @@ type call struct {
 	buf        []byte
 	offs       []int
 	keys, args []string
-	orig, fin  []uint64
+	orig, fin  []store.State
 	sc         scratch
 	job        job
 }
@@ -80,12 +80,12 @@ func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
 	}
 }
 
-// windowBatch reports whether window.lua can run hits: fixed windows on
-// distinct keys, every hit vetoing, none saturating.
+// windowBatch reports whether window.lua can run hits: narrow fixed
+// windows on distinct keys, every hit a vetoing take.
 func windowBatch(hits []store.Hit) bool {
 	for i := range hits {
 		h := &hits[i]
-		if h.Rule.Algorithm() != store.FixedWindow || !h.Veto || h.Saturate {
+		if h.Rule.Algorithm() != store.FixedWindow || h.Rule.Wide() || !h.Veto || h.Mode != store.ModeTake {
 			return false
 		}
 		for j := range i {
@@ -207,7 +207,7 @@ func (s *Store) takeScript(ctx context.Context, deadline time.Time, now int64, h
 	if s.cluster {
 		return s.takeCluster(ctx, now, hits, keys)
 	}
-	return s.run(ctx, batch{keys: keys, args: s.args(hits, nil, now)})
+	return s.run(ctx, hits, batch{keys: keys, args: s.args(hits, nil, now)})
 }
 
 // runWindow runs window.lua on c's batch, through the combiner. later
@@ -242,15 +242,15 @@ func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits
 		}
 		// The states the script read and wrote, as far as they matter: an
 		// older window is no window.
-		end, o := windowEnd(hits[i].Rule, now), uint64(0)
+		end, o := windowEnd(hits[i].Rule, now), store.State{}
 		if before > 0 {
-			o = end<<32 | uint64(before)
+			o.Word = end<<32 | uint64(before)
 		}
 		c.orig[i], c.fin[i] = o, o
 		if status == 1 && hits[i].Cost > 0 {
 			// (A committed cost is within the limit: the script's cap
 			// at limit+1 did not apply.)
-			c.fin[i] = end<<32 | (uint64(before) + hits[i].Cost)
+			c.fin[i].Word = end<<32 | (uint64(before) + hits[i].Cost)
 		}
 	}
 	return reply{committed: status == 1, orig: c.orig, final: c.fin}, false, abandoned, nil
@@ -278,9 +278,9 @@ func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {
 	return args
 }
 
-// run executes take.lua for one batch.
-func (s *Store) run(ctx context.Context, b batch) (reply, error) {
-	return parseReply(s.eval(ctx, takeScript, b.keys, b.args), len(b.keys))
+// run executes take.lua for one batch of hits.
+func (s *Store) run(ctx context.Context, hits []store.Hit, b batch) (reply, error) {
+	return parseReply(s.eval(ctx, takeScript, b.keys, b.args), hits, b.idx)
 }
 
 // eval executes a script by SHA, with a fallback to its source when Redis
@@ -294,8 +294,14 @@ func (s *Store) eval(ctx context.Context, sc script, keys, args []string) rueidi
 	return res
 }
 
-func parseReply(res rueidis.RedisResult, n int) (reply, error) {
+// parseReply reads take.lua's reply for the hits at idx (every hit when
+// idx is nil).
+func parseReply(res rueidis.RedisResult, hits []store.Hit, idx []int) (reply, error) {
 	var r reply
+	n := len(hits)
+	if idx != nil {
+		n = len(idx)
+	}
 	a, err := res.ToArray()
 	if err != nil {
 		return r, fmt.Errorf("redis: %w", err)
@@ -320,10 +326,14 @@ func parseReply(res rueidis.RedisResult, n int) (reply, error) {
 			r.now[i] = s*int64(time.Second) + u*int64(time.Microsecond)
 		}
 	}
-	r.orig, r.final = make([]uint64, n), make([]uint64, n)
+	r.orig, r.final = make([]store.State, n), make([]store.State, n)
 	for i := range n {
-		o, err1 := parseState(&a[3+i])
-		f, err2 := parseState(&a[3+n+i])
+		alg := hits[i].Rule.Algorithm()
+		if idx != nil {
+			alg = hits[idx[i]].Rule.Algorithm()
+		}
+		o, err1 := parseState(&a[3+i], alg)
+		f, err2 := parseState(&a[3+n+i], alg)
 		if err := errors.Join(err1, err2); err != nil {
 			return r, fmt.Errorf("redis: script reply: %w", err)
 		}
@@ -332,21 +342,32 @@ func parseReply(res rueidis.RedisResult, n int) (reply, error) {
 	return r, nil
 }
 
-// parseState reads a state as the script stores it: "end:count" for a
-// fixed window (packed as the store package packs it), a TAT in quanta
-// for a token bucket.
-func parseState(m *rueidis.RedisMessage) (uint64, error) {
+// parseState reads a state as the script stores it and packs it as the
+// store package holds it: a fixed window's "end:count"; a sliding window's
+// "index:counts", or "index:ddebt" in debt (the index modulo 2^32, which
+// the store package keeps modulo 2^31); a token bucket's TAT in quanta.
+func parseState(m *rueidis.RedisMessage, alg store.Algorithm) (store.State, error) {
 	v, err := m.ToString()
 	if err != nil || v == "" {
-		return 0, err
+		return store.State{}, err
 	}
-	e, c, window := strings.Cut(v, ":")
-	if !window {
-		return strconv.ParseUint(v, 10, 64)
+	if alg == store.TokenBucket {
+		tat, err := strconv.ParseUint(v, 10, 64)
+		return store.State{Word: tat}, err
 	}
+	e, c, _ := strings.Cut(v, ":")
 	end, err1 := strconv.ParseUint(e, 10, 32)
-	count, err2 := strconv.ParseUint(c, 10, 32)
-	return end<<32 | count, errors.Join(err1, err2)
+	if alg == store.FixedWindow {
+		count, err2 := strconv.ParseUint(c, 10, 64)
+		return store.State{Word: end<<32 | count&0xffffffff, High: count >> 32}, errors.Join(err1, err2)
+	}
+	debt := strings.HasPrefix(c, "d")
+	low, err2 := strconv.ParseUint(strings.TrimPrefix(c, "d"), 10, 32)
+	w := end%(1<<31)<<32 | low
+	if debt {
+		w |= 1 << 63
+	}
+	return store.State{Word: w}, errors.Join(err1, err2)
 }
 
 // decide replays the batch with the store package's algorithms on the
@@ -355,7 +376,7 @@ func parseState(m *rueidis.RedisMessage) (uint64, error) {
 // returns whether the batch committed and each hit's key's final state.
 // Fixed-window states are packed as the store package packs them; token
 // buckets use tbNow (per hit) if not nil.
-func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, keys []string, orig []uint64, out []store.Decision) (bool, []uint64) {
+func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, keys []string, orig []store.State, out []store.Decision) (bool, []store.State) {
 	n := len(hits)
 	sc.size(n)
 	first, cur, at, tk := sc.first, sc.cur, sc.at, sc.tk // first: the first hit on the same key holds its state
@@ -375,35 +396,29 @@ func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, 
 			cur[i] = orig[i]
 		}
 	}
-	apply := func(i int) (before, after uint64) {
+	apply := func(i int) (before, after store.State) {
 		h, f := &hits[i], first[i]
 		before = cur[f]
-		if h.Saturate {
-			cur[f], out[i] = store.Saturate(before, h.Rule, at[i], h.Cost)
-		} else {
-			cur[f], out[i] = store.Take(before, h.Rule, at[i], h.Cost)
-		}
+		cur[f], out[i] = store.Apply(before, h.Rule, at[i], h.Cost, h.Mode)
 		return before, cur[f]
 	}
 	peek := func(i int) {
 		h, st := &hits[i], cur[first[i]]
-		_, out[i] = store.Take(st, h.Rule, at[i], h.Cost)
-		if out[i].Allowed && h.Cost > 0 {
-			_, out[i] = store.Take(st, h.Rule, at[i], 0)
-			out[i].Allowed = true
+		if _, out[i] = store.Take(st, h.Rule, at[i], h.Cost); out[i].Allowed {
+			out[i] = store.View(st, h.Rule, at[i])
 		}
 	}
 	denied := false
 	for i, h := range hits {
 		switch {
 		case !h.Veto:
-		case denied && !h.Saturate:
+		case denied && !h.Always():
 			peek(i)
 		default:
 			before, after := apply(i)
 			if !out[i].Allowed {
 				denied = true
-			} else if !h.Saturate && after != before {
+			} else if !h.Always() && after != before {
 				tk[i] = taken{true, before, after}
 			}
 		}
@@ -411,7 +426,7 @@ func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, 
 	for i, h := range hits {
 		switch {
 		case h.Veto:
-		case denied && !h.Saturate:
+		case denied && !h.Always():
 			peek(i)
 		default:
 			apply(i)
@@ -424,14 +439,13 @@ func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, 
 				if cur[f] == t.after {
 					cur[f] = t.before
 				} else {
-					cur[f] = store.Refund(cur[f], t.after, hits[i].Rule, at[i], hits[i].Cost)
+					cur[f] = store.Rollback(cur[f], t.after, hits[i].Rule, at[i], hits[i].Cost)
 				}
 			}
 		}
 		for i := range hits {
 			if tk[i].ok {
-				_, out[i] = store.Take(cur[first[i]], hits[i].Rule, at[i], 0)
-				out[i].Allowed = true
+				out[i] = store.View(cur[first[i]], hits[i].Rule, at[i])
 			}
 		}
 	}
@@ -446,15 +460,15 @@ func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, 
 // nothing once its scratch has grown.
 type scratch struct {
 	first []int
-	cur   []uint64
+	cur   []store.State
 	at    []int64
 	tk    []taken
-	final []uint64
+	final []store.State
 }
 
 type taken struct {
 	ok            bool
-	before, after uint64
+	before, after store.State
 }
 
 // size makes every slice n long, tk cleared.
@@ -468,7 +482,7 @@ func (sc *scratch) size(n int) {
 }
 
 // sameStates reports whether the replayed final states equal the script's.
-func sameStates(replayed, script []uint64) bool {
+func sameStates(replayed, script []store.State) bool {
 	for i := range replayed {
 		if replayed[i] != script[i] {
 			return false

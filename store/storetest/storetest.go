@@ -5,7 +5,10 @@
 // algorithm at fixed instants, calendar windows across months of every
 // length and changes of daylight-saving time, all-or-nothing batches,
 // shadow and saturating hits, checks of cost 0, duplicate keys in a
-// batch, and concurrent takes that must grant exactly the budget.
+// batch, charges recorded whole past the limit (overshoot and debt),
+// refunds, limits past 32 bits, the bounds of charged states, and
+// concurrent takes and charges that must grant exactly the budget and
+// lose no charge.
 package storetest
 
 import (
@@ -90,6 +93,13 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 		{"ShadowHits", testShadowHits},
 		{"SaturateHits", testSaturateHits},
 		{"DecisionCount", testDecisionCount},
+		{"ChargesRecordedWhole", testChargesRecordedWhole},
+		{"ChargesInBatches", testChargesInBatches},
+		{"TokenBucketDebt", testTokenBucketDebt},
+		{"SlidingWindowDebt", testSlidingWindowDebt},
+		{"Refunds", testRefunds},
+		{"WideLimits", testWideLimits},
+		{"ChargeBounds", testChargeBounds},
 		{"CalendarMonths", testCalendarMonths},
 		{"CalendarDaysAndWeeks", testCalendarDaysAndWeeks},
 		{"CalendarSliding", testCalendarSliding},
@@ -107,7 +117,13 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 		t.Run("ConcurrentBatches/"+alg.String(), func(t *testing.T) {
 			testConcurrentBatches(t, newTester(t, newStore(t)), alg, opts)
 		})
+		t.Run("ConcurrentCharges/"+alg.String(), func(t *testing.T) {
+			testConcurrentCharges(t, newTester(t, newStore(t)), alg, opts)
+		})
 	}
+	t.Run("ConcurrentOneKey/wide_fixed_window", func(t *testing.T) {
+		testConcurrentWide(t, newTester(t, newStore(t)), opts)
+	})
 }
 
 // tester wraps a store with helpers that name keys uniquely per test (so
@@ -143,6 +159,39 @@ func (x *tester) take(now int64, hits ...store.Hit) []store.Decision {
 
 func (x *tester) hit(key string, r *store.Rule, cost uint64) store.Hit {
 	return store.Hit{Key: x.key(key), Rule: r, Cost: cost, Veto: true}
+}
+
+func (x *tester) charge(key string, r *store.Rule, cost uint64) store.Hit {
+	h := x.hit(key, r, cost)
+	h.Mode = store.ModeCharge
+	return h
+}
+
+func (x *tester) refund(key string, r *store.Rule, cost uint64) store.Hit {
+	h := x.hit(key, r, cost)
+	h.Mode = store.ModeRefund
+	return h
+}
+
+// op is one single-hit operation of a table: a take, a charge or a
+// refund.
+type op struct {
+	name string
+	at   time.Duration // since T0
+	mode store.Mode
+	cost uint64
+	want store.Decision
+}
+
+func (x *tester) ops(key string, r *store.Rule, ops []op) {
+	x.t.Helper()
+	for i, o := range ops {
+		h := x.hit(key, r, o.cost)
+		h.Mode = o.mode
+		if got := x.take(T0+int64(o.at), h)[0]; got != o.want {
+			x.t.Errorf("op %d %q: %v %d at T0+%v = %+v, want %+v", i, o.name, o.mode, o.cost, o.at, got, o.want)
+		}
+	}
 }
 
 // Window returns a fixed-window rule, failing t if the numbers are invalid.
@@ -226,7 +275,7 @@ func testFixedWindowSteps(t *testing.T, x *tester) {
 		step{"7 does not fit", time.Minute + time.Second, 7, deny(10, 6, 59*time.Second, 59*time.Second)},
 		step{"6 fits", time.Minute + time.Second, 6, allow(10, 0, 59*time.Second)},
 		step{"clock back into the last window counts in the newer one", 59 * time.Second, 1, deny(10, 0, 61*time.Second, 61*time.Second)},
-		step{"check there", 59 * time.Second, 0, allow(10, 0, 61*time.Second)},
+		step{"check there: one more does not fit", 59 * time.Second, 0, deny(10, 0, 61*time.Second, 61*time.Second)},
 	)
 	x.steps("fw", r, steps)
 	x.steps("zero", Window(t, 0, time.Hour), []step{
@@ -296,7 +345,7 @@ func testSlidingWindowSteps(t *testing.T, x *tester) {
 		{"1 ns before bucket 0 leaves", 9*b - 1, 1, deny(4, 0, 1, 1)},
 		{"two wait for bucket 1", 9 * b, 2, deny(4, 1, b, b)},
 		{"bucket 0 has left", 9 * b, 1, allow(4, 0, b)},
-		{"clock back 30 s counts in the newer bucket", 9*b - 30*time.Second, 0, allow(4, 0, b+30*time.Second)},
+		{"clock back 30 s counts in the newer bucket", 9*b - 30*time.Second, 0, deny(4, 0, b+30*time.Second, b+30*time.Second)},
 		{"bucket 1 has left", 10 * b, 3, allow(4, 0, 8*b)},
 		{"50 days idle", 50 * 24 * time.Hour, 4, allow(4, 0, 9*b)},
 	})
@@ -332,12 +381,12 @@ func testSlidingWindowBatches(t *testing.T, x *tester) {
 	x.expect("a second bucket", x.take(at(1), x.hit("s", s, 1), x.hit("w", w, 0)), allow(5, 2, 8*q), allow(5, 3, time.Minute-q))
 
 	sat := x.hit("s", s, 4)
-	sat.Saturate, sat.Veto = true, false
+	sat.Mode, sat.Veto = store.ModeSaturate, false
 	shadow := x.hit("t", s, 6)
 	shadow.Veto = false
 	x.expect("denied batch drains a saturating sliding hit", x.take(at(2), x.hit("w", w, 4), sat, shadow),
 		deny(5, 3, time.Minute-2*q, time.Minute-2*q), deny(5, 0, 7*q, 9*q), deny(5, 5, 0, store.Never))
-	x.expect("drained", x.take(at(2), x.hit("s", s, 0)), allow(5, 0, 7*q))
+	x.expect("drained", x.take(at(2), x.hit("s", s, 0)), deny(5, 0, 7*q, 7*q))
 	x.expect("bucket 0 has left", x.take(at(9), x.hit("s", s, 2)), allow(5, 0, q))
 }
 
@@ -348,9 +397,13 @@ func testCostZero(t *testing.T, x *tester) {
 		got := x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
 		x.expect(fmt.Sprintf("check %d", i), got, allow(3, 3, time.Minute), allow(3, 3, 0))
 	}
-	x.take(T0, x.hit("w", w, 3), x.hit("b", b, 3))
+	x.take(T0, x.hit("w", w, 2), x.hit("b", b, 2))
 	got := x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
-	x.expect("check when exhausted", got, allow(3, 0, time.Minute), allow(3, 0, 3*time.Second))
+	x.expect("check with one left", got, allow(3, 1, time.Minute), allow(3, 1, 2*time.Second))
+	x.take(T0, x.hit("w", w, 1), x.hit("b", b, 1))
+	got = x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
+	x.expect("check when exhausted: one more does not fit", got, deny(3, 0, time.Minute, time.Minute), deny(3, 0, 3*time.Second, time.Second))
+	x.expect("nothing consumed by the checks", x.take(T0+int64(time.Second), x.hit("b", b, 1)), allow(3, 0, 3*time.Second))
 }
 
 func testKeysIndependent(t *testing.T, x *tester) {
@@ -412,19 +465,19 @@ func testSaturateHits(t *testing.T, x *tester) {
 	b := Bucket(t, 1, time.Second, 10)
 	sat := func(key string, r *store.Rule, cost uint64, veto bool) store.Hit {
 		h := x.hit(key, r, cost)
-		h.Saturate, h.Veto = true, veto
+		h.Mode, h.Veto = store.ModeSaturate, veto
 		return h
 	}
 	x.take(T0, x.hit("v", v, 1), x.hit("w", w, 7), x.hit("b", b, 7))
 	x.expect("denied batch drains what is left", x.take(T0, x.hit("v", v, 1), sat("w", w, 5, false), sat("b", b, 5, false)),
 		deny(1, 0, time.Minute, time.Minute), deny(10, 0, time.Minute, time.Minute), deny(10, 0, 10*time.Second, 5*time.Second))
 	x.expect("drained", x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0)),
-		allow(10, 0, time.Minute), allow(10, 0, 10*time.Second))
+		deny(10, 0, time.Minute, time.Minute), deny(10, 0, 10*time.Second, time.Second))
 	x.expect("a saturating hit that fits consumes in a denied batch", x.take(T0, x.hit("v", v, 1), sat("x", w, 4, false)),
 		deny(1, 0, time.Minute, time.Minute), allow(10, 6, time.Minute))
 	x.expect("a vetoing saturating hit denies and drains", x.take(T0, sat("x", w, 7, true), x.hit("y", w, 1)),
 		deny(10, 0, time.Minute, time.Minute), allow(10, 10, time.Minute))
-	x.expect("after", x.take(T0, x.hit("x", w, 0), x.hit("y", w, 0)), allow(10, 0, time.Minute), allow(10, 10, time.Minute))
+	x.expect("after", x.take(T0, x.hit("x", w, 0), x.hit("y", w, 0)), deny(10, 0, time.Minute, time.Minute), allow(10, 10, time.Minute))
 }
 
 func testDecisionCount(t *testing.T, x *tester) {
@@ -448,13 +501,20 @@ func rule(t testing.TB, alg store.Algorithm, budget int) *store.Rule {
 // All callers take from one key at one instant: exactly the budget is
 // granted.
 func testConcurrentOneKey(t *testing.T, x *tester, alg store.Algorithm, o Options) {
-	r := rule(t, alg, o.Budget)
+	if g := grantedAtOnce(t, x, rule(t, alg, o.Budget), 1, o); g != int64(o.Budget) {
+		t.Fatalf("granted %d of %d takes, want exactly the budget %d", g, o.Goroutines*o.Takes, o.Budget)
+	}
+}
+
+// grantedAtOnce has o.Goroutines callers take cost o.Takes times each
+// from one key of r at one instant, and returns how many were granted.
+func grantedAtOnce(t *testing.T, x *tester, r *store.Rule, cost uint64, o Options) int64 {
 	var granted atomic.Int64
 	var wg sync.WaitGroup
 	for range o.Goroutines {
 		wg.Go(func() {
 			ctx := context.Background()
-			hits := []store.Hit{x.hit("one", r, 1)}
+			hits := []store.Hit{x.hit("one", r, cost)}
 			out := make([]store.Decision, 1)
 			for range o.Takes {
 				if err := x.st.Take(ctx, T0, hits, out); err != nil {
@@ -468,9 +528,7 @@ func testConcurrentOneKey(t *testing.T, x *tester, alg store.Algorithm, o Option
 		})
 	}
 	wg.Wait()
-	if g := granted.Load(); g != int64(o.Budget) {
-		t.Fatalf("granted %d of %d takes, want exactly the budget %d", g, o.Goroutines*o.Takes, o.Budget)
-	}
+	return granted.Load()
 }
 
 // Callers take batches over overlapping keys: each key is granted at most
@@ -518,6 +576,207 @@ func testConcurrentBatches(t *testing.T, x *tester, alg store.Algorithm, o Optio
 		if want := uint64(int64(budgets[k]) - min(c, int64(budgets[k]))); d.Remaining != want {
 			t.Errorf("key %d: %d remaining after %d committed of %d: consumption leaked", k, d.Remaining, c, budgets[k])
 		}
+	}
+}
+
+const (
+	take   = store.ModeTake
+	charge = store.ModeCharge
+	refund = store.ModeRefund
+)
+
+// testChargesRecordedWhole: Envoy Gateway's cost, a peek before each
+// request and the usage charged after it. A charge past the limit is
+// recorded whole, so the peeks that follow are denied until the window
+// ends.
+func testChargesRecordedWhole(t *testing.T, x *tester) {
+	const m = time.Minute
+	x.ops("budget", Window(t, 100, m), []op{
+		{"peek", 0, take, 0, allow(100, 100, m)},
+		{"charge 80", time.Second, charge, 80, allow(100, 20, m-time.Second)},
+		{"charge 150: over, recorded whole", 2 * time.Second, charge, 150, deny(100, 0, m-2*time.Second, m-2*time.Second)},
+		{"peek: overspent", 3 * time.Second, take, 0, deny(100, 0, m-3*time.Second, m-3*time.Second)},
+		{"refund 100: 130 counted, still over", 4 * time.Second, refund, 100, allow(100, 0, m-4*time.Second)},
+		{"refund 40: 90 counted", 5 * time.Second, refund, 40, allow(100, 10, m-5*time.Second)},
+		{"charge 10: exactly at the limit", 6 * time.Second, charge, 10, allow(100, 0, m-6*time.Second)},
+		{"peek at the limit: one more does not fit", 7 * time.Second, take, 0, deny(100, 0, m-7*time.Second, m-7*time.Second)},
+		{"the window ends", m, take, 0, allow(100, 100, m)},
+	})
+	x.ops("zero", Window(t, 0, m), []op{
+		{"a charge on a limit of 0 is denied", 0, charge, 5, deny(0, 0, m, store.Never)},
+	})
+}
+
+// testChargesInBatches: a charge applies whatever its batch's outcome; a
+// charge that does not fit denies the batch, whose takes consume nothing.
+func testChargesInBatches(t *testing.T, x *tester) {
+	w := Window(t, 10, time.Minute)
+	b := Bucket(t, 1, time.Second, 10)
+	s := Sliding(t, 10, time.Minute) // 6 buckets of 10 s
+	m := time.Minute
+	x.expect("a charge that does not fit denies the batch", x.take(T0, x.hit("w", w, 4), x.charge("c", w, 11), x.hit("b", b, 4)),
+		allow(10, 10, m), deny(10, 0, m, m), allow(10, 10, 0))
+	x.expect("its takes consumed nothing, the charge is recorded", x.take(T0, x.hit("w", w, 0), x.hit("c", w, 0), x.hit("b", b, 0)),
+		allow(10, 10, m), deny(10, 0, m, m), allow(10, 10, 0))
+	shadow := x.charge("s", s, 4)
+	shadow.Veto = false
+	x.expect("a batch denied by a take still records its charges and refunds", x.take(T0,
+		x.charge("b", b, 3), x.hit("c", w, 1), shadow, x.refund("w", w, 5)),
+		allow(10, 7, 3*time.Second), deny(10, 0, m, m), allow(10, 6, 70*time.Second), allow(10, 10, m))
+	x.expect("after", x.take(T0, x.hit("b", b, 0), x.hit("s", s, 0)), allow(10, 7, 3*time.Second), allow(10, 6, 70*time.Second))
+	x.expect("a committed batch: takes and charges both count", x.take(T0, x.hit("w", w, 2), x.charge("w", w, 3), x.charge("b", b, 5)),
+		allow(10, 8, m), allow(10, 5, m), allow(10, 2, 8*time.Second))
+	x.expect("a charge that does not fit rolls the batch's takes back", x.take(T0, x.hit("w", w, 2), x.charge("w", w, 3), x.charge("b", b, 9)),
+		allow(10, 2, m), allow(10, 0, m), deny(10, 0, 17*time.Second, 8*time.Second))
+}
+
+// testTokenBucketDebt is the example: 10 per second, burst 10,
+// charged 30. The 20 past the capacity are debt: peeks are denied until
+// a token is back, 2.1 s later.
+func testTokenBucketDebt(t *testing.T, x *tester) {
+	const tok = 100 * time.Millisecond
+	x.ops("tb", Bucket(t, 10, time.Second, 10), []op{
+		{"charge 30", 0, charge, 30, deny(10, 0, 3*time.Second, 21*tok)},
+		{"peek at 1 s", time.Second, take, 0, deny(10, 0, 2*time.Second, 11*tok)},
+		{"a take at 2 s", 2 * time.Second, take, 1, deny(10, 0, time.Second, tok)},
+		{"peek 1 ns early", 21*tok - 1, take, 0, deny(10, 0, 9*tok+1, 1)},
+		{"peek at 2.1 s", 21 * tok, take, 0, allow(10, 1, 9*tok)},
+		{"charge 5 more", 21 * tok, charge, 5, deny(10, 0, 14*tok, 5*tok)},
+		{"refund 3", 21 * tok, refund, 3, allow(10, 0, 11*tok)},
+		{"full again", 4 * time.Second, take, 10, allow(10, 0, time.Second)},
+	})
+}
+
+// testSlidingWindowDebt: charged past its limit, a sliding window holds
+// the limit in the charge's bucket and owes the rest; the debt enters as
+// the window slides.
+func testSlidingWindowDebt(t *testing.T, x *tester) {
+	const b = 200 * time.Millisecond
+	x.ops("sw", Sliding(t, 10, time.Second), []op{ // 5 buckets of 200 ms
+		{"take 4", 0, take, 4, allow(10, 6, 6*b)},
+		{"charge 26: full and 20 owed", b, charge, 26, deny(10, 0, 18*b, 18*b)},
+		{"bucket 7: 10 of the debt entered", 7 * b, take, 0, deny(10, 0, 12*b, 12*b)},
+		{"refund 5", 8 * b, refund, 5, allow(10, 0, 5*b)},
+		{"bucket 13: the last 5 entered", 13 * b, take, 5, allow(10, 0, 6*b)},
+		{"bucket 19: empty", 19 * b, take, 0, allow(10, 10, 0)},
+	})
+}
+
+// testRefunds: never below empty, never above the capacity.
+func testRefunds(t *testing.T, x *tester) {
+	m := time.Minute
+	x.ops("w", Window(t, 10, m), []op{
+		{"refund on a fresh key", 0, refund, 5, allow(10, 10, m)},
+		{"take 6", 0, take, 6, allow(10, 4, m)},
+		{"refund 2", 0, refund, 2, allow(10, 6, m)},
+		{"refund 100", 0, refund, 100, allow(10, 10, m)},
+		{"take 10", 0, take, 10, allow(10, 0, m)},
+	})
+	x.ops("b", Bucket(t, 1, time.Second, 10), []op{
+		{"drain", 0, take, 10, allow(10, 0, 10*time.Second)},
+		{"refund 3", 0, refund, 3, allow(10, 3, 7*time.Second)},
+		{"refund 100: full, not above", time.Second, refund, 100, allow(10, 10, 0)},
+		{"take 10", time.Second, take, 10, allow(10, 0, 10*time.Second)},
+	})
+	const q = 200 * time.Millisecond
+	x.ops("s", Sliding(t, 10, time.Second), []op{
+		{"3 in bucket 0", 0, take, 3, allow(10, 7, 6*q)},
+		{"4 in bucket 1", q, take, 4, allow(10, 3, 5*q)},
+		{"refund 5: the oldest first", 2 * q, refund, 5, allow(10, 8, 5*q)},
+		{"refund 9", 2 * q, refund, 9, allow(10, 10, 0)},
+	})
+}
+
+// testWideLimits: limits past 32 bits, counted exactly.
+func testWideLimits(t *testing.T, x *tester) {
+	const u32, h = 1<<32 - 1, time.Hour
+	x.ops("u32", Window(t, u32, h), []op{
+		{"all but one", 0, take, u32 - 1, allow(u32, 1, h)},
+		{"the last one", 0, take, 1, allow(u32, 0, h)},
+		{"one more", 0, take, 1, deny(u32, 0, h, h)},
+		{"charge 2^32 past it", 0, charge, 1 << 32, deny(u32, 0, h, h)},
+		{"refund 2^32: back at the limit", 0, refund, 1 << 32, allow(u32, 0, h)},
+		{"refund 5", 0, refund, 5, allow(u32, 5, h)},
+	})
+	const budget, step = 10_000_000_000, 3_000_000_000
+	x.ops("budget", Window(t, budget, 24*h), []op{
+		{"charge 3×10^9", 0, charge, step, allow(budget, budget-step, 24*h)},
+		{"charge 3×10^9", 0, charge, step, allow(budget, budget-2*step, 24*h)},
+		{"charge 3×10^9", 0, charge, step, allow(budget, budget-3*step, 24*h)},
+		{"charge 3×10^9: over", 0, charge, step, deny(budget, 0, 24*h, 24*h)},
+		{"peek", 0, take, 0, deny(budget, 0, 24*h, 24*h)},
+		{"refund 2.5×10^9: 9.5×10^9 counted", 0, refund, 2_500_000_000, allow(budget, 500_000_000, 24*h)},
+		{"take what is left", 0, take, 500_000_000, allow(budget, 0, 24*h)},
+		{"next day", 24 * h, take, 0, allow(budget, budget, 24*h)},
+	})
+	x.ops("max", Window(t, store.MaxLimit, h), []op{
+		{"2^53 at once", 0, take, store.MaxLimit, allow(store.MaxLimit, 0, h)},
+		{"2^53+1 never fits", 0, take, store.MaxLimit + 1, deny(store.MaxLimit, 0, h, store.Never)},
+		{"charge 2^64-1", 0, charge, 1<<64 - 1, deny(store.MaxLimit, 0, h, h)},
+	})
+	x.ops("tb", Bucket(t, 1_000_000, time.Second, store.MaxLimit), []op{
+		{"take 2^53-1", 0, take, store.MaxLimit - 1, allow(store.MaxLimit, 1, (store.MaxLimit-1)*time.Microsecond)},
+		{"charge 10^12 past it", 0, charge, 1_000_000_000_000, deny(store.MaxLimit, 0, (store.MaxLimit-1+1_000_000_000_000)*time.Microsecond, 1_000_000*time.Second)},
+	})
+}
+
+// testChargeBounds: charges of 2^64-1 leave states at their bounds, and
+// later hits decide sanely there.
+func testChargeBounds(t *testing.T, x *tester) {
+	m := time.Minute
+	x.ops("w", Window(t, 10, m), []op{
+		{"charge 2^64-1", 0, charge, 1<<64 - 1, deny(10, 0, m, m)},
+		{"a refund leaves the saturated count", 0, refund, 5, allow(10, 0, m)},
+		{"next window", m, take, 10, allow(10, 0, m)},
+	})
+	x.ops("s", Sliding(t, 10, time.Second), []op{
+		{"charge 2^64-1: the debt at its bound", 0, charge, 1<<64 - 1, deny(10, 0, 1_073_741_820*200*time.Millisecond, 1_073_741_820*200*time.Millisecond)},
+		{"refund 2^64-1: empty", 0, refund, 1<<64 - 1, allow(10, 10, 0)},
+	})
+	b := Bucket(t, 10, time.Second, 10)
+	x.ops("b", b, []op{
+		{"charge 2^64-1", 0, charge, 1<<64 - 1, deny(10, 0, (1<<61+1_000_000_000)*time.Nanosecond, (1<<61+100_000_000)*time.Nanosecond)},
+		{"charge more: at the bound", 0, charge, 1, deny(10, 0, (1<<61+1_000_000_000)*time.Nanosecond, (1<<61+100_000_000)*time.Nanosecond)},
+		{"refund 2^64-1: full", 0, refund, 1<<64 - 1, allow(10, 10, 0)},
+	})
+}
+
+// Callers charge one key concurrently: no charge is lost, past the limit
+// included.
+func testConcurrentCharges(t *testing.T, x *tester, alg store.Algorithm, o Options) {
+	r := rule(t, alg, o.Budget)
+	const each = 3
+	takes := min(o.Takes, 100)
+	var wg sync.WaitGroup
+	for range o.Goroutines {
+		wg.Go(func() {
+			ctx := context.Background()
+			hits := []store.Hit{x.charge("one", r, each)}
+			out := make([]store.Decision, 1)
+			for range takes {
+				if err := x.st.Take(ctx, T0, hits, out); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// Everything charged but half the budget is refunded: half the budget
+	// is left counted.
+	total, keep := uint64(o.Goroutines*takes*each), uint64(o.Budget/2)
+	x.take(T0, x.refund("one", r, total-keep))
+	if d := x.take(T0, x.hit("one", r, 0))[0]; d.Remaining != uint64(o.Budget)-keep {
+		t.Fatalf("%d charged by %d callers, all but %d refunded: %d remaining of %d, want %d", total, o.Goroutines, keep, d.Remaining, o.Budget, uint64(o.Budget)-keep)
+	}
+}
+
+// Callers take from one key of a wide rule at one instant, each a cost
+// of 2^23: exactly the budget is granted, counted past 32 bits.
+func testConcurrentWide(t *testing.T, x *tester, o Options) {
+	const cost = 1 << 23
+	if g := grantedAtOnce(t, x, Window(t, uint64(o.Budget)*cost, 24*time.Hour), cost, o); g != int64(o.Budget) {
+		t.Fatalf("granted %d takes of 2^23 of a limit of %d × 2^23, want exactly %d", g, o.Budget, o.Budget)
 	}
 }
 

@@ -26,6 +26,68 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// CostKind says how a cost counts.
+type CostKind int32
+
+const (
+	// The request's own cost (the default): taken only if every descriptor
+	// of the request allows it, so a denied request consumes nothing. A
+	// cost of zero checks, without consuming, whether one more unit fits.
+	CostKind_COST_KIND_UNSPECIFIED CostKind = 0
+	// Usage that already happened (the tokens or the money a response
+	// used): recorded whole, past the limit too and whatever the request's
+	// outcome. Past the limit, later checks are denied until a fixed window
+	// ends, or until a token bucket's or a sliding window's refill has
+	// repaid the overshoot. A charge that did not fit is reported not
+	// allowed (and denies the request). Envoy's per-descriptor hits_addend.
+	CostKind_COST_KIND_CHARGE CostKind = 1
+	// Usage given back (an estimate charged or taken earlier, trued up):
+	// never below empty, never above the limit's capacity, whatever the
+	// request's outcome; never denied. Envoy's is_negative_hits.
+	CostKind_COST_KIND_REFUND CostKind = 2
+)
+
+// Enum value maps for CostKind.
+var (
+	CostKind_name = map[int32]string{
+		0: "COST_KIND_UNSPECIFIED",
+		1: "COST_KIND_CHARGE",
+		2: "COST_KIND_REFUND",
+	}
+	CostKind_value = map[string]int32{
+		"COST_KIND_UNSPECIFIED": 0,
+		"COST_KIND_CHARGE":      1,
+		"COST_KIND_REFUND":      2,
+	}
+)
+
+func (x CostKind) Enum() *CostKind {
+	p := new(CostKind)
+	*p = x
+	return p
+}
+
+func (x CostKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CostKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_v1_ratelimiter_proto_enumTypes[0].Descriptor()
+}
+
+func (CostKind) Type() protoreflect.EnumType {
+	return &file_sluice_v1_ratelimiter_proto_enumTypes[0]
+}
+
+func (x CostKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CostKind.Descriptor instead.
+func (CostKind) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_v1_ratelimiter_proto_rawDescGZIP(), []int{0}
+}
+
 // Entry is one key/value pair of a descriptor, as in the limits files.
 type Entry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -86,7 +148,9 @@ type Descriptor struct {
 	Entries []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	// The cost of this descriptor alone, overriding the request's cost.
 	// Zero checks the limit without consuming.
-	Cost          *uint64 `protobuf:"varint,2,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	Cost *uint64 `protobuf:"varint,2,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	// How this descriptor's cost counts, overriding the request's kind.
+	Kind          *CostKind `protobuf:"varint,3,opt,name=kind,proto3,enum=sluice.v1.CostKind,oneof" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,6 +199,13 @@ func (x *Descriptor) GetCost() uint64 {
 	return 0
 }
 
+func (x *Descriptor) GetKind() CostKind {
+	if x != nil && x.Kind != nil {
+		return *x.Kind
+	}
+	return CostKind_COST_KIND_UNSPECIFIED
+}
+
 // CheckRequest names a domain and either a list of descriptors or a
 // single key/value pair (shorthand for one descriptor of one entry).
 type CheckRequest struct {
@@ -147,7 +218,10 @@ type CheckRequest struct {
 	Value string `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
 	// Requests or tokens to take from every descriptor; unset means 1 and
 	// zero checks without consuming.
-	Cost          *uint64 `protobuf:"varint,5,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	Cost *uint64 `protobuf:"varint,5,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	// How the cost of every descriptor counts: the request's own (the
+	// default), a charge or a refund.
+	Kind          CostKind `protobuf:"varint,6,opt,name=kind,proto3,enum=sluice.v1.CostKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,6 +291,13 @@ func (x *CheckRequest) GetCost() uint64 {
 	return 0
 }
 
+func (x *CheckRequest) GetKind() CostKind {
+	if x != nil {
+		return x.Kind
+	}
+	return CostKind_COST_KIND_UNSPECIFIED
+}
+
 // DescriptorResult is the decision for one descriptor.
 type DescriptorResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -229,7 +310,8 @@ type DescriptorResult struct {
 	// The rule's name from the limits file, if it has one.
 	Rule string `protobuf:"bytes,3,opt,name=rule,proto3" json:"rule,omitempty"`
 	// Requests per window (fixed window) or the bucket's capacity (token
-	// bucket).
+	// bucket), exact up to 2^53 (Envoy's protocol reports at most
+	// 4294967295).
 	Limit uint64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
 	// Requests or whole tokens left after this request.
 	Remaining uint64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
@@ -417,18 +499,21 @@ const file_sluice_v1_ratelimiter_proto_rawDesc = "" +
 	"\x1bsluice/v1/ratelimiter.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\"/\n" +
 	"\x05Entry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"Z\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x91\x01\n" +
 	"\n" +
 	"Descriptor\x12*\n" +
 	"\aentries\x18\x01 \x03(\v2\x10.sluice.v1.EntryR\aentries\x12\x17\n" +
-	"\x04cost\x18\x02 \x01(\x04H\x00R\x04cost\x88\x01\x01B\a\n" +
-	"\x05_cost\"\xa9\x01\n" +
+	"\x04cost\x18\x02 \x01(\x04H\x00R\x04cost\x88\x01\x01\x12,\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x13.sluice.v1.CostKindH\x01R\x04kind\x88\x01\x01B\a\n" +
+	"\x05_costB\a\n" +
+	"\x05_kind\"\xd2\x01\n" +
 	"\fCheckRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x127\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x15.sluice.v1.DescriptorR\vdescriptors\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x04 \x01(\tR\x05value\x12\x17\n" +
-	"\x04cost\x18\x05 \x01(\x04H\x00R\x04cost\x88\x01\x01B\a\n" +
+	"\x04cost\x18\x05 \x01(\x04H\x00R\x04cost\x88\x01\x01\x12'\n" +
+	"\x04kind\x18\x06 \x01(\x0e2\x13.sluice.v1.CostKindR\x04kindB\a\n" +
 	"\x05_cost\"\x86\x02\n" +
 	"\x10DescriptorResult\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x18\n" +
@@ -448,7 +533,11 @@ const file_sluice_v1_ratelimiter_proto_rawDesc = "" +
 	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12:\n" +
 	"\vretry_after\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"retryAfter2I\n" +
+	"retryAfter*Q\n" +
+	"\bCostKind\x12\x19\n" +
+	"\x15COST_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10COST_KIND_CHARGE\x10\x01\x12\x14\n" +
+	"\x10COST_KIND_REFUND\x10\x022I\n" +
 	"\vRateLimiter\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponseB3Z1github.com/sluicehq/sluice/gen/sluice/v1;sluicev1b\x06proto3"
 
@@ -464,30 +553,34 @@ func file_sluice_v1_ratelimiter_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_ratelimiter_proto_rawDescData
 }
 
+var file_sluice_v1_ratelimiter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_sluice_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_sluice_v1_ratelimiter_proto_goTypes = []any{
-	(*Entry)(nil),               // 0: sluice.v1.Entry
-	(*Descriptor)(nil),          // 1: sluice.v1.Descriptor
-	(*CheckRequest)(nil),        // 2: sluice.v1.CheckRequest
-	(*DescriptorResult)(nil),    // 3: sluice.v1.DescriptorResult
-	(*CheckResponse)(nil),       // 4: sluice.v1.CheckResponse
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(CostKind)(0),               // 0: sluice.v1.CostKind
+	(*Entry)(nil),               // 1: sluice.v1.Entry
+	(*Descriptor)(nil),          // 2: sluice.v1.Descriptor
+	(*CheckRequest)(nil),        // 3: sluice.v1.CheckRequest
+	(*DescriptorResult)(nil),    // 4: sluice.v1.DescriptorResult
+	(*CheckResponse)(nil),       // 5: sluice.v1.CheckResponse
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_sluice_v1_ratelimiter_proto_depIdxs = []int32{
-	0, // 0: sluice.v1.Descriptor.entries:type_name -> sluice.v1.Entry
-	1, // 1: sluice.v1.CheckRequest.descriptors:type_name -> sluice.v1.Descriptor
-	5, // 2: sluice.v1.DescriptorResult.reset_after:type_name -> google.protobuf.Duration
-	5, // 3: sluice.v1.DescriptorResult.retry_after:type_name -> google.protobuf.Duration
-	3, // 4: sluice.v1.CheckResponse.results:type_name -> sluice.v1.DescriptorResult
-	5, // 5: sluice.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
-	5, // 6: sluice.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
-	2, // 7: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
-	4, // 8: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	1,  // 0: sluice.v1.Descriptor.entries:type_name -> sluice.v1.Entry
+	0,  // 1: sluice.v1.Descriptor.kind:type_name -> sluice.v1.CostKind
+	2,  // 2: sluice.v1.CheckRequest.descriptors:type_name -> sluice.v1.Descriptor
+	0,  // 3: sluice.v1.CheckRequest.kind:type_name -> sluice.v1.CostKind
+	6,  // 4: sluice.v1.DescriptorResult.reset_after:type_name -> google.protobuf.Duration
+	6,  // 5: sluice.v1.DescriptorResult.retry_after:type_name -> google.protobuf.Duration
+	4,  // 6: sluice.v1.CheckResponse.results:type_name -> sluice.v1.DescriptorResult
+	6,  // 7: sluice.v1.CheckResponse.reset_after:type_name -> google.protobuf.Duration
+	6,  // 8: sluice.v1.CheckResponse.retry_after:type_name -> google.protobuf.Duration
+	3,  // 9: sluice.v1.RateLimiter.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 10: sluice.v1.RateLimiter.Check:output_type -> sluice.v1.CheckResponse
+	10, // [10:11] is the sub-list for method output_type
+	9,  // [9:10] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_ratelimiter_proto_init() }
@@ -502,13 +595,14 @@ func file_sluice_v1_ratelimiter_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_ratelimiter_proto_rawDesc), len(file_sluice_v1_ratelimiter_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_sluice_v1_ratelimiter_proto_goTypes,
 		DependencyIndexes: file_sluice_v1_ratelimiter_proto_depIdxs,
+		EnumInfos:         file_sluice_v1_ratelimiter_proto_enumTypes,
 		MessageInfos:      file_sluice_v1_ratelimiter_proto_msgTypes,
 	}.Build()
 	File_sluice_v1_ratelimiter_proto = out.File

@@ -38,6 +38,29 @@ function fmtDuration(s) {
   return s + 's';
 }
 
+// fmtUnits writes a count compactly: 950, 12.3 k, 1.2 M, 4.3 G.
+function fmtUnits(x) {
+  for (const [d, s] of [[1e12, ' T'], [1e9, ' G'], [1e6, ' M'], [1e3, ' k']]) {
+    if (x >= d) return (x / d).toFixed(x >= 10 * d ? 0 : 1) + s;
+  }
+  return String(Math.round(x));
+}
+
+// usage says how much of its limit a rule used over the last minute, per
+// its unit ("1.2 M per minute of 2 M"), and what was charged: budgets of
+// tokens or money are charged after the fact.
+function usage(rule, r, interval) {
+  if (!rule || rule.unlimited || !r.window || !r.within_per_s || !r.within_per_s.length) return '';
+  const w = r.window, secs = r.within_per_s.length * interval;
+  const unit = unitSeconds[rule.unit] * (rule.unit_multiplier || 1);
+  const per = (rule.unit_multiplier > 1 ? rule.unit_multiplier + ' ' + rule.unit + 's' : rule.unit);
+  let s = fmtUnits((w.within + w.over) / secs * unit) + ' per ' + per + ' of ' + fmtUnits(rule.requests_per_unit);
+  if (w.charged) s += ' · ' + fmtUnits(w.charged) + ' charged';
+  if (w.charged_over) s += ', ' + fmtUnits(w.charged_over) + ' past the limit';
+  if (w.refunded) s += ' · ' + fmtUnits(w.refunded) + ' refunded';
+  return s;
+}
+
 function fmtRate(x) {
   if (!x) return '0';
   if (x >= 100) return Math.round(x).toLocaleString();
@@ -134,6 +157,8 @@ async function refreshLimits() {
       near: el('td', {class: 'num'}, '0'),
       shadow: el('td', {class: 'num'}, '0'),
       values: el('span', {class: 'values'}),
+      usage: el('span', {class: 'usage', title: 'Units (hits, charged tokens) used per the rule\'s unit over the last minute, ' +
+        'against its limit; and the units charged after the fact, those recorded past the limit and those refunded'}),
       rlqs: el('span', {class: 'rlqs', title: 'Rate Limit Quota Service buckets under the rule, as of the last interval: ' +
         'the proxies (streams) and buckets reporting, the demand they reported and the sum of the shares assigned, ' +
         'against the limit of each group (one per counter key)'}),
@@ -141,13 +166,14 @@ async function refreshLimits() {
     const where = (r.file ? r.file.split('/').pop() : '') + (r.line ? ':' + r.line : '');
     const tr = el('tr', {'data-rule': r.domain + '/' + r.path},
       el('td', null, r.domain),
-      el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.values, cells.rlqs),
+      el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.usage, cells.values, cells.rlqs),
       el('td', {class: 'nowrap'}, r.limit),
       el('td', {class: 'nowrap'}, r.algorithm ? r.algorithm.replace('_', ' ') : '–'),
       el('td', null, ...opts),
       cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow);
     tr.dataset.search = [r.domain, r.path, r.name, r.limit, r.algorithm, r.shadow_mode ? 'shadow' : '', r.unlimited ? 'unlimited' : ''].join(' ').toLowerCase();
     cells.tr = tr;
+    cells.rule = r;
     cells.shadowMode = r.shadow_mode;
     next.set(r.domain + '\n' + r.path, cells);
     return tr;
@@ -204,11 +230,12 @@ function showTraffic(t) {
     setText(c.shadow, String(r.window.shadow));
     c.tr.title = 'since start: ' + r.total.within + ' allowed, ' + r.total.over + ' over the limit';
     setText(c.values, r.values ? r.values.map((v) => v.value + ' (' + (v.total.within + v.total.over) + ')').join(', ') : '');
+    setText(c.usage, usage(c.rule, r, t.interval_s));
     spark(c.spark, r.within_per_s || [], r.over_per_s || [], c.shadowMode ? '#d97706' : '#dc2626');
   }
   for (const c of rows.values()) {
     if (seen.has(c)) continue;
-    setText(c.allowed, '0'); setText(c.denied, '0'); setText(c.near, '0'); setText(c.shadow, '0');
+    setText(c.allowed, '0'); setText(c.denied, '0'); setText(c.near, '0'); setText(c.shadow, '0'); setText(c.usage, '');
     c.denied.classList.remove('hot', 'warn'); c.tr.classList.remove('active');
     if (c.spark.drawn) spark(c.spark, [], []);
   }
