@@ -48,8 +48,8 @@ func goldenReport() *report {
 				noop: m(result(17000, 85000, 0, 250), 47), paired: []float64{0.5, 0.55}},
 		},
 		starved: []cell{{workload: "distinct", concurrency: 50, sluice: m(result(3000, 15000, 4, 900), 60)}},
-		open: []cell{{workload: "distinct", concurrency: 200, rate: 8800, fraction: 0.8, sluice: open, noop: m(result(8000, 40000, 0, 280), 22)}},
-		ghz:  &crossCheck{rate: 1000, concurrency: 50, bench: bench},
+		open:    []cell{{workload: "distinct", concurrency: 200, rate: 8800, fraction: 0.8, sluice: open, noop: m(result(8000, 40000, 0, 280), 22)}},
+		ghz:     &crossCheck{rate: 1000, concurrency: 50, bench: bench},
 	}
 	rep.starved[0].sluice.Codes["DeadlineExceeded"] = 2
 	g := &rep.ghz.ghz
