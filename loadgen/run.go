@@ -132,11 +132,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
+	defer closeConns(conns)
 	workers := p.workers(conns)
 	cpu0 := cputime.Process()
 	s := p.schedule(time.Now())
@@ -267,9 +263,7 @@ func dial(ctx context.Context, target string, n int, extra []grpc.DialOption) ([
 	defer cancel()
 	conns := make([]*grpc.ClientConn, 0, n)
 	fail := func(err error) ([]*grpc.ClientConn, error) {
-		for _, c := range conns {
-			c.Close()
-		}
+		closeConns(conns)
 		return nil, fmt.Errorf("loadgen: connect to %s: %w", target, err)
 	}
 	for range n {
@@ -289,6 +283,12 @@ func dial(ctx context.Context, target string, n int, extra []grpc.DialOption) ([
 		}
 	}
 	return conns, nil
+}
+
+func closeConns(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 // closed sends back to back until end, recording calls started at or
