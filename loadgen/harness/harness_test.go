@@ -144,6 +144,22 @@ func TestProcStats(t *testing.T) {
 	}
 }
 
+func TestEnded(t *testing.T) {
+	t0 := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(time.Hour))
+	defer cancel()
+	if Ended(ctx, t0) || !Ended(ctx, t0.Add(time.Hour)) {
+		t.Error("before the deadline ended, or at it not")
+	}
+	if Ended(context.Background(), t0) {
+		t.Error("a context without a deadline ended")
+	}
+	cancel()
+	if !Ended(ctx, t0) {
+		t.Error("a cancelled context did not end")
+	}
+}
+
 // TestProcCPU: the process's CPU time grows as it works, and a process
 // that is not there has none.
 func TestProcCPU(t *testing.T) {

@@ -85,7 +85,7 @@ func (c *canaries) send(ctx context.Context, in *instance, group, key string, do
 	resp, err := rlspb.NewRateLimitServiceClient(in.conn).ShouldRateLimit(cctx, &rlspb.RateLimitRequest{Domain: "soak",
 		Descriptors: []*ratelimitpb.RateLimitDescriptor{{Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: "canary", Value: key}}}}})
 	t1 := time.Now()
-	if ctx.Err() != nil {
+	if harness.Ended(ctx, t1) {
 		return // the end of the soak, not a failure
 	}
 	var o outcomes
