@@ -33,12 +33,7 @@ func (l *loader) rateLimit(file, dname, path, stat string, line int, f field, fl
 // compiled into its store rule (compileLimit). The order of the steps is
 // the order of the problems a line reports.
 func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml.Node, fl flags, listed bool) *Rule {
-	n = resolve(n)
-	if isNull(n) {
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		l.errorf(file, n.Line, path, "rate_limit: want a mapping, got %s", describe(n))
+	if n = l.mapping(file, path, "rate_limit", n); n == nil {
 		return nil
 	}
 	nerr := len(l.errs)

@@ -16,12 +16,7 @@ import (
 // numbers, which JSON cannot carry, stay strings as written. nil when the
 // metadata is null or invalid.
 func (l *loader) metadata(file, path string, n *yaml.Node) map[string]any {
-	n = resolve(n)
-	if isNull(n) {
-		return nil
-	}
-	if n.Kind != yaml.MappingNode {
-		l.errorf(file, n.Line, path, "metadata: want a mapping, got %s", describe(n))
+	if n = l.mapping(file, path, "metadata", n); n == nil {
 		return nil
 	}
 	nerr := len(l.errs)

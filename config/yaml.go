@@ -71,6 +71,20 @@ func (l *loader) fields(file, path, where string, n *yaml.Node, depth int, allow
 	return m
 }
 
+// mapping resolves field name's value n to a mapping: nil when it is
+// null, or not a mapping (the problem reported).
+func (l *loader) mapping(file, path, name string, n *yaml.Node) *yaml.Node {
+	n = resolve(n)
+	if isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		l.errorf(file, n.Line, path, "%s: want a mapping, got %s", name, describe(n))
+		return nil
+	}
+	return n
+}
+
 // str reads a scalar as a string, as yaml.v2 does for string fields: any
 // scalar's text, null as "".
 func (l *loader) str(file, path, name string, f field) (string, bool) {
