@@ -14,8 +14,8 @@ import (
 // Sluice's own keys, which envoyproxy/ratelimit does not know (see "Sluice
 // extensions" in docs/CONFIG.md): a descriptor's rate_limits, and a
 // rate_limit's algorithm, unit_multiplier, burst, calendar and time_zone.
-// rateLimitFrom (limit.go) reads them after the reference's fields, in
-// this order: each may depend on the ones before it.
+// rateLimitFrom (limit.go) reads a rate_limit's after the reference's
+// fields, in the order of this file: each may depend on the ones before.
 
 // rateLimits compiles a descriptor's rate_limits list: several limits
 // that every request matching the descriptor consumes from at once. Their
