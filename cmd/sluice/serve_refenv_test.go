@@ -152,7 +152,7 @@ func TestRefTable_Docs(t *testing.T) {
 	contract := string(eg)[strings.Index(string(eg), "## The container contract"):]
 	contract = contract[:strings.Index(contract, "\n## ")]
 	seen := 0
-	for _, m := range regexp.MustCompile("(?m)^\\| (.*?) \\|").FindAllStringSubmatch(contract, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\| (.*?) \|`).FindAllStringSubmatch(contract, -1) {
 		for _, v := range regexp.MustCompile("`([A-Z][A-Z0-9_]*)[=`]").FindAllStringSubmatch(m[1], -1) {
 			seen++
 			if !names[v[1]] {
@@ -199,7 +199,7 @@ func (r *refVar) does() string {
 	case r.refuse != "" && r.boolean:
 		return "`true` refused: " + r.refuse
 	case r.refuse != "" && r.accept != "":
-		return "refused but `" + r.accept + "`: " + r.refuse
+		return "refused unless `" + r.accept + "`: " + r.refuse
 	case r.refuse != "":
 		return "refused: " + r.refuse
 	case r.ignore != "":
