@@ -313,9 +313,8 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", boolean: true, flag: "redis-health"},
 	{name: "REDIS_TIMEOUT", flag: "redis-timeout"},
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
-	{name: "REDIS_STARTUP_INITIAL_INTERVAL", note: "not read: serve pings Redis once at startup and stops if it does not answer"},
-	{name: "REDIS_STARTUP_MAX_INTERVAL", note: "not read: serve pings Redis once at startup and stops if it does not answer"},
-	{name: "REDIS_STARTUP_MAX_ELAPSED_TIME", note: "not read: serve pings Redis once at startup and stops if it does not answer"},
+}, refUnread("serve pings Redis once at startup and stops if it does not answer",
+	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
 	{name: "CACHE_KEY_PREFIX", flag: "redis-key-prefix"},
 })
 
