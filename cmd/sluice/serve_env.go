@@ -76,7 +76,7 @@ func (e *refEnv) warn(format string, args ...any) {
 // refVar is one environment variable of envoyproxy/ratelimit's settings
 // (its src/settings/settings.go) and what serve does with it: one row of
 // refTable, which both drives applyEnv and generates the table in
-// docs/REFERENCE-ENV.md.
+// docs/REFERENCE-ENV.md (refDocs, in the tests).
 //
 // A row is read when its condition holds: a boolean is parsed as the
 // reference parses it (refBool), then the value is refused, mapped onto a

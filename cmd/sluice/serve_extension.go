@@ -38,7 +38,8 @@ func registerExtension(name string, newSetup func(fs *flag.FlagSet) extensionSet
 	extensions = append(extensions, extension{name: name, newSetup: newSetup})
 }
 
-// serveContext is what extensions see and extend.
+// serveContext is what the store's setup and the extensions see and
+// extend.
 type serveContext struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry

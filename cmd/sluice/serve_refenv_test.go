@@ -88,7 +88,7 @@ func TestRefTable_Rows(t *testing.T) {
 			t.Errorf("%s: read with %s, which has no row", r.name, r.with)
 		}
 		if (r.unmet != "" && r.when == nil) || (r.accept != "" && (r.refuse == "" || r.boolean)) ||
-			(r.def != "" && r.flag == "") || (r.conv.fn != nil && r.flag == "") || (r.apply.fn != nil) != (r.apply.doc != "") {
+			(r.def != "" && (r.flag == "" || r.boolean)) || (r.conv.fn != nil && r.flag == "") || (r.apply.fn != nil) != (r.apply.doc != "") {
 			t.Errorf("%s: a malformed row", r.name)
 		}
 	}
