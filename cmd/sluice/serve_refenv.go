@@ -10,12 +10,12 @@ import (
 
 // refTable is every environment variable of envoyproxy/ratelimit's
 // settings, each once, in the order applyEnv reads them and
-// docs/REFERENCE-ENV.md lists them: the server's, the config source's
-// (serve_config.go), the stats', the stores' (each backend's in its own
-// file), then the limiter's. Rows are read in order, and the first error
-// stops: one refused variable is reported, not all.
+// docs/REFERENCE-ENV.md lists them: the config source's
+// (serve_config.go), the server's, the stats', the stores' (each
+// backend's in its own file), then the limiter's. Rows are read in order,
+// and the first error stops: one refused variable is reported, not all.
 func refTable() []refVar {
-	t := slices.Concat(refServer, sourceRefVars, refStats, refStores)
+	t := slices.Concat(sourceRefVars, refServer, refStats, refStores)
 	for _, n := range backendNames() {
 		t = append(t, backends[n].refVars...)
 	}
