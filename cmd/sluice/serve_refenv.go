@@ -153,7 +153,7 @@ var (
 // lists; the memcached ones are here until Sluice has a memcached store.
 var refStores = slices.Concat([]refVar{
 	{name: "BACKEND_TYPE", flag: "store", conv: refConv{
-		doc: "in any case: a store of this build (`memory`, `redis`), others refused; unset with `REDIS_URL` set, `redis` (the reference's default)",
+		doc: "in any case: a store of this build (`sluice serve -h` lists them under `--store`; `memory` is the default), others refused",
 		fn: func(_ *refEnv, v string) (string, error) {
 			switch v = strings.ToLower(v); v {
 			case "memory":
