@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/store"
 )
 
 // Defaults of Options.
@@ -692,14 +693,14 @@ const staleAfter = 3
 // claimed (see claimOrder).
 func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	local, release, claimed := s.measure(now)
-	remote, err := s.exchange(ctx, now, local, release)
-	s.divide(now, remote, claimed)
+	grants, err := s.exchange(ctx, now, local, release)
+	s.divide(now, grants, claimed)
 	return err
 }
 
 // measure re-matches the buckets if the table changed, abandons the idle
 // ones and returns this interval's claims on the fleet (see claims).
-func (s *Service) measure(now time.Time) (map[string]Claim, []string, []*group) {
+func (s *Service) measure(now time.Time) (map[string]store.Claim, []string, []*group) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if t := s.tables.Current(); t != nil && t != s.table {
@@ -733,11 +734,11 @@ func (s *Service) abandonIdle(now time.Time) {
 // divide applies the fleet's outcome and recomputes every group's
 // shares, queueing what is due; it answers the buckets that divide no
 // limit, and records the per-rule statistics.
-func (s *Service) divide(now time.Time, remote Remote, claimed []*group) {
+func (s *Service) divide(now time.Time, grants store.Grants, claimed []*group) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.o.Fleet != nil {
-		s.applyRemote(now, remote, claimed)
+		s.applyGrants(now, grants, claimed)
 	}
 	stats := map[*config.Rule]*RuleStat{}
 	var sc divideScratch

@@ -380,13 +380,13 @@ type fakeEntry struct {
 	demands []float64
 }
 
-func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Claim, _ []string) (Remote, error) {
+func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]store.Claim, _ []string) (store.Grants, error) {
 	if f.fail {
-		return Remote{}, errors.New("down")
+		return store.Grants{}, errors.New("down")
 	}
 	mine := map[string]fakeEntry{}
 	f.all[f.name] = mine
-	remote := Remote{Granted: map[string]float64{}, Live: len(f.all)}
+	remote := store.Grants{Granted: map[string]float64{}, Live: len(f.all)}
 	for k, cl := range local {
 		ds := slices.Clone(cl.Demands)
 		var others float64
