@@ -36,11 +36,15 @@ type sub struct {
 	g      *group       // nil when no limit is divided (see answer)
 	// demand is requests per rule period in the last report; interval is
 	// that report's elapsed time.
-	demand    float64
-	measured  bool // demand comes from a report after the first
-	interval  time.Duration
-	seen      time.Time // last report
-	busy      time.Time // last report with traffic
+	demand   float64
+	measured bool // demand comes from a report after the first
+	interval time.Duration
+	seen     time.Time // last report
+	busy     time.Time // last report with traffic
+	// share is b's share of its group's limit as the last Tick divided
+	// it (requests per period), wanted its demand then (currentDemand).
+	share     uint64
+	wanted    float64
 	sent      Action
 	sentShare uint64 // the share sent, requests per period
 	sentAt    time.Time
@@ -186,7 +190,6 @@ func answer(b *sub) Action {
 func (s *Service) answerNew(now time.Time, b *sub) {
 	if b.g == nil {
 		s.queue(now, b, answer(b))
-		s.pushed[b.sent.Kind].Add(1)
 		return
 	}
 	limit := float64(b.g.rule.Limit.Limit())
@@ -197,9 +200,9 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	case fleetUncertain:
 		free = s.cautious(limit) - b.g.assigned
 	default:
-		// b.g.assigned counts all but this replica's part of the reserve
-		// (see Tick): proxies joining on every replica at once still fit
-		// in the limit.
+		// b.g.assigned counts all but this replica's part of the
+		// reserve (see divideGroup): proxies joining on every replica at
+		// once still fit in the limit.
 		free = limit - b.g.assigned
 	}
 	free = max(free, 0)
@@ -207,11 +210,12 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	b.g.assigned += share
 	b.sentShare = uint64(share)
 	s.queue(now, b, assign(b.g.rule, b.sentShare, s.o.FixedWindowAsTokenBucket))
-	s.pushed[b.sent.Kind].Add(1)
 }
 
-// queue sends a its TTL and queues it for b's stream; s.mu is held.
+// queue sends a its TTL, queues it for b's stream and counts it in
+// Stats.Pushed; s.mu is held.
 func (s *Service) queue(now time.Time, b *sub, a Action) {
+	s.pushed[a.Kind].Add(1)
 	a.Bucket = b.bucket
 	if a.Kind != Abandon {
 		a.TTL = s.o.TTL

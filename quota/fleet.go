@@ -171,11 +171,14 @@ func (s *Service) exchange(ctx context.Context, now time.Time, local map[string]
 	return grants, err
 }
 
-// applyGrants records an Exchange's outcome: the part granted to each of
-// claimed whose claim succeeded, and the live replicas. A group whose
-// claim failed keeps its last part while it is fresh (see fleetMode).
-// s.mu is held.
+// applyGrants records an Exchange's outcome, if there is a Fleet: the
+// part granted to each of claimed whose claim succeeded, and the live
+// replicas. A group whose claim failed keeps its last part while it is
+// fresh (see fleetMode). s.mu is held.
 func (s *Service) applyGrants(now time.Time, grants store.Grants, claimed []*group) {
+	if s.o.Fleet == nil {
+		return
+	}
 	s.fleetLast = now
 	if grants.Live > 0 {
 		s.live = grants.Live

@@ -8,22 +8,28 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/store"
 )
 
-// Tick re-matches every bucket if the table changed, abandons idle
-// buckets, exchanges demand with the fleet, recomputes every group's
-// shares and queues the assignments that changed by more than the
-// threshold or near their TTL. The error is the Fleet's; shares are
-// computed anyway: a group whose claim failed is divided with the part
-// it last claimed while the other replicas still count it (see
-// fleetMode). With more than MaxClaims groups, at most MaxClaims are
-// claimed (see claimOrder).
+// Tick runs one interval in four phases: measure (re-match every bucket
+// if the table changed, abandon idle buckets, collect this replica's
+// claims), exchange them with the fleet, divide every group's limit (or
+// this replica's part of it) among its proxies, and push the assignments
+// that changed by more than the threshold or near their TTL. The error is
+// the Fleet's; shares are divided anyway: a group whose claim failed is
+// divided with the part it last claimed while the other replicas still
+// count it (see fleetMode). With more than MaxClaims groups, at most
+// MaxClaims are claimed (see claimOrder).
 func (s *Service) Tick(ctx context.Context, now time.Time) error {
 	local, release, claimed := s.measure(now)
+	// Without s.mu: a slow fleet does not hold up the streams' reports.
 	grants, err := s.exchange(ctx, now, local, release)
-	s.divide(now, grants, claimed)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applyGrants(now, grants, claimed)
+	s.divide(now)
+	s.push(now)
+	s.recordStats()
 	return err
 }
 
@@ -54,46 +60,17 @@ func (s *Service) abandonIdle(now time.Time) {
 				s.unsubscribe(b)
 				delete(st.subs, k)
 				s.queue(now, b, Action{Kind: Abandon})
-				s.pushed[Abandon].Add(1)
 			}
 		}
 	}
 }
 
-// divide applies the fleet's outcome and recomputes every group's
-// shares, queueing what is due; it answers the buckets that divide no
-// limit, and records the per-rule statistics.
-func (s *Service) divide(now time.Time, grants store.Grants, claimed []*group) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.o.Fleet != nil {
-		s.applyGrants(now, grants, claimed)
-	}
-	stats := map[*config.Rule]*RuleStat{}
+// divide recomputes every group's shares (see divideGroup); push sends
+// them. s.mu is held.
+func (s *Service) divide(now time.Time) {
 	var sc divideScratch
 	for _, g := range s.groups {
-		s.divideGroup(now, g, stats, &sc)
-	}
-	for st := range s.streams {
-		for _, b := range st.subs {
-			if b.rule != nil {
-				statStream(stats, st, b)
-			}
-			if b.g != nil || s.table == nil {
-				// Before the first table, no answer: Envoy's
-				// no_assignment_behavior applies.
-				continue
-			}
-			if a := answer(b); s.due(now, b, &a, 0, 0) {
-				s.queue(now, b, a)
-				s.pushed[a.Kind].Add(1)
-			}
-		}
-	}
-	s.rules = s.rules[:0]
-	for _, rs := range stats {
-		rs.last = nil
-		s.rules = append(s.rules, *rs)
+		s.divideGroup(now, g, &sc)
 	}
 }
 
@@ -104,10 +81,11 @@ type divideScratch struct {
 	whole           []uint64
 }
 
-// divideGroup divides g's limit (or this replica's part of it) among its
-// proxies by their demands, queues the assignments due and adds g to its
-// rule's statistics; s.mu is held.
-func (s *Service) divideGroup(now time.Time, g *group, stats map[*config.Rule]*RuleStat, sc *divideScratch) {
+// divideGroup divides g's limit (or this replica's part of it, see
+// fleetMode) among its proxies by their demands: each proxy's share, in
+// whole requests per period, and its demand go into its sub (share,
+// wanted), what the proxies hold into g.assigned. s.mu is held.
+func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 	// In a stable order, so that the units rounding hands out go to the
 	// same proxies every interval.
 	subs := sc.subs[:0]
@@ -145,64 +123,46 @@ func (s *Service) divideGroup(now time.Time, g *group, stats map[*config.Rule]*R
 	// rounded shares cannot sum above the limit either.
 	Whole(shares, whole)
 	g.assigned = others
-	for _, v := range whole {
-		g.assigned += float64(v)
-	}
-	rs := stats[g.rule]
-	if rs == nil {
-		rs = &RuleStat{Rule: g.rule}
-		stats[g.rule] = rs
-	}
-	rs.Groups++
 	for i, b := range subs {
-		rs.Buckets++
-		if math.IsInf(demands[i], 1) {
-			rs.Unmeasured++
-		} else {
-			rs.Demand += demands[i]
-		}
-		rs.Share += float64(whole[i])
-		a := assign(g.rule, whole[i], s.o.FixedWindowAsTokenBucket)
-		if s.due(now, b, &a, whole[i], demands[i]) {
-			b.sentShare = whole[i]
-			s.queue(now, b, a)
-			s.pushed[a.Kind].Add(1)
+		g.assigned += float64(whole[i])
+		b.share, b.wanted = whole[i], demands[i]
+	}
+}
+
+// push queues for every bucket the assignment due (see due): its share
+// of its group's limit as divide left it, or for a bucket that divides no
+// limit its answer (see answer). s.mu is held.
+func (s *Service) push(now time.Time) {
+	for st := range s.streams {
+		for _, b := range st.subs {
+			switch {
+			case b.g != nil:
+				a := assign(b.g.rule, b.share, s.o.FixedWindowAsTokenBucket)
+				if s.due(now, b, &a) {
+					b.sentShare = b.share
+					s.queue(now, b, a)
+				}
+			case s.table != nil:
+				// (Before the first table, no answer: Envoy's
+				// no_assignment_behavior applies.)
+				if a := answer(b); s.due(now, b, &a) {
+					s.queue(now, b, a)
+				}
+			}
 		}
 	}
 }
 
-// statStream counts b, a bucket of stream st under a rule, in its rule's
-// stat: its stream (each stream's buckets are visited together, so
-// comparing with the last one counts each once), a bucket whose rule
-// divides no limit (the groups counted the others), and for a rule with
-// detailed_metric its bucket id, up to MaxStatBuckets.
-func statStream(stats map[*config.Rule]*RuleStat, st *Stream, b *sub) {
-	rs := stats[b.rule]
-	if rs == nil {
-		rs = &RuleStat{Rule: b.rule}
-		stats[b.rule] = rs
-	}
-	if rs.last != st {
-		rs.last = st
-		rs.Streams++
-	}
-	if b.g == nil {
-		rs.Buckets++
-	}
-	if b.rule.DetailedMetric && len(rs.BucketIDs) < MaxStatBuckets {
-		rs.BucketIDs = append(rs.BucketIDs, b.bucket)
-	}
-}
-
-// due reports whether a, a share of share (requests per period), should
-// be sent for b whose demand is demand: nothing was sent yet, the strategy
-// kind changed, or the last one sent expires within two intervals; else,
-// for requests per time unit, the share fell (so that what the proxies
-// hold never sums above the limit), or rose by more than the threshold or
-// while the proxy wants more than it holds. A token bucket is re-sent only
-// when its share moved by more than the threshold either way: Envoy
-// rebuilds a changed bucket full, so every push grants a burst.
-func (s *Service) due(now time.Time, b *sub, a *Action, share uint64, demand float64) bool {
+// due reports whether a should be sent for b: nothing was sent yet, the
+// strategy kind changed, or the last one sent expires within two
+// intervals; else, for a bucket of a group (a the assignment of its
+// share), for requests per time unit, the share fell (so that what the
+// proxies hold never sums above the limit), or rose by more than the
+// threshold or while the proxy wants more than it holds. A token bucket is
+// re-sent only when its share moved by more than the threshold either
+// way: Envoy rebuilds a changed bucket full, so every push grants a
+// burst.
+func (s *Service) due(now time.Time, b *sub, a *Action) bool {
 	switch {
 	case !b.hasSent || b.sent.Kind != a.Kind:
 		return true
@@ -211,11 +171,11 @@ func (s *Service) due(now time.Time, b *sub, a *Action, share uint64, demand flo
 	case b.sent.same(a) || b.g == nil:
 		return false
 	}
-	was, next := float64(b.sentShare), float64(share)
+	was, next := float64(b.sentShare), float64(b.share)
 	if a.Kind == TokenBucket {
 		return math.Abs(next-was) > s.o.Threshold*was
 	}
-	return next < was || next-was > s.o.Threshold*was || demand > was
+	return next < was || next-was > s.o.Threshold*was || b.wanted > was
 }
 
 func grow(s []float64, n int) []float64 {
