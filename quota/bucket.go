@@ -150,9 +150,13 @@ func (s *Service) subscribe(t *config.Table, b *sub) {
 	}
 	g := s.groups[string(key)]
 	if g == nil {
-		g = &group{key: string(key), rule: r, subs: map[*sub]struct{}{}}
+		g = &group{key: string(key), subs: map[*sub]struct{}{}}
 		s.groups[g.key] = g
 	}
+	// A group that outlives a reload (rematch moves its buckets one at
+	// a time) takes the new table's rule: a fixed window's counter key
+	// does not change with its limit.
+	g.rule = r
 	g.subs[b] = struct{}{}
 	b.g = g
 }
