@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/store"
 )
 
 func TestService_StreamCap(t *testing.T) {
@@ -131,10 +132,10 @@ type splitFleet struct {
 	released []string
 }
 
-func (f *splitFleet) Exchange(ctx context.Context, now time.Time, local map[string]Claim, release []string) (Remote, error) {
+func (f *splitFleet) Exchange(ctx context.Context, now time.Time, local map[string]store.Claim, release []string) (store.Grants, error) {
 	f.claims = append(f.claims, len(local))
 	f.released = append(f.released, release...)
-	ok := map[string]Claim{}
+	ok := map[string]store.Claim{}
 	var failed []string
 	for k, c := range local {
 		if f.failing != nil && f.failing(k) {

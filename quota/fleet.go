@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/store"
 )
 
 // Fleet shares limits between the replicas of a deployment.
@@ -21,29 +23,8 @@ type Fleet interface {
 	// no longer has.
 	//
 	// Each group's claim stands alone: the error reports the claims (and
-	// the rest) that failed, and Remote holds what succeeded.
-	Exchange(ctx context.Context, now time.Time, local map[string]Claim, release []string) (Remote, error)
-}
-
-// Claim is one replica's claim on one group.
-type Claim struct {
-	// Capacity is what the fleet divides: the limit less the reserve.
-	Capacity float64
-	// Max bounds the part claimed: a replica's first claim of a group
-	// takes at most an equal part per live replica, since the replicas
-	// that got the group at the same time have not published yet.
-	Max float64
-	// Demands are the demands of this replica's proxies.
-	Demands []float64
-}
-
-// Remote is the outcome of one Exchange.
-type Remote struct {
-	// Granted is this replica's part of each group whose claim succeeded.
-	Granted map[string]float64
-	// Live is the number of replicas alive in the fleet, this one
-	// included; 0 when unknown (the membership could not be read).
-	Live int
+	// the rest) that failed, and the Grants hold what succeeded.
+	Exchange(ctx context.Context, now time.Time, local map[string]store.Claim, release []string) (store.Grants, error)
 }
 
 // How a group is divided, by what this replica knows of the fleet.
@@ -97,9 +78,9 @@ func (s *Service) cautious(limit float64) float64 {
 
 // claims returns this interval's claims on the fleet (see claimOrder),
 // the groups they are for, and the groups to give back; s.mu is held.
-func (s *Service) claims(now time.Time) (map[string]Claim, []string, []*group) {
+func (s *Service) claims(now time.Time) (map[string]store.Claim, []string, []*group) {
 	gs := s.claimOrder(now)
-	local := make(map[string]Claim, len(gs))
+	local := make(map[string]store.Claim, len(gs))
 	for _, g := range gs {
 		local[g.key] = s.claim(now, g)
 	}
@@ -155,7 +136,7 @@ func (s *Service) wantsClaim(now time.Time, g *group) bool {
 }
 
 // claim is this replica's claim on g; s.mu is held.
-func (s *Service) claim(now time.Time, g *group) Claim {
+func (s *Service) claim(now time.Time, g *group) store.Claim {
 	ds := make([]float64, 0, len(g.subs))
 	for b := range g.subs {
 		ds = append(ds, b.currentDemand(now, s.o.Interval))
@@ -165,41 +146,44 @@ func (s *Service) claim(now time.Time, g *group) Claim {
 	if !g.claimed {
 		m /= float64(max(s.live, 1))
 	}
-	return Claim{Capacity: c, Max: m, Demands: ds}
+	return store.Claim{Capacity: c, Max: m, Demands: ds}
 }
 
 // exchange runs the Fleet's Exchange, if there is one, for at most one
 // interval: a slow Redis must not stall the division.
-func (s *Service) exchange(ctx context.Context, now time.Time, local map[string]Claim, release []string) (Remote, error) {
+func (s *Service) exchange(ctx context.Context, now time.Time, local map[string]store.Claim, release []string) (store.Grants, error) {
 	if s.o.Fleet == nil {
-		return Remote{}, nil
+		return store.Grants{}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.o.Interval)
 	defer cancel()
-	remote, err := s.o.Fleet.Exchange(ctx, now, local, release)
+	grants, err := s.o.Fleet.Exchange(ctx, now, local, release)
 	if err != nil {
 		s.fleetErrors.Add(1)
 		failed := 0
 		for k := range local {
-			if _, ok := remote.Granted[k]; !ok {
+			if _, ok := grants.Granted[k]; !ok {
 				failed++
 			}
 		}
 		s.claimErrors.Add(uint64(failed))
 	}
-	return remote, err
+	return grants, err
 }
 
-// applyRemote records an Exchange's outcome: the part granted to each of
-// claimed whose claim succeeded, and the live replicas. A group whose
-// claim failed keeps its last part while it is fresh (see fleetMode).
-// s.mu is held.
-func (s *Service) applyRemote(now time.Time, remote Remote, claimed []*group) {
-	s.fleetLast = now
-	if remote.Live > 0 {
-		s.live = remote.Live
+// applyGrants records an Exchange's outcome, if there is a Fleet: the
+// part granted to each of claimed whose claim succeeded, and the live
+// replicas. A group whose claim failed keeps its last part while it is
+// fresh (see fleetMode). s.mu is held.
+func (s *Service) applyGrants(now time.Time, grants store.Grants, claimed []*group) {
+	if s.o.Fleet == nil {
+		return
 	}
-	if remote.Live > 0 || len(remote.Granted) > 0 {
+	s.fleetLast = now
+	if grants.Live > 0 {
+		s.live = grants.Live
+	}
+	if grants.Live > 0 || len(grants.Granted) > 0 {
 		s.fleetOK = now
 		if s.fleetSince.IsZero() {
 			s.fleetSince = now
@@ -209,7 +193,7 @@ func (s *Service) applyRemote(now time.Time, remote Remote, claimed []*group) {
 	}
 	// Groups made during the exchange were not in it.
 	for _, g := range claimed {
-		if v, ok := remote.Granted[g.key]; ok {
+		if v, ok := grants.Granted[g.key]; ok {
 			g.claimed, g.granted, g.claimedAt = true, v, now
 		}
 	}

@@ -13,13 +13,14 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/store"
 )
 
 // downFleet fails every exchange, as a fleet whose Redis is down.
 type downFleet struct{}
 
-func (downFleet) Exchange(context.Context, time.Time, map[string]Claim, []string) (Remote, error) {
-	return Remote{}, errors.New("redis: dial tcp 127.0.0.1:6379: connection refused")
+func (downFleet) Exchange(context.Context, time.Time, map[string]store.Claim, []string) (store.Grants, error) {
+	return store.Grants{}, errors.New("redis: dial tcp 127.0.0.1:6379: connection refused")
 }
 
 // lockedLog is a log buffer Run's goroutine writes and the test reads.

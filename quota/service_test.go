@@ -329,6 +329,29 @@ descriptors:
 	}
 }
 
+// TestService_ReloadChangesSharedLimit: a reload that lowers a fixed
+// window's limit (its counter key unchanged) reaches a group of two
+// proxies: they share the new limit, not the old one.
+func TestService_ReloadChangesSharedLimit(t *testing.T) {
+	s, tb := newTestService(t, Options{Reserve: -1})
+	a, _ := s.Open()
+	b, _ := s.Open()
+	for _, now := range []float64{0, 0.5} {
+		mustReport(t, a, at(now), use("tenant", "x", 5000, 0))
+		mustReport(t, b, at(now), use("tenant", "x", 5000, 0))
+	}
+	s.Tick(context.Background(), at(1))
+	a.Pending()
+	b.Pending()
+	tb.p.Store(loadTable(t, "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}\n"))
+	s.Tick(context.Background(), at(1.5))
+	for i, st := range []*Stream{a, b} {
+		if got := only(t, st, "after the reload"); got.Kind != RequestsPerUnit || got.Requests != 50 {
+			t.Errorf("proxy %d after the limit went from 1000 to 100 per second: %+v, want 50 per second", i, got)
+		}
+	}
+}
+
 func TestService_BadReports(t *testing.T) {
 	s, _ := newTestService(t, Options{MaxBucketsPerStream: 3})
 	st, _ := s.Open()
@@ -380,13 +403,13 @@ type fakeEntry struct {
 	demands []float64
 }
 
-func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]Claim, _ []string) (Remote, error) {
+func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]store.Claim, _ []string) (store.Grants, error) {
 	if f.fail {
-		return Remote{}, errors.New("down")
+		return store.Grants{}, errors.New("down")
 	}
 	mine := map[string]fakeEntry{}
 	f.all[f.name] = mine
-	remote := Remote{Granted: map[string]float64{}, Live: len(f.all)}
+	remote := store.Grants{Granted: map[string]float64{}, Live: len(f.all)}
 	for k, cl := range local {
 		ds := slices.Clone(cl.Demands)
 		var others float64

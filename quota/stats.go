@@ -2,6 +2,7 @@ package quota
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"strings"
 
@@ -94,4 +95,70 @@ func (s *Service) Rules() []RuleStat {
 		return strings.Compare(a.Rule.Path, b.Rule.Path)
 	})
 	return rs
+}
+
+// recordStats records the per-rule statistics of the shares divide has
+// just computed (see Rules); s.mu is held.
+func (s *Service) recordStats() {
+	stats := map[*config.Rule]*RuleStat{}
+	for _, g := range s.groups {
+		ruleStat(stats, g.rule).Groups++
+	}
+	for st := range s.streams {
+		for _, b := range st.subs {
+			if b.g != nil {
+				statShare(stats, b)
+			}
+			if b.rule != nil {
+				statStream(stats, st, b)
+			}
+		}
+	}
+	s.rules = s.rules[:0]
+	for _, rs := range stats {
+		rs.last = nil
+		s.rules = append(s.rules, *rs)
+	}
+}
+
+// ruleStat returns r's stat in stats, added if missing.
+func ruleStat(stats map[*config.Rule]*RuleStat, r *config.Rule) *RuleStat {
+	rs := stats[r]
+	if rs == nil {
+		rs = &RuleStat{Rule: r}
+		stats[r] = rs
+	}
+	return rs
+}
+
+// statShare counts b, a bucket of a group, in its group's rule's stat:
+// its demand and its share.
+func statShare(stats map[*config.Rule]*RuleStat, b *sub) {
+	rs := ruleStat(stats, b.g.rule)
+	rs.Buckets++
+	if math.IsInf(b.wanted, 1) {
+		rs.Unmeasured++
+	} else {
+		rs.Demand += b.wanted
+	}
+	rs.Share += float64(b.share)
+}
+
+// statStream counts b, a bucket of stream st under a rule, in its rule's
+// stat: its stream (each stream's buckets are visited together, so
+// comparing with the last one counts each once), a bucket whose rule
+// divides no limit (statShare counts the others), and for a rule with
+// detailed_metric its bucket id, up to MaxStatBuckets.
+func statStream(stats map[*config.Rule]*RuleStat, st *Stream, b *sub) {
+	rs := ruleStat(stats, b.rule)
+	if rs.last != st {
+		rs.last = st
+		rs.Streams++
+	}
+	if b.g == nil {
+		rs.Buckets++
+	}
+	if b.rule.DetailedMetric && len(rs.BucketIDs) < MaxStatBuckets {
+		rs.BucketIDs = append(rs.BucketIDs, b.bucket)
+	}
 }

@@ -29,6 +29,9 @@
 //
 // Stores (the in-memory store in store/memory, Redis in store/redis) own
 // the state and apply the algorithms atomically per key; store/storetest
-// is the conformance suite every Store passes. docs/STORE.md explains the
+// is the conformance suite every Store passes. Claim and Grants are the
+// data RLQS replicas exchange through a shared store (quota.Fleet,
+// store/redis's Demand), here so that no store imports the policy above
+// it: store/ imports no other package of Sluice but internal/ ones. docs/STORE.md explains the
 // encodings, the rounding and the memory store's bound and sweep.
 package store

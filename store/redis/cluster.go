@@ -18,6 +18,24 @@ import (
 // have. A refund that fails leaves the takes in place until the keys
 // expire, also an over-deny; Stats counts them.
 func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, keys []string) (reply, error) {
+	bs := s.bySlot(now, hits, keys)
+	if len(bs) == 1 {
+		return s.run(ctx, hits, bs[0])
+	}
+	whole, replies, err := s.runSlots(ctx, hits, bs)
+	if !whole.committed {
+		for j, b := range bs {
+			if replies[j].committed {
+				s.refund(ctx, now, hits, b, replies[j])
+			}
+		}
+	}
+	return whole, err
+}
+
+// bySlot splits hits into one batch per hash slot of their keys, in the
+// order the slots first appear, each with take.lua's arguments at now.
+func (s *Store) bySlot(now int64, hits []store.Hit, keys []string) []batch {
 	var bs []batch
 	var slots []uint16
 	for i := range hits {
@@ -36,10 +54,14 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 	for j := range bs {
 		bs[j].args = s.args(hits, bs[j].idx, now)
 	}
-	if len(bs) == 1 {
-		return s.run(ctx, hits, bs[0])
-	}
+	return bs
+}
 
+// runSlots runs the batches of bs in one pipeline (a slot that lacks the
+// script runs it again with its source) and returns the whole request's
+// reply, committed only if every slot committed, and each slot's reply
+// (the zero reply for one that failed). The error joins the slots'.
+func (s *Store) runSlots(ctx context.Context, hits []store.Hit, bs []batch) (reply, []reply, error) {
 	c := s.client
 	cmds := make(rueidis.Commands, len(bs))
 	for j, b := range bs {
@@ -72,65 +94,70 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 			}
 		}
 	}
-	if whole.committed {
-		return whole, nil
+	return whole, replies, errors.Join(errs...)
+}
+
+// refund gives back what b, a slot that committed (its reply r) in a
+// request another slot denied, took: the takes its own replay allowed. A
+// refund that fails is counted in Stats.
+func (s *Store) refund(ctx context.Context, now int64, hits []store.Hit, b batch, r reply) {
+	sub := make([]store.Hit, len(b.idx))
+	for k, i := range b.idx {
+		sub[k] = hits[i]
 	}
-	// Refund every slot that committed, by its own replay's takes.
-	var rkeys, rargs []string
-	for j, b := range bs {
-		r := replies[j]
-		if !r.committed {
+	out := make([]store.Decision, len(sub))
+	s.decide(new(scratch), now, r.now, sub, b.keys, r.orig, out)
+	owed := s.owed(now, r, sub, b.keys, out)
+	var keys []string
+	args := []string{"r"}
+	for k := range sub {
+		h := &sub[k]
+		if !out[k].Allowed || h.Always() || h.Cost == 0 {
 			continue
 		}
-		sub := make([]store.Hit, len(b.idx))
-		for k, i := range b.idx {
-			sub[k] = hits[i]
-		}
-		out := make([]store.Decision, len(sub))
-		s.decide(new(scratch), now, r.now, sub, b.keys, r.orig, out)
-		owed := s.owed(now, r, sub, b.keys, out)
-		rkeys, rargs = rkeys[:0], append(rargs[:0], "r")
-		for k, h := range sub {
-			if !out[k].Allowed || h.Always() || h.Cost == 0 {
-				continue
-			}
-			amount, end := h.Cost, ""
-			switch h.Rule.Algorithm() {
-			case store.TokenBucket:
-				amount = owed[k]
-			case store.SlidingWindow:
-				// The bucket the take counted in (the key's after the
-				// batch: every take of a batch has its now), its count's
-				// width and the buckets per window.
-				g, _, bits := h.Rule.Buckets()
-				end = "s" + strconv.FormatUint(r.final[k].Word>>32, 10) + ":" + strconv.FormatUint(bits, 10) + ":" + strconv.FormatUint(g, 10)
-			default:
-				// The take's window and, if a count there can be
-				// saturated past the limit (and so no longer exact), the
-				// bound where it is.
-				end = strconv.FormatUint(r.final[k].Word>>32, 10) + ":"
-				if b := windowBound(h.Rule); b > h.Rule.Limit() {
-					end += strconv.FormatUint(b, 10)
-				}
-			}
-			rkeys = append(rkeys, b.keys[k])
-			rargs = append(rargs, strconv.FormatUint(amount, 10), end)
-		}
-		if len(rkeys) == 0 {
-			continue
-		}
-		// The refund outlives its caller's deadline, not by much: the
-		// caller is waiting for it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, maxRefundWait))
-		if err := s.eval(rctx, takeScript, rkeys, rargs).Error(); err != nil {
-			s.refundFailures.Add(1)
-		}
-		cancel()
+		keys = append(keys, b.keys[k])
+		args = append(args, refundAmount(h, owed[k]), refundEnd(h, r.final[k]))
 	}
-	if len(errs) > 0 {
-		return whole, errors.Join(errs...)
+	if len(keys) == 0 {
+		return
 	}
-	return whole, nil
+	// The refund outlives its caller's deadline, not by much: the caller
+	// is waiting for it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, maxRefundWait))
+	defer cancel()
+	if err := s.eval(ctx, takeScript, keys, args).Error(); err != nil {
+		s.refundFailures.Add(1)
+	}
+}
+
+// refundAmount is what take.lua gives back for h, an allowed take: its
+// cost, or for a token bucket the quanta it still owes (see owed).
+func refundAmount(h *store.Hit, owed uint64) string {
+	if h.Rule.Algorithm() == store.TokenBucket {
+		return strconv.FormatUint(owed, 10)
+	}
+	return strconv.FormatUint(h.Cost, 10)
+}
+
+// refundEnd tells take.lua where h's take counted, from final, the state
+// of h's key after the batch: nothing for a token bucket; for a sliding
+// window the bucket the take counted in (every take of a batch has its
+// now), its count's width and the buckets per window; for a fixed window
+// the take's window and, if a count there can be saturated past the limit
+// (and so no longer exact), the bound where it is.
+func refundEnd(h *store.Hit, final store.State) string {
+	switch h.Rule.Algorithm() {
+	case store.TokenBucket:
+		return ""
+	case store.SlidingWindow:
+		g, _, bits := h.Rule.Buckets()
+		return "s" + strconv.FormatUint(final.Word>>32, 10) + ":" + strconv.FormatUint(bits, 10) + ":" + strconv.FormatUint(g, 10)
+	}
+	end := strconv.FormatUint(final.Word>>32, 10) + ":"
+	if b := windowBound(h.Rule); b > h.Rule.Limit() {
+		end += strconv.FormatUint(b, 10)
+	}
+	return end
 }
 
 // owed returns, for each refundable token-bucket take of a committed slot,

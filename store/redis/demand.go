@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/sluicehq/sluice/quota"
+	"github.com/sluicehq/sluice/store"
 )
 
 //go:embed demand.lua
@@ -63,7 +63,7 @@ func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas
 // whose claim failed has no part in the result, and the error names it;
 // the others are granted all the same. Live is 0 when the membership could
 // not be read.
-func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]quota.Claim, release []string) (quota.Remote, error) {
+func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]store.Claim, release []string) (store.Grants, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c := d.s.client
@@ -96,22 +96,22 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 	}
 	res := d.do(ctx, cmds)
 	claims := d.loadAndRetry(ctx, res[first:], groups, args)
-	remote := quota.Remote{Granted: make(map[string]float64, len(groups))}
+	grants := store.Grants{Granted: make(map[string]float64, len(groups))}
 	var errs []error
 	if m, err := res[2].AsStrMap(); err != nil {
 		errs = append(errs, fmt.Errorf("redis: rlqs replicas: %w", err))
 	} else {
-		remote.Live = d.live(now, m)
+		grants.Live = d.live(now, m)
 	}
 	var failed int
 	var firstErr error
 	for i, g := range groups {
 		v, err := claims[i].ToString()
 		if err == nil {
-			remote.Granted[g], err = strconv.ParseFloat(v, 64)
+			grants.Granted[g], err = strconv.ParseFloat(v, 64)
 		}
 		if err != nil {
-			delete(remote.Granted, g)
+			delete(grants.Granted, g)
 			if failed++; firstErr == nil {
 				firstErr = fmt.Errorf("redis: rlqs claim of %q: %w", g, err)
 			}
@@ -128,7 +128,7 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]q
 			break
 		}
 	}
-	return remote, errors.Join(errs...)
+	return grants, errors.Join(errs...)
 }
 
 // loadAndRetry runs again the claims of res that found demand.lua not

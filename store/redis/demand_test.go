@@ -3,17 +3,13 @@ package redis
 import (
 	"context"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/config"
-	"github.com/sluicehq/sluice/quota"
-
+	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -37,7 +33,7 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	b := newStore(t).Demand("b", 3*time.Second)
 	now := time.UnixMilli(1_800_000_000_000)
 
-	exchange := func(step string, d *Demand, at time.Time, local map[string]quota.Claim, release ...string) quota.Remote {
+	exchange := func(step string, d *Demand, at time.Time, local map[string]store.Claim, release ...string) store.Grants {
 		t.Helper()
 		r, err := d.Exchange(ctx, at, local, release)
 		if err != nil {
@@ -47,35 +43,35 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-6 }
 	// a alone: it is granted its fair part, all of the capacity.
-	r := exchange("a first", a, now, map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g2": {Capacity: 10, Max: 10, Demands: []float64{5}}})
+	r := exchange("a first", a, now, map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g2": {Capacity: 10, Max: 10, Demands: []float64{5}}})
 	if !near(r.Granted["g1"], 900) || !near(r.Granted["g2"], 10) || r.Live != 1 {
 		t.Errorf("a alone: %+v, want g1 900, g2 10, 1 live", r)
 	}
 	// b's fair part of g1 is 400 (100, then 400 each), but a holds 900.
-	r = exchange("b", b, now, map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	r = exchange("b", b, now, map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if !near(r.Granted["g1"], 0) || r.Live != 2 {
 		t.Errorf("b while a holds all 900: %+v, want 0 granted, 2 live", r)
 	}
 	// a claims again: its fair part, 500, leaving 400 for b.
-	r = exchange("a again", a, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a again", a, now.Add(time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
 	if !near(r.Granted["g1"], 500) {
 		t.Errorf("a again: %+v, want 500", r)
 	}
-	r = exchange("b again", b, now.Add(time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	r = exchange("b again", b, now.Add(time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if !near(r.Granted["g1"], 400) {
 		t.Errorf("b again: %+v, want 400", r)
 	}
 	// Equal demands travel once, with their count: four proxies of 5 on a
 	// and one of 50 on b share 100 as 5 proxies would.
-	g3 := func(ds ...float64) map[string]quota.Claim {
-		return map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
+	g3 := func(ds ...float64) map[string]store.Claim {
+		return map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
 	}
 	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5), "g2")
-	exchange("b g3", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
+	exchange("b g3", b, now.Add(2*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
 	if r := exchange("a g3 again", a, now.Add(2*time.Second), g3(5, 5, 5, 5)); !near(r.Granted["g3"], 44) {
 		t.Errorf("a's four proxies of 5 beside b's one of 50 on 100: %+v, want 44 (4 × (5 + 30/5))", r)
 	}
-	exchange("b g3 again", b, now.Add(2*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	exchange("b g3 again", b, now.Add(2*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
 	if cli != nil {
 		// a gave g2 back: its field is deleted (and the hash with it); the
 		// hashes expire.
@@ -88,7 +84,7 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	// b stops writing: its entry goes stale after 3 s, and it is no
 	// longer live.
-	r = exchange("a late", a, now.Add(6*time.Second), map[string]quota.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a late", a, now.Add(6*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
 	if !near(r.Granted["g1"], 900) || r.Live != 1 {
 		t.Errorf("a after b went stale: %+v, want 900, 1 live", r)
 	}
@@ -114,7 +110,7 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 			wg.Go(func() {
 				// Demands move every round until round 20, then hold.
 				v := float64((i*7+min(round, 20)*13)%50) * 40
-				_, err := d.Exchange(ctx, now, map[string]quota.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}}, nil)
+				_, err := d.Exchange(ctx, now, map[string]store.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}}, nil)
 				if err != nil {
 					t.Error(err)
 				}
@@ -150,8 +146,8 @@ func TestDemand_ClaimFailsAlone(t *testing.T) {
 	d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "w:"}).Demand("a", 3*time.Second)
 	srv.CLI("SET", "w:rlqs:bad", "a string")
 	now := time.UnixMilli(1_800_000_000_000)
-	claim := quota.Claim{Capacity: 100, Max: 100, Demands: []float64{10}}
-	local := map[string]quota.Claim{"bad": claim}
+	claim := store.Claim{Capacity: 100, Max: 100, Demands: []float64{10}}
+	local := map[string]store.Claim{"bad": claim}
 	for i := range 249 {
 		local["g"+strconv.Itoa(i)] = claim
 	}
@@ -175,91 +171,3 @@ func TestDemand_ClaimFailsAlone(t *testing.T) {
 		t.Errorf("after SCRIPT FLUSH, want one EVAL:\n%s", stats)
 	}
 }
-
-// TestDemand_ServiceStalesOnlyTheFailedGroup: two replicas (quota services
-// on one Redis) divide two limits between their proxies; then one limit's
-// hash gets the wrong type. The other limit stays divided over the fleet,
-// and only the broken one falls back to the cautious part (its share of
-// the reserve) once its last claim is stale.
-func TestDemand_ServiceStalesOnlyTheFailedGroup(t *testing.T) {
-	srv := redistest.Start(t)
-	p := filepath.Join(t.TempDir(), "limits.yaml")
-	if err := os.WriteFile(p, []byte("domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	table, err := config.Load(p, config.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	type replica struct {
-		q         *quota.Service
-		good, bad *quota.Stream
-	}
-	var rs []replica
-	for _, name := range []string{"a", "b"} {
-		d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "s:"}).Demand(name, 3*time.Second)
-		q := quota.New(constTable{table}, quota.Options{Fleet: d})
-		r := replica{q: q}
-		r.good, _ = q.Open()
-		r.bad, _ = q.Open()
-		rs = append(rs, r)
-	}
-	t0 := time.UnixMilli(1_800_000_000_000)
-	held := map[*quota.Stream]uint64{}
-	var tickErr error
-	second := func(sec int) {
-		t.Helper()
-		now := t0.Add(time.Duration(sec) * time.Second)
-		for _, r := range rs {
-			for st, v := range map[*quota.Stream]string{r.good: "good", r.bad: "bad"} {
-				u := quota.Usage{Bucket: map[string]string{"tenant": v}, Elapsed: time.Second, Allowed: 5000}
-				if err := st.Report(now, "d", []quota.Usage{u}); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		for i, r := range rs {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			tickErr = r.q.Tick(ctx, now.Add(time.Duration(300*(i+1))*time.Millisecond))
-			cancel()
-			for _, st := range []*quota.Stream{r.good, r.bad} {
-				for _, a := range st.Pending() {
-					held[st] = a.Requests
-				}
-			}
-		}
-	}
-	for sec := range 3 {
-		second(sec)
-	}
-	for i, r := range rs {
-		if held[r.good] != 490 || held[r.bad] != 490 {
-			t.Fatalf("replica %d: good %d, bad %d, want 490 each", i, held[r.good], held[r.bad])
-		}
-	}
-	var bad string
-	for _, k := range strings.Fields(srv.CLI("KEYS", "s:rlqs:*tenant=bad*")) {
-		bad = k
-	}
-	if bad == "" {
-		t.Fatal("no hash for tenant=bad")
-	}
-	srv.CLI("DEL", bad)
-	srv.CLI("SET", bad, "a string")
-	for sec := 3; sec < 8; sec++ {
-		second(sec)
-	}
-	if tickErr == nil || !strings.Contains(tickErr.Error(), "WRONGTYPE") {
-		t.Errorf("Tick: %v, want the failed claim", tickErr)
-	}
-	for i, r := range rs {
-		if held[r.good] != 490 || held[r.bad] != 10 {
-			t.Errorf("replica %d with tenant=bad's hash broken for 5 s: good %d, want 490; bad %d, want 10 (the reserve of 20 over 2 replicas)",
-				i, held[r.good], held[r.bad])
-		}
-	}
-}
-
-type constTable struct{ t *config.Table }
-
-func (c constTable) Current() *config.Table { return c.t }

@@ -22,6 +22,7 @@
 // never on Takes that only ran out of time (a starved process is not a
 // dead Redis). Run probes Redis, closes the breaker when it is back and
 // logs both transitions; Status is a snapshot for a status page. A local
-// cache answers keys known to be over their limit without a call. See
-// docs/REDIS.md.
+// cache answers keys known to be over their limit without a call. Demand
+// shares RLQS demand between replicas (quota.Fleet's exchange of
+// store.Claims). See docs/REDIS.md.
 package redis

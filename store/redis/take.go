@@ -377,25 +377,8 @@ func parseState(m *rueidis.RedisMessage, alg store.Algorithm) (store.State, erro
 // Fixed-window states are packed as the store package packs them; token
 // buckets use tbNow (per hit) if not nil.
 func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, keys []string, orig []store.State, out []store.Decision) (bool, []store.State) {
-	n := len(hits)
-	sc.size(n)
-	first, cur, at, tk := sc.first, sc.cur, sc.at, sc.tk // first: the first hit on the same key holds its state
-	for i := range hits {
-		first[i] = i
-		for j := range i {
-			if keys[j] == keys[i] {
-				first[i] = first[j]
-				break
-			}
-		}
-		at[i] = now
-		if tbNow != nil && hits[i].Rule.Algorithm() == store.TokenBucket {
-			at[i] = tbNow[i]
-		}
-		if i == first[i] {
-			cur[i] = orig[i]
-		}
-	}
+	sc.start(now, tbNow, hits, keys, orig)
+	first, cur, at, tk := sc.first, sc.cur, sc.at, sc.tk
 	apply := func(i int) (before, after store.State) {
 		h, f := &hits[i], first[i]
 		before = cur[f]
@@ -433,21 +416,7 @@ func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, 
 		}
 	}
 	if denied {
-		for i := n - 1; i >= 0; i-- {
-			if t := tk[i]; t.ok {
-				f := first[i]
-				if cur[f] == t.after {
-					cur[f] = t.before
-				} else {
-					cur[f] = store.Rollback(cur[f], t.after, hits[i].Rule, at[i], hits[i].Cost)
-				}
-			}
-		}
-		for i := range hits {
-			if tk[i].ok {
-				out[i] = store.View(cur[first[i]], hits[i].Rule, at[i])
-			}
-		}
+		sc.rollback(hits, out)
 	}
 	final := sc.final
 	for i := range hits {
@@ -469,6 +438,50 @@ type scratch struct {
 type taken struct {
 	ok            bool
 	before, after store.State
+}
+
+// start readies sc to replay hits on the states orig at now (tbNow[i]
+// for a token-bucket hit, if tbNow is not nil): the first hit on each key
+// holds the key's state (first), starting at orig.
+func (sc *scratch) start(now int64, tbNow []int64, hits []store.Hit, keys []string, orig []store.State) {
+	sc.size(len(hits))
+	for i := range hits {
+		sc.first[i] = i
+		for j := range i {
+			if keys[j] == keys[i] {
+				sc.first[i] = sc.first[j]
+				break
+			}
+		}
+		sc.at[i] = now
+		if tbNow != nil && hits[i].Rule.Algorithm() == store.TokenBucket {
+			sc.at[i] = tbNow[i]
+		}
+		if i == sc.first[i] {
+			sc.cur[i] = orig[i]
+		}
+	}
+}
+
+// rollback undoes, last first, the takes (tk) of a denied batch, and
+// gives each hit that took its decision with nothing consumed.
+func (sc *scratch) rollback(hits []store.Hit, out []store.Decision) {
+	first, cur, at := sc.first, sc.cur, sc.at
+	for i := len(hits) - 1; i >= 0; i-- {
+		if t := sc.tk[i]; t.ok {
+			f := first[i]
+			if cur[f] == t.after {
+				cur[f] = t.before
+			} else {
+				cur[f] = store.Rollback(cur[f], t.after, hits[i].Rule, at[i], hits[i].Cost)
+			}
+		}
+	}
+	for i := range hits {
+		if sc.tk[i].ok {
+			out[i] = store.View(cur[first[i]], hits[i].Rule, at[i])
+		}
+	}
 }
 
 // size makes every slice n long, tk cleared.

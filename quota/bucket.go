@@ -1,0 +1,239 @@
+package quota
+
+import (
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/config"
+)
+
+// group is the buckets that share one limit: one rule and counter key.
+type group struct {
+	key  string
+	rule *config.Rule
+	subs map[*sub]struct{}
+	// assigned is what the proxies hold as of the last Tick plus what
+	// proxies that joined since were given: the fleet's total when the
+	// limit is shared (the parts not this replica's counted as held),
+	// this replica's only otherwise (see fleetMode).
+	assigned float64
+	// claimed: an Exchange granted this replica a part of the group's
+	// limit, granted (the last one), at claimedAt.
+	claimed   bool
+	granted   float64
+	claimedAt time.Time
+	// rank orders the claims when there are more than MaxClaims (see
+	// claimOrder).
+	rank int
+}
+
+// sub is one stream's subscription to one bucket.
+type sub struct {
+	st     *Stream
+	key    string
+	bucket map[string]string
+	rule   *config.Rule // nil when unmatched
+	g      *group       // nil when no limit is divided (see answer)
+	// demand is requests per rule period in the last report; interval is
+	// that report's elapsed time.
+	demand   float64
+	measured bool // demand comes from a report after the first
+	interval time.Duration
+	seen     time.Time // last report
+	busy     time.Time // last report with traffic
+	// share is b's share of its group's limit as the last Tick divided
+	// it (requests per period), wanted its demand then (currentDemand).
+	share     uint64
+	wanted    float64
+	sent      Action
+	sentShare uint64 // the share sent, requests per period
+	sentAt    time.Time
+	hasSent   bool
+}
+
+// record updates b's demand from a report.
+func (b *sub) record(now time.Time, u *Usage) {
+	n := u.Allowed + u.Denied
+	el := u.Elapsed
+	if el <= 0 {
+		// No elapsed time: measure from the last report.
+		el = now.Sub(b.seen)
+		if b.seen.IsZero() || el <= 0 {
+			el = b.st.s.o.Interval
+		}
+	}
+	b.interval = el
+	// A bucket's first report counts the requests since the proxy
+	// created it, a moment ago: no rate. Until the next one its demand
+	// is unknown and it is treated as wanting an equal share.
+	b.measured = !b.seen.IsZero()
+	if b.rule != nil && b.rule.Limit != nil {
+		b.demand = float64(n) * float64(b.rule.Limit.Period()) / float64(el)
+	}
+	b.seen = now
+	if n > 0 {
+		b.busy = now
+	}
+}
+
+// staleAfter is how many of a bucket's reporting intervals may pass
+// without a report before its demand counts as 0.
+const staleAfter = 3
+
+// currentDemand is b's last reported demand, infinite (an equal share)
+// after only its first report, or 0 once its reports have stopped for
+// staleAfter of its intervals.
+func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
+	switch {
+	case now.Sub(b.seen) > staleAfter*max(b.interval, interval):
+		return 0
+	case !b.measured:
+		return math.Inf(1)
+	}
+	return b.demand
+}
+
+// current returns the table to match against, nil before the first one
+// is in force. When the first one comes, the buckets subscribed before
+// it are matched against it. s.mu is held.
+func (s *Service) current() *config.Table {
+	if s.table == nil {
+		if t := s.tables.Current(); t != nil {
+			s.rematch(t)
+		}
+	}
+	return s.table
+}
+
+// rematch makes t the table in force and matches every bucket against
+// it; each is re-assigned (at once if it reports, else at the next Tick),
+// changed or not. A limit's claim on the fleet stays known across the
+// reload. s.mu is held.
+func (s *Service) rematch(t *config.Table) {
+	s.table = t
+	type claim struct {
+		granted float64
+		at      time.Time
+	}
+	claimed := make(map[string]claim, len(s.groups))
+	for k, g := range s.groups {
+		if g.claimed {
+			claimed[k] = claim{g.granted, g.claimedAt}
+		}
+	}
+	for st := range s.streams {
+		for _, b := range st.subs {
+			s.unsubscribe(b)
+			s.subscribe(t, b)
+			b.hasSent = false
+		}
+	}
+	for k, g := range s.groups {
+		if c, ok := claimed[k]; ok {
+			g.claimed, g.granted, g.claimedAt = true, c.granted, c.at
+		}
+	}
+}
+
+// subscribe matches b against t and joins its group; s.mu is held.
+func (s *Service) subscribe(t *config.Table, b *sub) {
+	s.nsubs++
+	b.rule, b.g = nil, nil
+	if t == nil {
+		return
+	}
+	r, key := t.MatchBucket(b.st.domain, b.bucket, s.keyBuf[:0])
+	s.keyBuf = key[:0]
+	b.rule = r
+	if r == nil || r.Unlimited || r.ShadowMode || r.Limit == nil || r.RequestsPerUnit == 0 {
+		return
+	}
+	g := s.groups[string(key)]
+	if g == nil {
+		g = &group{key: string(key), subs: map[*sub]struct{}{}}
+		s.groups[g.key] = g
+	}
+	// A group that outlives a reload (rematch moves its buckets one at
+	// a time) takes the new table's rule: a fixed window's counter key
+	// does not change with its limit.
+	g.rule = r
+	g.subs[b] = struct{}{}
+	b.g = g
+}
+
+// unsubscribe leaves b's group; a group left empty is gone, and this
+// replica's part of it given back at the next Exchange. s.mu is held.
+func (s *Service) unsubscribe(b *sub) {
+	s.nsubs--
+	if g := b.g; g != nil {
+		delete(g.subs, b)
+		if len(g.subs) == 0 {
+			delete(s.groups, g.key)
+			if g.claimed && len(s.released) < s.o.MaxClaims {
+				s.released = append(s.released, g.key)
+			}
+		}
+		b.g = nil
+	}
+}
+
+// answer is b's strategy when no share is divided: unmatched, unlimited
+// and shadow-mode buckets are allowed, a limit of 0 denies.
+func answer(b *sub) Action {
+	if r := b.rule; r != nil && !r.Unlimited && !r.ShadowMode && r.RequestsPerUnit == 0 {
+		return Action{Kind: DenyAll}
+	}
+	return Action{Kind: AllowAll}
+}
+
+// answerNew answers a bucket's first report at once: a proxy joining a
+// group gets half of what is not assigned (the reserve, or all of the
+// limit for the group's first proxy), at most an equal share, so the
+// shares never sum above the limit; Tick gives it its fair share at the
+// next interval. s.mu is held.
+func (s *Service) answerNew(now time.Time, b *sub) {
+	if b.g == nil {
+		s.queue(now, b, answer(b))
+		return
+	}
+	limit := float64(b.g.rule.Limit.Limit())
+	var free float64
+	switch s.fleetMode(b.g) {
+	case fleetAlone:
+		free = limit - b.g.assigned
+	case fleetUncertain:
+		free = s.cautious(limit) - b.g.assigned
+	default:
+		// b.g.assigned counts all but this replica's part of the
+		// reserve (see divideGroup): proxies joining on every replica at
+		// once still fit in the limit.
+		free = limit - b.g.assigned
+	}
+	free = max(free, 0)
+	share := min(free/2, limit/float64(len(b.g.subs)))
+	b.g.assigned += share
+	b.sentShare = uint64(share)
+	s.queue(now, b, assign(b.g.rule, b.sentShare, s.o.FixedWindowAsTokenBucket))
+}
+
+// queue sends a its TTL, queues it for b's stream and counts it in
+// Stats.Pushed; s.mu is held.
+func (s *Service) queue(now time.Time, b *sub, a Action) {
+	s.pushed[a.Kind].Add(1)
+	a.Bucket = b.bucket
+	if a.Kind != Abandon {
+		a.TTL = s.o.TTL
+		b.sent, b.sentAt, b.hasSent = a, now, true
+	}
+	st := b.st
+	if i, ok := st.outIdx[b.key]; ok {
+		st.out[i] = a
+	} else {
+		st.outIdx[b.key] = len(st.out)
+		st.out = append(st.out, a)
+	}
+	select {
+	case st.notify <- struct{}{}:
+	default:
+	}
+}
