@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"time"
 
 	"github.com/redis/rueidis"
 
@@ -121,7 +120,7 @@ func (s *Store) takeCluster(ctx context.Context, now int64, hits []store.Hit, ke
 		}
 		// The refund outlives its caller's deadline, not by much: the
 		// caller is waiting for it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, maxRefundWait))
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, s.opt.RefundTimeout))
 		if err := s.eval(rctx, takeScript, rkeys, rargs).Error(); err != nil {
 			s.refundFailures.Add(1)
 		}
@@ -163,7 +162,3 @@ func (s *Store) owed(now int64, r reply, sub []store.Hit, keys []string, out []s
 	}
 	return owed
 }
-
-// maxRefundWait bounds a Cluster refund's wait for Redis. A refund that
-// fails leaves the denied batch's hits counted: fewer grants, never more.
-const maxRefundWait = 50 * time.Millisecond
