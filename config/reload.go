@@ -227,32 +227,8 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 		return fmt.Errorf("config: watch: %w", err)
 	}
 	defer w.Close()
-	watched := map[string]string{} // watched name -> the directory it resolved to
-	follow := func() error {
-		want := f.watchDirs()
-		for name, real := range watched {
-			if want[name] != real {
-				_ = w.Remove(name) // fails when the directory is gone, which ends the watch anyway
-				delete(watched, name)
-			}
-		}
-		var first error
-		for name, real := range want {
-			if _, ok := watched[name]; ok {
-				continue
-			}
-			if err := w.Add(name); err != nil {
-				if first == nil {
-					first = fmt.Errorf("config: watch %s: %w", name, err)
-				}
-				continue
-			}
-			watched[name] = real
-			r.log.Debug("config watch", "dir", name, "resolved", real)
-		}
-		return first
-	}
-	if err := follow(); err != nil && len(watched) == 0 {
+	dirs := &watchSet{w: w, src: f, log: r.log, watched: map[string]string{}}
+	if err := dirs.follow(); err != nil && len(dirs.watched) == 0 {
 		return err
 	}
 	// Reload once things have been quiet for the debounce time, or at the
@@ -270,18 +246,12 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 				return nil
 			}
 			r.log.Debug("config change", "event", ev.String())
-			if _, self := watched[ev.Name]; self && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				delete(watched, ev.Name) // its watch is gone; follow adds it again if it comes back
-			}
+			dirs.gone(ev)
 			now := time.Now()
 			if first.IsZero() {
 				first = now
 			}
-			wait := f.debounce
-			if deadline := first.Add(10 * f.debounce); now.Add(wait).After(deadline) {
-				wait = max(deadline.Sub(now), 0)
-			}
-			timer.Reset(wait)
+			timer.Reset(f.settle(first, now))
 		case err, ok := <-w.Errors:
 			if !ok {
 				return nil
@@ -293,11 +263,66 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 			first = time.Time{}
 			// Watch the right directories before reading, so that no
 			// change after the read goes unseen.
-			if err := follow(); err != nil {
+			if err := dirs.follow(); err != nil {
 				r.log.Error("config watch", "err", err)
 			}
 			_ = r.Reload() // logged and counted; the old table stays
 		}
+	}
+}
+
+// settle is how long Run waits after an event at now, in a burst whose
+// first event came at first: the debounce time, but not past ten debounce
+// times after first.
+func (f *files) settle(first, now time.Time) time.Duration {
+	wait := f.debounce
+	if deadline := first.Add(10 * f.debounce); now.Add(wait).After(deadline) {
+		wait = max(deadline.Sub(now), 0)
+	}
+	return wait
+}
+
+// watchSet is the directories a files source's Run watches.
+type watchSet struct {
+	w       *fsnotify.Watcher
+	src     *files
+	log     *slog.Logger
+	watched map[string]string // watched name -> the directory it resolved to
+}
+
+// follow makes the watch match src.watchDirs(): it drops the directories
+// no longer wanted or that now resolve elsewhere, and adds the new ones.
+// It returns the first error adding one.
+func (s *watchSet) follow() error {
+	want := s.src.watchDirs()
+	for name, real := range s.watched {
+		if want[name] != real {
+			_ = s.w.Remove(name) // fails when the directory is gone, which ends the watch anyway
+			delete(s.watched, name)
+		}
+	}
+	var first error
+	for name, real := range want {
+		if _, ok := s.watched[name]; ok {
+			continue
+		}
+		if err := s.w.Add(name); err != nil {
+			if first == nil {
+				first = fmt.Errorf("config: watch %s: %w", name, err)
+			}
+			continue
+		}
+		s.watched[name] = real
+		s.log.Debug("config watch", "dir", name, "resolved", real)
+	}
+	return first
+}
+
+// gone forgets a watched directory that ev removed or renamed: its watch
+// is gone; follow adds it again if it comes back.
+func (s *watchSet) gone(ev fsnotify.Event) {
+	if _, self := s.watched[ev.Name]; self && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+		delete(s.watched, ev.Name)
 	}
 }
 

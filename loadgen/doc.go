@@ -10,6 +10,11 @@
 // schedule and measure latency from each request's intended send time, so
 // a server that stalls is charged for the requests it delayed.
 //
+// RunRLQS simulates a fleet of Envoys on RLQS streams (`sluice bench
+// --rlqs`): each proxy steps through time, enforcing its assignments as
+// Envoy's rate_limit_quota filter does and reporting its usage, and each
+// second of the run is compared with the max-min fair shares of the limit.
+//
 // Noop is an RLS server that answers OK without doing anything: the floor
 // that gRPC-go itself sets on a machine.
 package loadgen

@@ -1,24 +1,19 @@
 package loadgen
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluicehq/sluice/loadgen/harness"
 	"github.com/sluicehq/sluice/quota"
 )
 
@@ -180,121 +175,159 @@ func (o *RLQSOptions) rate(i int, t, d float64) float64 {
 	return o.Rate
 }
 
-// simProxy is one simulated Envoy.
-type simProxy struct {
-	o        *RLQSOptions
-	i        int
-	offered  []atomic.Uint64 // per second of the run
-	admitted []atomic.Uint64
-}
-
 // RunRLQS runs a fleet simulation until its Duration passes or ctx ends.
 func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	conns := make([]*grpc.ClientConn, len(o.Targets))
-	for i, t := range o.Targets {
-		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.DialOptions...)
-		cc, err := grpc.NewClient(t, opts...)
-		if err != nil {
-			return nil, err
-		}
-		defer cc.Close()
-		conns[i] = cc
+	conns, err := dialRLQS(o.Targets, o.DialOptions)
+	if err != nil {
+		return nil, err
 	}
-	secs := int(o.Duration / time.Second)
+	defer closeConns(conns)
 	// Seconds of the run are whole wall-clock seconds, as the windows of
 	// requests_per_time_unit are: a second then holds exactly one window.
 	start := time.Now().Truncate(time.Second).Add(time.Second)
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(time.Until(start)):
+	if err := sleepUntil(ctx, start); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithDeadline(ctx, start.Add(o.Duration+10*time.Second))
 	defer cancel()
-	proxies := make([]*simProxy, o.Proxies)
-	var wg sync.WaitGroup
-	errc := make(chan error, o.Proxies)
-	for i := range proxies {
-		p := &simProxy{o: &o, i: i, offered: make([]atomic.Uint64, secs+2), admitted: make([]atomic.Uint64, secs+2)}
-		proxies[i] = p
-		wg.Go(func() {
+	f := startFleet(ctx, &o, conns, start)
+	res, err := f.watch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cancel()
+	if err := f.wait(); err != nil {
+		return res, err
+	}
+	res.summarize()
+	return res, nil
+}
+
+// dialRLQS opens a connection to each target (gRPC connects lazily).
+func dialRLQS(targets []string, extra []grpc.DialOption) ([]*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)
+	conns := make([]*grpc.ClientConn, 0, len(targets))
+	for _, t := range targets {
+		cc, err := grpc.NewClient(t, opts...)
+		if err != nil {
+			closeConns(conns)
+			return nil, err
+		}
+		conns = append(conns, cc)
+	}
+	return conns, nil
+}
+
+// sleepUntil waits until t, or returns ctx's error if it ends first.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Until(t)):
+		return nil
+	}
+}
+
+// simFleet is a simulation under way: its proxies, each on a goroutine
+// of its own from start.
+type simFleet struct {
+	o       *RLQSOptions
+	start   time.Time
+	secs    int // whole seconds in the run
+	proxies []*simProxy
+	wg      sync.WaitGroup
+	errc    chan error // the proxies' failures
+}
+
+// startFleet starts o.Proxies proxies, spread over conns in turn.
+func startFleet(ctx context.Context, o *RLQSOptions, conns []*grpc.ClientConn, start time.Time) *simFleet {
+	secs := int(o.Duration / time.Second)
+	f := &simFleet{o: o, start: start, secs: secs, proxies: make([]*simProxy, o.Proxies), errc: make(chan error, o.Proxies)}
+	for i := range f.proxies {
+		p := newSimProxy(o, i, secs)
+		f.proxies[i] = p
+		f.wg.Go(func() {
 			if err := p.run(ctx, conns[i%len(conns)], start); err != nil {
-				errc <- err
+				f.errc <- err
 			}
 		})
 	}
+	return f
+}
+
+// watch reads each second of the run once it has ended, with the
+// servers' figures when there are MetricsURLs, and passes it to
+// o.Every. It returns ctx's error if ctx ends first.
+func (f *simFleet) watch(ctx context.Context) (*RLQSResult, error) {
+	o := f.o
 	res := &RLQSResult{Settle: int(math.Ceil((2 * o.ReportInterval).Seconds())) + 1}
-	var prev metricsSample
-	prevOK := false
-	if len(o.MetricsURLs) > 0 {
-		prev, prevOK = readMetrics(ctx, o.MetricsURLs)
-	}
-	demands, fair := make([]float64, 0, o.Proxies), make([]float64, o.Proxies)
-	for s := 0; s < secs; s++ {
+	servers := newServerMeter(ctx, o.MetricsURLs)
+	for s := range f.secs {
 		// Read second s once every proxy has stepped past it.
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Until(start.Add(time.Duration(s+1)*time.Second + 3*o.Step))):
+		if err := sleepUntil(ctx, f.start.Add(time.Duration(s+1)*time.Second+3*o.Step)); err != nil {
+			return nil, err
 		}
-		sec := Second{T: s + 1, Start: start.Add(time.Duration(s) * time.Second), Limit: o.Limit}
-		demands = demands[:0]
-		var active []*simProxy
-		for _, p := range proxies {
-			if o.rate(p.i, float64(s), o.Duration.Seconds()) == 0 {
-				continue
-			}
-			active = append(active, p)
-			off := float64(p.offered[s].Load())
-			demands = append(demands, off)
-			sec.Offered += off
-			sec.Admitted += float64(p.admitted[s].Load())
-		}
-		sec.Active = len(active)
-		quota.FairShares(demands, o.Limit, fair[:len(demands)])
-		n := 0
-		for j, p := range active {
-			if fair[j] < 1 {
-				continue
-			}
-			d := math.Abs(float64(p.admitted[s].Load())-fair[j]) / fair[j]
-			sec.MaxDev = max(sec.MaxDev, d)
-			sec.MeanDev += d
-			n++
-		}
-		if n > 0 {
-			sec.MeanDev /= float64(n)
-		}
-		if len(o.MetricsURLs) > 0 {
-			// A second whose metrics (or the previous ones) could not be
-			// read has no server figures.
-			cur, ok := readMetrics(ctx, o.MetricsURLs)
-			if ok && prevOK {
-				sec.ServerCores = cur.cpu - prev.cpu
-				sec.Reports = cur.reports - prev.reports
-				if sec.Reports > 0 {
-					sec.CPUPerReport = sec.ServerCores / sec.Reports * 1e6
-				}
-			}
-			prev, prevOK = cur, ok
-		}
+		sec := f.second(s)
+		servers.read(ctx, &sec)
 		res.Seconds = append(res.Seconds, sec)
 		if o.Every != nil {
 			o.Every(sec)
 		}
 	}
-	cancel()
-	wg.Wait()
-	select {
-	case err := <-errc:
-		return res, err
-	default:
-	}
-	res.summarize()
 	return res, nil
+}
+
+// second is second s of the run (from 0) as the proxies counted it: the
+// fleet's requests, and how far each active proxy's admitted requests
+// were from its max-min fair share of the limit given the second's
+// offered demands.
+func (f *simFleet) second(s int) Second {
+	o := f.o
+	sec := Second{T: s + 1, Start: f.start.Add(time.Duration(s) * time.Second), Limit: o.Limit}
+	var active []*simProxy
+	var demands []float64
+	for _, p := range f.proxies {
+		if o.rate(p.i, float64(s), o.Duration.Seconds()) == 0 {
+			continue
+		}
+		active = append(active, p)
+		off := float64(p.offered[s].Load())
+		demands = append(demands, off)
+		sec.Offered += off
+		sec.Admitted += float64(p.admitted[s].Load())
+	}
+	sec.Active = len(active)
+	fair := make([]float64, len(demands))
+	quota.FairShares(demands, o.Limit, fair)
+	n := 0
+	for j, p := range active {
+		if fair[j] < 1 {
+			continue
+		}
+		d := math.Abs(float64(p.admitted[s].Load())-fair[j]) / fair[j]
+		sec.MaxDev = max(sec.MaxDev, d)
+		sec.MeanDev += d
+		n++
+	}
+	if n > 0 {
+		sec.MeanDev /= float64(n)
+	}
+	return sec
+}
+
+// wait waits for the proxies to stop (cancel their context first) and
+// returns a failure of one of them.
+func (f *simFleet) wait() error {
+	f.wg.Wait()
+	select {
+	case err := <-f.errc:
+		return err
+	default:
+		return nil
+	}
 }
 
 func (r *RLQSResult) summarize() {
@@ -337,152 +370,37 @@ func quantile(v []float64, q float64) float64 {
 	return s[int(q*float64(len(s)-1)+0.5)]
 }
 
-// run is one proxy: it joins the fleet when its demand starts, leaves
-// when it stops (closing its stream), and in between steps.
-func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time) error {
-	o := p.o
-	d := o.Duration.Seconds()
-	tick := time.NewTicker(o.Step)
-	defer tick.Stop()
-	var stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient
-	var streamCancel context.CancelFunc
-	defer func() {
-		if streamCancel != nil {
-			streamCancel()
-		}
-	}()
-	actions := make(chan *rlqspb.RateLimitQuotaResponse_BucketAction, 1024)
-	shared := map[string]string{o.Key: "shared"}
-	var b localBucket
-	var acc float64
-	var lastStep time.Time
-	var allowed, denied uint64
-	subscribed := false // a report of the shared bucket was sent since it was created
-	var lastReport time.Time
-	extra := make([]map[string]string, o.Buckets-1)
-	prefix := ""
-	if o.DistinctBuckets {
-		prefix = "p" + strconv.Itoa(p.i)
+// serverMeter reads the replicas' CPU and bucket reports from their
+// /metrics, to give each second the change since the one before.
+type serverMeter struct {
+	urls   []string
+	prev   metricsSample
+	prevOK bool
+}
+
+func newServerMeter(ctx context.Context, urls []string) *serverMeter {
+	m := &serverMeter{urls: urls}
+	if len(urls) > 0 {
+		m.prev, m.prevOK = readMetrics(ctx, urls)
 	}
-	for j := range extra {
-		extra[j] = map[string]string{o.Key: prefix + "b" + strconv.Itoa(j)}
+	return m
+}
+
+// read sets sec's server figures. A second whose metrics (or the
+// previous ones) could not be read has none.
+func (m *serverMeter) read(ctx context.Context, sec *Second) {
+	if len(m.urls) == 0 {
+		return
 	}
-	send := func(now time.Time, first bool) error {
-		el := now.Sub(lastReport)
-		if lastReport.IsZero() || el <= 0 {
-			el = o.ReportInterval
-		}
-		m := &rlqspb.RateLimitQuotaUsageReports{BucketQuotaUsages: make([]*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage, 0, o.Buckets)}
-		if first {
-			m.Domain = o.Domain
-		}
-		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
-			BucketId: &rlqspb.BucketId{Bucket: shared}, TimeElapsed: durationpb.New(el),
-			NumRequestsAllowed: allowed, NumRequestsDenied: denied})
-		for _, id := range extra {
-			m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
-				BucketId: &rlqspb.BucketId{Bucket: id}, TimeElapsed: durationpb.New(el), NumRequestsAllowed: o.ExtraRequests})
-		}
-		allowed, denied, lastReport, subscribed = 0, 0, now, true
-		return stream.Send(m)
-	}
-	for {
-		var now time.Time
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			now = time.Now()
-		}
-		t := now.Sub(start).Seconds()
-		rate := o.rate(p.i, t, d)
-		if rate == 0 {
-			if stream != nil { // leave: Envoy stopped, its stream ends
-				streamCancel()
-				stream, streamCancel = nil, nil
-			}
-			continue
-		}
-		if stream == nil { // join: a new Envoy, no assignments yet
-			sctx, c := context.WithCancel(ctx)
-			s, err := rlqspb.NewRateLimitQuotaServiceClient(cc).StreamRateLimitQuotas(sctx)
-			if err != nil {
-				c()
-				return fmt.Errorf("proxy %d: %w", p.i, err)
-			}
-			stream, streamCancel = s, c
-			b = localBucket{noAssign: o.NoAssignment, onExpired: o.Expired}
-			subscribed, lastReport = false, time.Time{}
-			go func() {
-				for {
-					r, err := s.Recv()
-					if err != nil {
-						return
-					}
-					for _, a := range r.BucketAction {
-						select {
-						case actions <- a:
-						case <-sctx.Done():
-							return
-						}
-					}
-				}
-			}()
-		}
-	drain:
-		for {
-			select {
-			case a := <-actions:
-				if a.GetBucketId().GetBucket()[o.Key] != "shared" {
-					continue
-				}
-				if a.GetAbandonAction() != nil {
-					b = localBucket{noAssign: o.NoAssignment, onExpired: o.Expired}
-					subscribed = false
-				} else {
-					b.apply(now, a.GetQuotaAssignmentAction())
-				}
-			default:
-				break drain
-			}
-		}
-		// Arrivals over the time since the last step: a late tick (a busy
-		// machine) brings more at once, not fewer overall.
-		from, el := lastStep, min(now.Sub(lastStep), time.Second)
-		if !lastStep.IsZero() && el > 0 {
-			acc += rate * el.Seconds()
-		} else {
-			from, el = now, 0
-		}
-		lastStep = now
-		n := uint64(max(acc, 0))
-		acc -= float64(n)
-		sec := int(t)
-		if sec >= len(p.offered) {
-			continue
-		}
-		// The step's arrivals are spread evenly over it, as real traffic
-		// is, even when the step ran late.
-		var ok uint64
-		for k := range n {
-			if b.allow(from.Add(el * time.Duration(k+1) / time.Duration(n))) {
-				ok++
-			}
-		}
-		allowed += ok
-		denied += n - ok
-		p.offered[sec].Add(n)
-		p.admitted[sec].Add(ok)
-		// A new bucket is reported at once; then every interval.
-		if !subscribed && n > 0 || subscribed && now.Sub(lastReport) >= o.ReportInterval {
-			if err := send(now, lastReport.IsZero()); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return fmt.Errorf("proxy %d: report: %w", p.i, err)
-			}
+	cur, ok := readMetrics(ctx, m.urls)
+	if ok && m.prevOK {
+		sec.ServerCores = cur.cpu - m.prev.cpu
+		sec.Reports = cur.reports - m.prev.reports
+		if sec.Reports > 0 {
+			sec.CPUPerReport = sec.ServerCores / sec.Reports * 1e6
 		}
 	}
+	m.prev, m.prevOK = cur, ok
 }
 
 type metricsSample struct{ cpu, reports float64 }
@@ -491,38 +409,16 @@ type metricsSample struct{ cpu, reports float64 }
 // sluice_rlqs_bucket_reports_total over urls; ok is false if any could
 // not be read.
 func readMetrics(ctx context.Context, urls []string) (m metricsSample, ok bool) {
+	const cpu, reports = "process_cpu_seconds_total", "sluice_rlqs_bucket_reports_total"
 	ok = true
 	for _, u := range urls {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		s, err := harness.Scrape(ctx, http.DefaultClient, u, cpu, reports)
 		if err != nil {
 			ok = false
 			continue
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			ok = false
-			continue
-		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			name, val, ok := strings.Cut(line, " ")
-			if !ok {
-				continue
-			}
-			v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-			if err != nil {
-				continue
-			}
-			switch name {
-			case "process_cpu_seconds_total":
-				m.cpu += v
-			case "sluice_rlqs_bucket_reports_total":
-				m.reports += v
-			}
-		}
-		resp.Body.Close()
+		m.cpu += s.Sum[cpu]
+		m.reports += s.Sum[reports]
 	}
 	return m, ok
 }

@@ -162,3 +162,32 @@ func TestRunRLQS_DistinctBuckets(t *testing.T) {
 		t.Errorf("%d groups, want 5", groups)
 	}
 }
+
+// TestSimProxy_Arrivals walks a proxy at 100 requests/s through steps:
+// the first brings none, fractions carry over, a late step brings the
+// time's worth at once (spread over the time since the last step), and
+// a gap longer than a second brings a second's worth.
+func TestSimProxy_Arrivals(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	p := newSimProxy(&RLQSOptions{Key: "tenant", Buckets: 1}, 0, 1)
+	for i, s := range []struct {
+		ms, fromMS int
+		el         time.Duration
+		want       uint64
+	}{
+		{0, 0, 0, 0},
+		{10, 0, 10 * time.Millisecond, 1},
+		{15, 10, 5 * time.Millisecond, 0},
+		{20, 15, 5 * time.Millisecond, 1},
+		{520, 20, 500 * time.Millisecond, 50},
+		{3520, 520, time.Second, 100},
+		{3520, 3520, 0, 0}, // no time passed
+	} {
+		n, from, el := p.arrivals(at(s.ms), 100)
+		if n != s.want || !from.Equal(at(s.fromMS)) || el != s.el {
+			t.Errorf("step %d: arrivals(%d ms) = %d over [%v, +%v], want %d over [%d ms, +%v]",
+				i, s.ms, n, from.Sub(t0), el, s.want, s.fromMS, s.el)
+		}
+	}
+}

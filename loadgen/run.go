@@ -124,87 +124,132 @@ const maxCode = codes.Unauthenticated
 // Run connects to o.Target, sends load for o.Warmup + o.Duration and
 // returns what it measured. It returns early, with an error, if ctx ends.
 func Run(ctx context.Context, o Options) (*Result, error) {
+	p, err := newPlan(o)
+	if err != nil {
+		return nil, err
+	}
+	conns, err := dial(ctx, o.Target, p.nconn, o.DialOptions)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConns(conns)
+	workers := p.workers(conns)
+	cpu0 := cputime.Process()
+	s := p.schedule(time.Now())
+	p.drive(ctx, s, workers)
+	cpu := cputime.Process() - cpu0
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("loadgen: run interrupted: %w", err)
+	}
+	r := p.summarise(workers, cpu)
+	if o.Rate > 0 {
+		s.openLoop(r, o.Rate, workers)
+	}
+	return r, nil
+}
+
+// plan is a run's options checked, defaults applied and requests
+// marshalled.
+type plan struct {
+	o           Options
+	conc, nconn int
+	dur         time.Duration
+	frames      []*frame
+}
+
+func newPlan(o Options) (*plan, error) {
 	if len(o.Requests) == 0 {
 		return nil, errors.New("loadgen: no requests to send")
 	}
 	if o.Rate < 0 {
 		return nil, fmt.Errorf("loadgen: rate %v is negative", o.Rate)
 	}
-	conc, nconn, dur := max(o.Concurrency, 1), max(o.Connections, 1), o.Duration
-	if dur <= 0 {
-		dur = 10 * time.Second
+	p := &plan{o: o, conc: max(o.Concurrency, 1), nconn: max(o.Connections, 1), dur: o.Duration}
+	if p.dur <= 0 {
+		p.dur = 10 * time.Second
 	}
-	frames := make([]*frame, len(o.Requests))
+	p.frames = make([]*frame, len(o.Requests))
 	for i, r := range o.Requests {
 		f, err := newFrame(r)
 		if err != nil {
 			return nil, err
 		}
-		frames[i] = f
+		p.frames[i] = f
 	}
-	conns, err := dial(ctx, o.Target, nconn, o.DialOptions)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
+	return p, nil
+}
 
-	workers := make([]*worker, conc)
+// workers are the run's concurrency slots, spread over conns in turn,
+// each starting at its own offset in the requests.
+func (p *plan) workers(conns []*grpc.ClientConn) []*worker {
+	workers := make([]*worker, p.conc)
 	for i := range workers {
-		workers[i] = &worker{conn: conns[i%nconn], frames: frames, next: i * len(frames) / conc, timeout: o.Timeout}
-		if o.Rate > 0 {
+		workers[i] = &worker{conn: conns[i%p.nconn], frames: p.frames, next: i * len(p.frames) / p.conc, timeout: p.o.Timeout}
+		if p.o.Rate > 0 {
 			workers[i].service = new(Histogram)
 		}
 	}
-	cpu0 := cputime.Process()
-	start := time.Now()
-	from, end := start.Add(max(o.Warmup, 0)), start.Add(max(o.Warmup, 0)+dur)
-	stopAt := end
-	if o.Rate > 0 {
-		stopAt = end.Add(dur)
+	return workers
+}
+
+// schedule is when a run sends and measures: calls start (closed loop)
+// or are due (open loop) from start to end and are measured from from;
+// the run stops at stopAt, which gives an open loop's late calls
+// Duration more to finish.
+type schedule struct {
+	start, from, end, stopAt time.Time
+}
+
+func (p *plan) schedule(start time.Time) schedule {
+	warm := max(p.o.Warmup, 0)
+	s := schedule{start: start, from: start.Add(warm), end: start.Add(warm + p.dur)}
+	s.stopAt = s.end
+	if p.o.Rate > 0 {
+		s.stopAt = s.end.Add(p.dur)
 	}
+	return s
+}
+
+// drive runs the workers on schedule s until they are done, at s.stopAt
+// or when ctx ends.
+func (p *plan) drive(ctx context.Context, s schedule, workers []*worker) {
 	// Cancelled at stopAt by a timer rather than a deadline: a deadline
 	// would travel to the server as grpc-timeout (only o.Timeout should),
 	// and a call the server times out a moment early would be counted.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	timer := time.AfterFunc(time.Until(stopAt), cancel)
+	timer := time.AfterFunc(time.Until(s.stopAt), cancel)
 	defer timer.Stop()
 	var ticket atomic.Int64
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() {
-			if o.Rate > 0 {
-				w.open(runCtx, &ticket, o.Rate, start, from, end)
+			if p.o.Rate > 0 {
+				w.open(runCtx, &ticket, p.o.Rate, s.start, s.from, s.end)
 			} else {
-				w.closed(runCtx, from, end)
+				w.closed(runCtx, s.from, s.end)
 			}
 		})
 	}
 	wg.Wait()
-	cpu := cputime.Process() - cpu0
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("loadgen: run interrupted: %w", err)
+}
+
+// openLoop corrects an open loop's result: the requests scheduled in the
+// measured time but never answered, and the throughput up to the last
+// answer.
+func (s schedule) openLoop(r *Result, rate float64, workers []*worker) {
+	// Tickets n with from <= start + n/rate < end.
+	due := func(t time.Time) uint64 { return uint64(math.Ceil(t.Sub(s.start).Seconds() * rate)) }
+	if scheduled := due(s.end) - due(s.from); scheduled > r.Requests {
+		r.Unfinished = scheduled - r.Requests
 	}
-	r := summarise(o, conc, nconn, dur, workers, cpu)
-	if o.Rate > 0 {
-		// Tickets n with from <= start + n/rate < end.
-		due := func(t time.Time) uint64 { return uint64(math.Ceil(t.Sub(start).Seconds() * o.Rate)) }
-		if scheduled := due(end) - due(from); scheduled > r.Requests {
-			r.Unfinished = scheduled - r.Requests
+	last := s.end
+	for _, w := range workers {
+		if w.last.After(last) {
+			last = w.last
 		}
-		last := from.Add(dur)
-		for _, w := range workers {
-			if w.last.After(last) {
-				last = w.last
-			}
-		}
-		r.RPS = float64(r.Requests) / last.Sub(from).Seconds()
 	}
-	return r, nil
+	r.RPS = float64(r.Requests) / last.Sub(s.from).Seconds()
 }
 
 // dial opens n connections and waits until each is ready, so that
@@ -218,9 +263,7 @@ func dial(ctx context.Context, target string, n int, extra []grpc.DialOption) ([
 	defer cancel()
 	conns := make([]*grpc.ClientConn, 0, n)
 	fail := func(err error) ([]*grpc.ClientConn, error) {
-		for _, c := range conns {
-			c.Close()
-		}
+		closeConns(conns)
 		return nil, fmt.Errorf("loadgen: connect to %s: %w", target, err)
 	}
 	for range n {
@@ -240,6 +283,12 @@ func dial(ctx context.Context, target string, n int, extra []grpc.DialOption) ([
 		}
 	}
 	return conns, nil
+}
+
+func closeConns(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 // closed sends back to back until end, recording calls started at or
@@ -337,12 +386,14 @@ func summary(h *Histogram) Latency {
 	}
 }
 
-func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker, cpu time.Duration) *Result {
+// summarise merges the workers' tallies; cpu is this process's CPU time
+// over the run.
+func (p *plan) summarise(workers []*worker, cpu time.Duration) *Result {
 	var h, service Histogram
 	var calls uint64
 	r := &Result{
-		Target: o.Target, Concurrency: conc, Connections: nconn, Rate: o.Rate,
-		Seconds: dur.Seconds(), Codes: map[string]uint64{}, Overall: map[string]uint64{},
+		Target: p.o.Target, Concurrency: p.conc, Connections: p.nconn, Rate: p.o.Rate,
+		Seconds: p.dur.Seconds(), Codes: map[string]uint64{}, Overall: map[string]uint64{},
 	}
 	for _, w := range workers {
 		h.Merge(&w.hist)
@@ -363,9 +414,9 @@ func summarise(o Options, conc, nconn int, dur time.Duration, workers []*worker,
 		calls += w.calls
 	}
 	r.Requests = h.Count()
-	r.RPS = float64(r.Requests) / dur.Seconds()
+	r.RPS = float64(r.Requests) / p.dur.Seconds()
 	r.Latency = summary(&h)
-	if o.Rate > 0 {
+	if p.o.Rate > 0 {
 		s := summary(&service)
 		r.Service = &s
 	}

@@ -5,33 +5,50 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"sort"
 
 	"github.com/sluicehq/sluice/store"
 )
 
 // backend is a store that `sluice serve --store NAME` can run on. Each
-// backend registers itself from init in its own file, so serve knows
-// nothing about any one of them.
+// backend registers itself by name from init in its own file, so serve
+// knows nothing about any one of them; its settings live in the value
+// that newConfig returns, one per serve invocation, so two servers in one
+// process do not share them.
 type backend struct {
 	name string
-	// flags registers the backend's own flags on serve's flag set. Their
-	// SLUICE_* environment variables follow from the flag names.
-	flags func(fs *flag.FlagSet)
-	// refEnv maps envoyproxy/ratelimit's environment variables onto the
-	// backend's flags: it reads with getenv and calls set(flag, value)
-	// for each variable it honours. An error refuses a setting the
-	// backend cannot honour. serve applies it only to flags not set by a
-	// flag or a SLUICE_* variable.
-	refEnv func(getenv func(string) string, set func(flag, value string)) error
-	// open builds the store after flags are parsed. clock is the one the
-	// limiter reads each request's now from. The closer releases the
-	// store at shutdown; run, if not nil, is started by serve with the
-	// serving context (health probes, sweepers) and returns when ctx ends.
-	open func(ctx context.Context, logger *slog.Logger, clock store.Clock) (st store.Store, closer io.Closer, run func(ctx context.Context) error, err error)
+	// newConfig registers the backend's flags on one serve invocation's
+	// flag set (their SLUICE_* environment variables follow from the flag
+	// names) and returns the values they are parsed into.
+	newConfig func(fs *flag.FlagSet) storeConfig
+	// refVars are envoyproxy/ratelimit's environment variables of this
+	// store: rows of the table that maps the reference's environment onto
+	// serve's flags (refTable), kept next to the backend's code.
+	refVars []refVar
 	// waits reports that a Take waits on the network: serve then keeps
 	// blockingWorkers gRPC stream workers per CPU instead of one (see
 	// server.GRPCOptions.StreamWorkers).
 	waits bool
+}
+
+// storeConfig is one serve invocation's settings of a backend.
+type storeConfig interface {
+	// open builds the store after flags are parsed. clock is the one the
+	// limiter reads each request's now from.
+	open(ctx context.Context, logger *slog.Logger, clock store.Clock) (openStore, error)
+}
+
+// openStore is a store that serve runs on, with what serve does with it.
+type openStore struct {
+	store.Store
+	// closer releases the store at shutdown.
+	closer io.Closer
+	// run, if not nil, is started by serve with the serving context
+	// (health probes, sweepers) and returns when ctx ends.
+	run func(ctx context.Context) error
+	// setup, if not nil, runs once serve's context exists, before the
+	// extensions': the store's metrics, and conditions of health.
+	setup func(x *serveContext) error
 }
 
 // blockingWorkers is the gRPC stream workers per CPU for a store that
@@ -47,4 +64,13 @@ func registerBackend(b backend) {
 		panic("sluice: backend registered twice: " + b.name)
 	}
 	backends[b.name] = b
+}
+
+func backendNames() []string {
+	names := make([]string, 0, len(backends))
+	for n := range backends {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }

@@ -19,8 +19,11 @@ import (
 // Metrics on the HTTP port's /metrics, per-rule counters, and the debug
 // endpoints on --debug-addr.
 func init() {
-	var f obsFlags
-	registerExtension(extension{name: "observability", flags: f.register, setup: f.setup})
+	registerExtension("observability", func(fs *flag.FlagSet) extensionSetup {
+		f := &obsFlags{}
+		f.register(fs)
+		return f.setup
+	})
 }
 
 type obsFlags struct {

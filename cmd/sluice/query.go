@@ -57,11 +57,7 @@ type queryFlags struct {
 	tls         tlsClientFlags
 }
 
-func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var f queryFlags
-	fs := flag.NewFlagSet("query", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, queryUsage); fs.PrintDefaults() }
+func (f *queryFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "addr", "localhost:8081", "rate-limit service `address` (gRPC target syntax)")
 	fs.StringVar(&f.domain, "domain", "", "rate-limit `domain` (required)")
 	fs.Var(&f.descriptors, "descriptor", "a descriptor as `key=value[,key2=value2]`; repeat for more (at least one)")
@@ -71,6 +67,33 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.DurationVar(&f.interval, "interval", 0, "pause between repeated asks")
 	fs.DurationVar(&f.timeout, "timeout", time.Second, "deadline of each call")
 	f.tls.register(fs)
+}
+
+// check returns what is wrong with the parsed flags of fs, "" if nothing.
+func (f *queryFlags) check(fs *flag.FlagSet) string {
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+	case f.domain == "":
+		return "--domain is required"
+	case len(f.descriptors) == 0:
+		return "at least one --descriptor is required"
+	case f.hits == 0 || f.hits > 1<<32-1:
+		return "--hits must be between 1 and 4294967295"
+	case f.repeat < 1:
+		return "--repeat must be at least 1"
+	case f.timeout <= 0 || f.interval < 0:
+		return "--timeout must be positive and --interval not negative"
+	}
+	return ""
+}
+
+func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var f queryFlags
+	fs := flag.NewFlagSet("query", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, queryUsage); fs.PrintDefaults() }
+	f.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -81,19 +104,8 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "sluice query: %s\n", msg)
 		return 2
 	}
-	switch {
-	case fs.NArg() > 0:
-		return usageErr(fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
-	case f.domain == "":
-		return usageErr("--domain is required")
-	case len(f.descriptors) == 0:
-		return usageErr("at least one --descriptor is required")
-	case f.hits == 0 || f.hits > 1<<32-1:
-		return usageErr("--hits must be between 1 and 4294967295")
-	case f.repeat < 1:
-		return usageErr("--repeat must be at least 1")
-	case f.timeout <= 0 || f.interval < 0:
-		return usageErr("--timeout must be positive and --interval not negative")
+	if msg := f.check(fs); msg != "" {
+		return usageErr(msg)
 	}
 	tlsCfg, err := f.tls.config()
 	if err != nil {
@@ -108,7 +120,12 @@ func runQuery(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return usageErr(err.Error())
 	}
 	defer c.Close()
+	return f.ask(ctx, c, stdout, stderr)
+}
 
+// ask asks --repeat times and prints each answer; it returns the exit
+// code of the last one.
+func (f *queryFlags) ask(ctx context.Context, c *client.Client, stdout, stderr io.Writer) int {
 	code := 0
 	for i := 1; i <= f.repeat; i++ {
 		if i > 1 && f.interval > 0 {

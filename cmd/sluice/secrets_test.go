@@ -82,7 +82,7 @@ func TestRedisDeployment_NoCredentials(t *testing.T) {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 		var f serveFlags
 		f.register(fs)
-		backends["redis"].flags(fs)
+		backends["redis"].newConfig(fs)
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}

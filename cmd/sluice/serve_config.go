@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -133,81 +134,99 @@ func pairs(s, sep string) (map[string]string, error) {
 	return m, nil
 }
 
-// xdsRefEnv maps envoyproxy/ratelimit's variables of CONFIG_TYPE=GRPC_XDS_SOTW
-// onto the --xds-* flags, with the reference's defaults.
-func xdsRefEnv(getenv func(string) string, set func(flag, value string)) (warnings []string, err error) {
-	set("config-source", "xds")
-	server := getenv("CONFIG_GRPC_XDS_SERVER_URL")
-	if server == "" {
-		server = "localhost:18000" // the reference's default
-	}
-	set("xds-server", server)
-	for ref, fl := range map[string]string{
-		"CONFIG_GRPC_XDS_NODE_ID":                   "xds-node-id",
-		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "xds-headers",
-		"XDS_CLIENT_BACKOFF_INITIAL_INTERVAL":       "xds-backoff-initial",
-		"XDS_CLIENT_BACKOFF_MAX_INTERVAL":           "xds-backoff-max",
-		"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":          "xds-backoff-jitter",
-		"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":          "xds-max-recv-msg-size",
-	} {
-		if v := getenv(ref); v != "" {
-			set(fl, v)
-		}
-	}
+// The config source's variables: CONFIG_TYPE chooses files (RUNTIME_*)
+// or xDS (CONFIG_GRPC_XDS_* and XDS_CLIENT_*, with the reference's
+// defaults).
+var sourceRefVars = []refVar{
+	{name: "CONFIG_TYPE", flag: "config-source", conv: refConv{
+		doc: "in any case: `FILE`, files (the default); `GRPC_XDS_SOTW`, `xds`; others refused",
+		fn: func(_ *refEnv, v string) (string, error) {
+			switch strings.ToUpper(v) {
+			case "FILE":
+				return "", nil // the default
+			case "GRPC_XDS_SOTW":
+				return "xds", nil
+			}
+			return "", fmt.Errorf("CONFIG_TYPE=%s is not supported (want FILE or GRPC_XDS_SOTW)", v)
+		}}},
+	{name: "RUNTIME_ROOT", when: onFiles, flag: "config", def: "/srv/runtime_data/current", conv: refConv{
+		doc: "as `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY` (`config` when unset), when `RUNTIME_ROOT` or `RUNTIME_SUBDIRECTORY` is set",
+		fn: func(e *refEnv, root string) (string, error) {
+			sub := e.getenv("RUNTIME_SUBDIRECTORY")
+			if !e.has("RUNTIME_ROOT") && sub == "" {
+				return "", nil
+			}
+			app := e.getenv("RUNTIME_APPDIRECTORY")
+			if app == "" {
+				app = "config"
+			}
+			return filepath.Join(root, sub, app), nil
+		}}},
+	{name: "RUNTIME_SUBDIRECTORY", with: "RUNTIME_ROOT"},
+	{name: "RUNTIME_APPDIRECTORY", with: "RUNTIME_ROOT"},
+	// Files starting with a dot are always ignored, and the config
+	// directory is watched with its symlinks (a ConfigMap's ..data swap),
+	// which covers both RUNTIME_WATCH_ROOT values.
+	{name: "RUNTIME_IGNOREDOTFILES", boolean: true, apply: refApply{
+		doc: "`true` is what Sluice does: files starting with a dot are skipped; `false` is ignored with a warning",
+		fn: func(e *refEnv, v string) error {
+			if v == "false" {
+				e.warn("RUNTIME_IGNOREDOTFILES=false is ignored: files starting with a dot are always ignored")
+			}
+			return nil
+		}}},
+	{name: "RUNTIME_WATCH_ROOT", boolean: true, note: "what Sluice does either way: the config directory is watched with its symlinks (a ConfigMap's `..data` swap)"},
+	{name: "MERGE_DOMAIN_CONFIG", flag: "merge-domains"},
+	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", flag: "require-domain"},
+	{name: "FORCE_START_WITHOUT_INITIAL_CONFIG", boolean: true, when: onXDS, flag: "start-without-config",
+		unmet: ": it applies to CONFIG_TYPE=GRPC_XDS_SOTW (with files see --allow-empty-config)"},
+	{name: "CONFIG_GRPC_XDS_SERVER_URL", when: onXDS, flag: "xds-server", def: "localhost:18000"},
+	{name: "CONFIG_GRPC_XDS_NODE_ID", when: onXDS, flag: "xds-node-id"},
 	// The reference skips a metadata entry without '=' (its own settings
 	// comment shows "key1:val1,key2=val2"); so does Sluice, with a warning.
-	if v := getenv("CONFIG_GRPC_XDS_NODE_METADATA"); v != "" {
-		var kept []string
-		for item := range strings.SplitSeq(v, ",") {
-			if strings.Contains(item, "=") {
-				kept = append(kept, item)
-			} else {
-				warnings = append(warnings, fmt.Sprintf("CONFIG_GRPC_XDS_NODE_METADATA: entry %q has no '=': skipped, as the reference skips it", item))
+	{name: "CONFIG_GRPC_XDS_NODE_METADATA", when: onXDS, flag: "xds-node-metadata", conv: refConv{
+		doc: "an entry without `=` skipped with a warning, as the reference skips it",
+		fn: func(e *refEnv, v string) (string, error) {
+			var kept []string
+			for item := range strings.SplitSeq(v, ",") {
+				if strings.Contains(item, "=") {
+					kept = append(kept, item)
+				} else {
+					e.warn("CONFIG_GRPC_XDS_NODE_METADATA: entry %q has no '=': skipped, as the reference skips it", item)
+				}
 			}
-		}
-		if len(kept) > 0 {
-			set("xds-node-metadata", strings.Join(kept, ","))
-		}
-	}
-	if v := getenv("XDS_CLIENT_BACKOFF_JITTER"); v != "" {
-		if on, err := refBool(getenv, "XDS_CLIENT_BACKOFF_JITTER"); err != nil {
-			return nil, err
-		} else if !on {
-			set("xds-backoff-jitter", "0")
-		}
-	}
-	force, err := refBool(getenv, "FORCE_START_WITHOUT_INITIAL_CONFIG")
-	if err != nil {
-		return nil, err
-	}
-	if force {
-		set("start-without-config", "true")
-	}
+			return strings.Join(kept, ","), nil
+		}}},
+	{name: "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", when: onXDS, flag: "xds-headers"},
+	{name: "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", when: onXDS, ignore: "reconnections follow XDS_CLIENT_BACKOFF_* (--xds-backoff-*)"},
 	// The reference reads the TLS files only with USE_TLS=true.
-	useTLS, err := refBool(getenv, "CONFIG_GRPC_XDS_SERVER_USE_TLS")
-	if err != nil {
-		return nil, err
-	}
-	if useTLS {
-		set("xds-tls", "true")
-	}
-	for _, m := range [][2]string{
-		{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "xds-tls-cert"},
-		{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "xds-tls-key"},
-		{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "xds-tls-ca"},
-		{"CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds-tls-server-name"},
-	} {
-		ref := m[0]
-		switch v := getenv(ref); {
-		case v == "":
-		case useTLS:
-			set(m[1], v)
-		default:
-			warnings = append(warnings, fmt.Sprintf("%s is ignored without CONFIG_GRPC_XDS_SERVER_USE_TLS=true (as in the reference)", ref))
-		}
-	}
-	if getenv("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL") != "" {
-		warnings = append(warnings, "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL is ignored: reconnections follow XDS_CLIENT_BACKOFF_* (--xds-backoff-*)")
-	}
-	return warnings, nil
+	{name: "CONFIG_GRPC_XDS_SERVER_USE_TLS", boolean: true, when: onXDS, flag: "xds-tls"},
+	{name: "CONFIG_GRPC_XDS_CLIENT_TLS_CERT", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-cert"},
+	{name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-key"},
+	{name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-ca"},
+	{name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-server-name"},
+	{name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", when: onXDS, flag: "xds-backoff-initial"},
+	{name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", when: onXDS, flag: "xds-backoff-max"},
+	{name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", when: onXDS, flag: "xds-backoff-jitter"},
+	// After XDS_CLIENT_BACKOFF_RANDOM_FACTOR, which false overrides.
+	{name: "XDS_CLIENT_BACKOFF_JITTER", boolean: true, when: onXDS, flag: "xds-backoff-jitter", conv: refConv{
+		doc: "`false` as `0` (no jitter)",
+		fn: func(_ *refEnv, v string) (string, error) {
+			if v == "false" {
+				return "0", nil
+			}
+			return "", nil
+		}}},
+	{name: "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", when: onXDS, flag: "xds-max-recv-msg-size"},
 }
+
+const xdsNoTLS = " without CONFIG_GRPC_XDS_SERVER_USE_TLS=true (as in the reference)"
+
+var (
+	onXDS    = &refCond{doc: "`CONFIG_TYPE=GRPC_XDS_SOTW`", holds: xdsSource}
+	onFiles  = &refCond{doc: "`CONFIG_TYPE=FILE` (the default)", holds: func(e *refEnv) bool { return !xdsSource(e) }}
+	onXDSTLS = &refCond{within: onXDS, doc: "`CONFIG_GRPC_XDS_SERVER_USE_TLS=true`",
+		holds: func(e *refEnv) bool { return e.on("CONFIG_GRPC_XDS_SERVER_USE_TLS") }}
+)
+
+func xdsSource(e *refEnv) bool { return strings.ToUpper(e.getenv("CONFIG_TYPE")) == "GRPC_XDS_SOTW" }

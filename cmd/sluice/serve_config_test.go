@@ -124,8 +124,6 @@ func healthOf(t *testing.T, hc healthpb.HealthClient, httpAddr string) (healthpb
 
 // TestServe_XDS: limits pushed by an xDS server; health before the first
 // push with and without --start-without-config, and with --require-domain.
-// The servers run one after the other: serve's backends keep their flags
-// in package variables.
 func TestServe_XDS(t *testing.T) {
 	xs := xdstest.Start(t, "127.0.0.1:0", nil)
 	base := []string{"--config-source", "xds", "--xds-server", xs.Addr, "--xds-backoff-initial", "10ms"}

@@ -7,9 +7,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -46,88 +46,89 @@ type redisFlags struct {
 // The redis backend: counters in Redis (single, Sentinel or Cluster), so
 // every replica shares every limit.
 func init() {
-	var f redisFlags
-	var opened *redis.Store // set by open, for the health extension
-	var calls *prometheus.HistogramVec
-	var failureMode func() string // the serve flag --store-failure-mode
-	registerBackend(backend{
-		name:  "redis",
-		waits: true,
-		flags: func(fs *flag.FlagSet) {
-			opened = nil
-			failureMode = func() string { return fs.Lookup("store-failure-mode").Value.String() }
-			fs.StringVar(&f.url, "redis-url", "", "redis store: `URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
-			fs.StringVar(&f.sentinel, "redis-sentinel", "", "redis store: comma-separated sentinel `addresses` (with --redis-sentinel-master), instead of --redis-url")
-			fs.StringVar(&f.sentinelMaster, "redis-sentinel-master", "", "redis store: `name` of the master the sentinels monitor")
-			fs.StringVar(&f.cluster, "redis-cluster", "", "redis store: comma-separated seed `addresses` of a Redis Cluster, instead of --redis-url")
-			fs.StringVar(&f.username, "redis-username", "", "redis store: ACL user (overrides the URL's)")
-			fs.StringVar(&f.password, "redis-password", "", "redis store: password (overrides the URL's)")
-			fs.StringVar(&f.sentinelPassword, "redis-sentinel-password", "", "redis store: password of the sentinels (default: --redis-password)")
-			fs.BoolVar(&f.tls, "redis-tls", false, "redis store: connect with TLS (implied by rediss://)")
-			fs.StringVar(&f.tlsCA, "redis-tls-ca", "", "redis store: PEM `file` of the CA that signed Redis's certificate (default: system roots)")
-			fs.StringVar(&f.tlsCert, "redis-tls-cert", "", "redis store: PEM `file` of the client certificate")
-			fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
-			fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
-			fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", 0, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
-			fs.DurationVar(&f.timeout, "redis-timeout", time.Second, "redis store: most time a request waits for Redis, and the wait of callers that state no deadline; a gRPC caller's grpc-timeout (Envoy's filter timeout), or an HTTP caller's Sluice-Timeout header, shortens it, less a margin to answer (a tenth, at most 5ms)")
-			fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
-				return fs.Set("store-failure-mode", v)
-			})
-			fs.BoolVar(&f.health, "redis-health", false, "redis store: report NOT_SERVING while Redis is unreachable")
-			fs.BoolVar(&f.localCache, "redis-local-cache", true, "redis store: answer keys known to be over their limit without asking Redis")
-			fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
-			fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
-		},
-		refEnv: redisRefEnv,
-		open: func(ctx context.Context, logger *slog.Logger, clock store.Clock) (store.Store, io.Closer, func(context.Context) error, error) {
-			opt, err := f.options()
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			opt.Clock = clock
-			opt.Logger, opt.FailureMode = logger, failureMode()
-			calls = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: "redis",
-				Name: "call_duration_seconds", Help: "Redis round trips of a request (one script call, or one per slot on Cluster), by result.",
-				Buckets: observe.LatencyBuckets}, []string{"result"})
-			ok, failed := calls.WithLabelValues("ok"), calls.WithLabelValues("error")
-			opt.OnCall = func(d time.Duration, err error) {
-				if err != nil {
-					failed.Observe(d.Seconds())
-				} else {
-					ok.Observe(d.Seconds())
-				}
-			}
-			st, err := redis.New(ctx, opt)
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			opened = st
-			logger.Info("redis store", "deployment", f.deployment(), "timeout", opt.Timeout,
-				"clock", f.clock, "local_cache", !opt.NoLocalCache, "key_prefix", opt.KeyPrefix)
-			return st, st, st.Run, nil
-		},
+	registerBackend(backend{name: "redis", waits: true, newConfig: newRedisConfig, refVars: redisRefVars})
+}
+
+// redisConfig is one serve invocation's settings of the redis backend.
+type redisConfig struct {
+	f  redisFlags
+	fs *flag.FlagSet // serve's, whose --store-failure-mode the store follows
+}
+
+func newRedisConfig(fs *flag.FlagSet) storeConfig {
+	c := &redisConfig{fs: fs}
+	c.f.register(fs)
+	return c
+}
+
+func (f *redisFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "redis-url", "", "redis store: `URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
+	fs.StringVar(&f.sentinel, "redis-sentinel", "", "redis store: comma-separated sentinel `addresses` (with --redis-sentinel-master), instead of --redis-url")
+	fs.StringVar(&f.sentinelMaster, "redis-sentinel-master", "", "redis store: `name` of the master the sentinels monitor")
+	fs.StringVar(&f.cluster, "redis-cluster", "", "redis store: comma-separated seed `addresses` of a Redis Cluster, instead of --redis-url")
+	fs.StringVar(&f.username, "redis-username", "", "redis store: ACL user (overrides the URL's)")
+	fs.StringVar(&f.password, "redis-password", "", "redis store: password (overrides the URL's)")
+	fs.StringVar(&f.sentinelPassword, "redis-sentinel-password", "", "redis store: password of the sentinels (default: --redis-password)")
+	fs.BoolVar(&f.tls, "redis-tls", false, "redis store: connect with TLS (implied by rediss://)")
+	fs.StringVar(&f.tlsCA, "redis-tls-ca", "", "redis store: PEM `file` of the CA that signed Redis's certificate (default: system roots)")
+	fs.StringVar(&f.tlsCert, "redis-tls-cert", "", "redis store: PEM `file` of the client certificate")
+	fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
+	fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
+	fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", 0, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
+	fs.DurationVar(&f.timeout, "redis-timeout", time.Second, "redis store: most time a request waits for Redis, and the wait of callers that state no deadline; a gRPC caller's grpc-timeout (Envoy's filter timeout), or an HTTP caller's Sluice-Timeout header, shortens it, less a margin to answer (a tenth, at most 5ms)")
+	fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
+		return fs.Set("store-failure-mode", v)
 	})
-	// The store's metrics; with --redis-health, health follows Redis as
-	// well as the config.
-	registerExtension(extension{name: "redis", setup: func(_ context.Context, x *serveContext) error {
-		if opened == nil {
-			return nil
+	fs.BoolVar(&f.health, "redis-health", false, "redis store: report NOT_SERVING while Redis is unreachable")
+	fs.BoolVar(&f.localCache, "redis-local-cache", true, "redis store: answer keys known to be over their limit without asking Redis")
+	fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
+	fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
+}
+
+func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store.Clock) (openStore, error) {
+	opt, err := c.f.options()
+	if err != nil {
+		return openStore{}, err
+	}
+	opt.Clock = clock
+	opt.Logger, opt.FailureMode = logger, flagValue(c.fs, "store-failure-mode")
+	calls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: "redis",
+		Name: "call_duration_seconds", Help: "Redis round trips of a request (one script call, or one per slot on Cluster), by result.",
+		Buckets: observe.LatencyBuckets}, []string{"result"})
+	ok, failed := calls.WithLabelValues("ok"), calls.WithLabelValues("error")
+	opt.OnCall = func(d time.Duration, err error) {
+		if err != nil {
+			failed.Observe(d.Seconds())
+		} else {
+			ok.Observe(d.Seconds())
 		}
-		st := opened
-		if err := registerRedisMetrics(x.Registry, st); err != nil {
-			return err
-		}
-		if err := x.Registry.Register(calls); err != nil {
-			return err
-		}
-		if f.health {
-			x.Ready = append(x.Ready, st.Healthy)
-			x.Run = append(x.Run, func(ctx context.Context) error {
-				return followHealth(ctx, st, x, 50*time.Millisecond)
-			})
-		}
-		return nil
-	}})
+	}
+	st, err := redis.New(ctx, opt)
+	if err != nil {
+		return openStore{}, err
+	}
+	logger.Info("redis store", "deployment", c.f.deployment(), "timeout", opt.Timeout,
+		"clock", c.f.clock, "local_cache", !opt.NoLocalCache, "key_prefix", opt.KeyPrefix)
+	setup := func(x *serveContext) error { return c.setup(x, st, calls) }
+	return openStore{Store: st, closer: st, run: st.Run, setup: setup}, nil
+}
+
+// setup registers the store's metrics; with --redis-health, health
+// follows Redis as well as the config.
+func (c *redisConfig) setup(x *serveContext, st *redis.Store, calls *prometheus.HistogramVec) error {
+	if err := registerRedisMetrics(x.Registry, st); err != nil {
+		return err
+	}
+	if err := x.Registry.Register(calls); err != nil {
+		return err
+	}
+	if c.f.health {
+		x.Ready = append(x.Ready, st.Healthy)
+		x.Run = append(x.Run, func(ctx context.Context) error {
+			return followHealth(ctx, st, x, 50*time.Millisecond)
+		})
+	}
+	return nil
 }
 
 func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store) error {
@@ -271,89 +272,85 @@ func splitList(s string) []string {
 	return out
 }
 
-// redisRefEnv maps envoyproxy/ratelimit's Redis variables: REDIS_TYPE
-// (SINGLE, SENTINEL, CLUSTER), REDIS_URL (host:port, a socket path with
-// REDIS_SOCKET_TYPE=unix, "master,host:port,..." for Sentinel, a list of
-// seeds for Cluster), REDIS_AUTH ("password" or "user:password"),
-// REDIS_SENTINEL_AUTH, REDIS_TLS with REDIS_TLS_CACERT,
-// REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY, REDIS_TIMEOUT,
-// REDIS_PIPELINE_WINDOW,
-// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and CACHE_KEY_PREFIX. A separate
+// redisRefVars are envoyproxy/ratelimit's Redis variables. A separate
 // per-second Redis (REDIS_PERSECOND) is refused.
-func redisRefEnv(getenv func(string) string, set func(flag, value string)) error {
-	b := map[string]bool{}
-	for _, k := range []string{"REDIS_PERSECOND", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "REDIS_TLS"} {
-		v, err := refBool(getenv, k)
-		if err != nil {
-			return err
-		}
-		b[k] = v
-	}
-	if b["REDIS_PERSECOND"] {
-		return errors.New("REDIS_PERSECOND=true is not supported: Sluice keeps every limit in one Redis")
-	}
-	if b["REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"] {
-		return errors.New("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not supported: set --redis-tls-server-name to the name in Redis's certificate")
-	}
-	if v := getenv("REDIS_SENTINEL_AUTH"); v != "" {
-		set("redis-sentinel-password", v)
-	}
-	if v := getenv("CACHE_KEY_PREFIX"); v != "" {
-		set("redis-key-prefix", v)
-	}
-	if v := getenv("REDIS_TIMEOUT"); v != "" {
-		set("redis-timeout", v)
-	}
-	if v := getenv("REDIS_PIPELINE_WINDOW"); v != "" {
-		set("redis-pipeline-window", v)
-	}
-	if b["REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"] {
-		set("redis-health", "true")
-	}
-	tlsOn := b["REDIS_TLS"]
-	if tlsOn {
-		set("redis-tls", "true")
-		for env, fl := range map[string]string{"REDIS_TLS_CACERT": "redis-tls-ca",
-			"REDIS_TLS_CLIENT_CERT": "redis-tls-cert", "REDIS_TLS_CLIENT_KEY": "redis-tls-key"} {
-			if v := getenv(env); v != "" {
-				set(fl, v)
+var redisRefVars = slices.Concat([]refVar{
+	{name: "REDIS_SOCKET_TYPE", with: "REDIS_URL"},
+	{name: "REDIS_TYPE", with: "REDIS_URL"},
+	{name: "REDIS_URL", apply: refApply{
+		doc: "by `REDIS_TYPE` (any case): `SINGLE` (the default), `--redis-url` (`host:port` as `redis://host:port`, " +
+			"`rediss://` with `REDIS_TLS=true`, `unix://` with `REDIS_SOCKET_TYPE=unix`; a URL with a scheme as given); " +
+			"`SENTINEL`, `--redis-sentinel-master` and `--redis-sentinel` from `master,host:port[,host:port...]`; " +
+			"`CLUSTER`, `--redis-cluster`; other types refused. With `BACKEND_TYPE` unset, `--store redis` (the reference's default)",
+		fn: redisURLFromRef}},
+	{name: "REDIS_POOL_SIZE", ignore: "every Redis call is pipelined on a few shared connections"},
+	{name: "REDIS_AUTH", apply: refApply{
+		doc: "`--redis-password`, or `--redis-username` and `--redis-password` from `user:password`",
+		fn: func(e *refEnv, auth string) error {
+			if user, pass, ok := strings.Cut(auth, ":"); ok {
+				e.set("redis-username", user)
+				e.set("redis-password", pass)
+			} else {
+				e.set("redis-password", auth)
 			}
-		}
+			return nil
+		}}},
+	{name: "REDIS_TLS", boolean: true, flag: "redis-tls"},
+	{name: "REDIS_TLS_CLIENT_CERT", when: onRedisTLS, flag: "redis-tls-cert"},
+	{name: "REDIS_TLS_CLIENT_KEY", when: onRedisTLS, flag: "redis-tls-key"},
+	{name: "REDIS_TLS_CACERT", when: onRedisTLS, flag: "redis-tls-ca"},
+	{name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", boolean: true, refuse: "set --redis-tls-server-name to the name in Redis's certificate"},
+	{name: "REDIS_PIPELINE_WINDOW", flag: "redis-pipeline-window"},
+	{name: "REDIS_PIPELINE_LIMIT", ignore: "concurrent requests share Redis script calls on their own"},
+	{name: "REDIS_CLUSTER_PIPELINE_PARALLELISM", note: "not read: on Cluster a request's hash slots are called in parallel"},
+	{name: "REDIS_PERSECOND", boolean: true, refuse: "Sluice keeps every limit in one Redis"},
+}, refUnread("only with REDIS_PERSECOND=true, which is refused",
+	"REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL", "REDIS_PERSECOND_POOL_SIZE",
+	"REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_PERSECOND_SENTINEL_AUTH", "REDIS_PERSECOND_PIPELINE_WINDOW",
+	"REDIS_PERSECOND_PIPELINE_LIMIT", "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "REDIS_PERSECOND_TIMEOUT",
+	"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR"), []refVar{
+	{name: "REDIS_SENTINEL_AUTH", flag: "redis-sentinel-password"},
+	{name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", boolean: true, flag: "redis-health"},
+	{name: "REDIS_TIMEOUT", flag: "redis-timeout"},
+	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
+}, refUnread("serve pings Redis once at startup and stops if it does not answer",
+	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
+	{name: "CACHE_KEY_PREFIX", flag: "redis-key-prefix"},
+})
+
+var onRedisTLS = &refCond{doc: "`REDIS_TLS=true`", holds: func(e *refEnv) bool { return e.on("REDIS_TLS") }}
+
+// redisURLFromRef maps REDIS_URL by REDIS_TYPE: host:port (a socket path
+// with REDIS_SOCKET_TYPE=unix), "master,host:port,..." for Sentinel, a
+// list of seeds for Cluster.
+func redisURLFromRef(e *refEnv, url string) error {
+	if !e.has("BACKEND_TYPE") {
+		// The reference's default backend is Redis: its manifests set
+		// REDIS_URL alone.
+		e.set("store", "redis")
 	}
-	if auth := getenv("REDIS_AUTH"); auth != "" {
-		if user, pass, ok := strings.Cut(auth, ":"); ok {
-			set("redis-username", user)
-			set("redis-password", pass)
-		} else {
-			set("redis-password", auth)
-		}
-	}
-	url := getenv("REDIS_URL")
-	if url == "" {
-		return nil
-	}
-	switch t := strings.ToUpper(getenv("REDIS_TYPE")); t {
+	switch t := strings.ToUpper(e.getenv("REDIS_TYPE")); t {
 	case "", "SINGLE":
 		switch {
 		case strings.Contains(url, "://"):
 			// Already a URL (redis://, rediss://, unix://): as given.
-			set("redis-url", url)
-		case strings.EqualFold(getenv("REDIS_SOCKET_TYPE"), "unix"):
-			set("redis-url", "unix://"+url)
-		case tlsOn:
-			set("redis-url", "rediss://"+url)
+			e.set("redis-url", url)
+		case strings.EqualFold(e.getenv("REDIS_SOCKET_TYPE"), "unix"):
+			e.set("redis-url", "unix://"+url)
+		case e.on("REDIS_TLS"):
+			e.set("redis-url", "rediss://"+url)
 		default:
-			set("redis-url", "redis://"+url)
+			e.set("redis-url", "redis://"+url)
 		}
 	case "SENTINEL":
 		master, addrs, ok := strings.Cut(url, ",")
 		if !ok {
 			return fmt.Errorf("REDIS_URL=%s: Sentinel wants master,host:port[,host:port...]", redact.Addrs(url))
 		}
-		set("redis-sentinel-master", master)
-		set("redis-sentinel", addrs)
+		e.set("redis-sentinel-master", master)
+		e.set("redis-sentinel", addrs)
 	case "CLUSTER":
-		set("redis-cluster", url)
+		e.set("redis-cluster", url)
 	default:
 		return fmt.Errorf("REDIS_TYPE=%s: want SINGLE, SENTINEL or CLUSTER", t)
 	}

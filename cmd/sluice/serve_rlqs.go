@@ -16,8 +16,11 @@ import (
 // Envoy's Rate Limit Quota Service on the gRPC port: the quota service,
 // its metrics, and with --store redis the demand shared across replicas.
 func init() {
-	var f rlqsFlags
-	registerExtension(extension{name: "rlqs", flags: f.register, setup: f.setup})
+	registerExtension("rlqs", func(fs *flag.FlagSet) extensionSetup {
+		f := &rlqsFlags{}
+		f.register(fs)
+		return f.setup
+	})
 }
 
 type rlqsFlags struct {

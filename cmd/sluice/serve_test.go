@@ -33,20 +33,7 @@ func (e serveEnv) get(k string) string { return e[k] }
 // applies env; it returns the flag set for inspection.
 func parseServe(t *testing.T, args []string, env serveEnv) (*flag.FlagSet, []string, error) {
 	t.Helper()
-	var f serveFlags
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	f.register(fs)
-	for _, n := range backendNames() {
-		if b := backends[n]; b.flags != nil {
-			b.flags(fs)
-		}
-	}
-	for _, e := range extensions {
-		if e.flags != nil {
-			e.flags(fs)
-		}
-	}
+	fs := newServeCmd(io.Discard).fs
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,11 @@ import (
 // observability extension (files initialise in name order), whose per-rule
 // counters it shows.
 func init() {
-	var f uiFlags
-	registerExtension(extension{name: "ui", flags: f.register, setup: f.setup})
+	registerExtension("ui", func(fs *flag.FlagSet) extensionSetup {
+		f := &uiFlags{}
+		f.register(fs)
+		return f.setup
+	})
 }
 
 type uiFlags struct {

@@ -16,10 +16,8 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,16 +26,11 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluicehq/sluice/loadgen"
 )
@@ -63,6 +56,20 @@ func main() {
 	if os.Getenv(busyEnv) != "" {
 		spin()
 	}
+	s := parseFlags()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := run(ctx, s)
+	if err != nil {
+		fatal(err)
+	}
+	if err := writeReport(rep, s.out); err != nil {
+		fatal(err)
+	}
+}
+
+// parseFlags reads the command line; a bad value ends the program.
+func parseFlags() settings {
 	var s settings
 	var conc, redisConc, workloads, fractions string
 	flag.StringVar(&s.sluice, "sluice", "bin/sluice", "the sluice binary")
@@ -98,28 +105,27 @@ func main() {
 	if s.repeat < 1 {
 		fatal(errors.New("-repeat must be at least 1"))
 	}
+	return s
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	rep, err := run(ctx, s)
+// writeReport writes the Markdown to path, or to stdout for "-".
+func writeReport(rep *report, path string) error {
+	if path == "-" {
+		return rep.write(os.Stdout)
+	}
+	f, err := os.Create(path)
 	if err != nil {
-		fatal(err)
+		return err
 	}
-	w := io.Writer(os.Stdout)
-	if s.out != "-" {
-		f, err := os.Create(s.out)
-		if err != nil {
-			fatal(err)
-		}
-		defer f.Close()
-		w = f
+	if err := rep.write(f); err != nil {
+		f.Close()
+		return err
 	}
-	if err := rep.write(w); err != nil {
-		fatal(err)
+	if err := f.Close(); err != nil {
+		return err
 	}
-	if s.out != "-" {
-		fmt.Fprintln(os.Stderr, "wrote", s.out)
-	}
+	fmt.Fprintln(os.Stderr, "wrote", path)
+	return nil
 }
 
 // positives parses the comma-separated value of flag name.
@@ -138,141 +144,6 @@ func positives(name, list string) []int {
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "benchload:", err)
 	os.Exit(1)
-}
-
-// server is a process under test.
-type server struct {
-	name  string
-	cmd   *exec.Cmd
-	addr  string
-	log   []string     // stderr up to the line that named addr
-	redis *redisServer // the server's store, if Redis
-}
-
-// start runs the command and waits for the stderr line that names its
-// gRPC address: the text after marker, up to the next space.
-func start(ctx context.Context, name, marker string, bin string, args ...string) (*server, error) {
-	cmd := exec.CommandContext(ctx, bin, args...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	srv := &server{name: name, cmd: cmd}
-	found := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			if found == nil {
-				continue
-			}
-			if i := strings.Index(line, marker); i >= 0 {
-				srv.addr = strings.Fields(line[i+len(marker):])[0]
-				found <- true
-				found = nil
-			} else {
-				srv.log = append(srv.log, line)
-			}
-		}
-		if found != nil {
-			fmt.Fprintf(os.Stderr, "%s exited before serving:\n%s\n", name, strings.Join(srv.log, "\n"))
-			close(found)
-		}
-	}()
-	select {
-	case ok := <-found:
-		if !ok {
-			cmd.Wait()
-			return nil, fmt.Errorf("%s did not start", name)
-		}
-		return srv, nil
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("%s did not report its address within 30s", name)
-	}
-}
-
-func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	s.cmd.Wait()
-}
-
-// cpu is the CPU time the process has used, from /proc (Linux).
-func (s *server) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the parenthesised command name: state is field 3,
-	// utime and stime are fields 14 and 15, in clock ticks (100 a second
-	// on Linux).
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
-
-// measured is one run against one server.
-type measured struct {
-	*loadgen.Result
-	// ServerCPU is the server's CPU time per request in µs, warmup
-	// included.
-	ServerCPU float64
-	// RedisCPU (µs) and RedisCommands are Redis's CPU time and commands
-	// per request in the measured time, if the server's store is Redis.
-	RedisCPU, RedisCommands float64
-}
-
-func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
-	o.Target = s.addr
-	c0 := s.cpu()
-	// Redis's counters are read when the warmup ends (by this process's
-	// clock) and after the run, so they cover the measured calls.
-	var r0 redisStats
-	warm := make(chan error, 1)
-	if s.redis != nil {
-		time.AfterFunc(o.Warmup, func() {
-			var err error
-			r0, err = s.redis.stats()
-			warm <- err
-		})
-	}
-	res, err := loadgen.Run(ctx, o)
-	if err != nil {
-		return measured{}, fmt.Errorf("%s: %w", s.name, err)
-	}
-	// Calls in the warmup used CPU too: scale by the whole run's time.
-	total := float64(res.Requests) * float64(o.Warmup+o.Duration) / float64(o.Duration)
-	m := measured{Result: res}
-	if total > 0 {
-		m.ServerCPU = float64((s.cpu() - c0).Microseconds()) / total
-	}
-	extra := ""
-	if s.redis != nil {
-		if err := <-warm; err != nil {
-			return measured{}, fmt.Errorf("%s: %w", s.name, err)
-		}
-		r1, err := s.redis.stats()
-		if err != nil {
-			return measured{}, fmt.Errorf("%s: %w", s.name, err)
-		}
-		if res.Requests > 0 {
-			m.RedisCPU = float64((r1.cpu - r0.cpu).Microseconds()) / float64(res.Requests)
-			// Less the first INFO, which the second counts.
-			m.RedisCommands = float64(r1.commands-r0.commands-1) / float64(res.Requests)
-		}
-		extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
-	}
-	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req%s\n",
-		s.name, o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU, extra)
-	return m, nil
 }
 
 // report is everything the Markdown shows.
@@ -305,217 +176,260 @@ type crossCheck struct {
 	ghz         ghzResult
 }
 
+// run is the benchmark: describe the machine, start the servers, and run
+// each step, every one adding its section to the report.
 func run(ctx context.Context, s settings) (*report, error) {
 	rep := &report{settings: s, machine: describe()}
-	sl, err := start(ctx, "sluice", "msg=serving grpc=", s.sluice, "serve", "--config", s.config,
-		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0", "--log-level", "info")
+	b, err := startBench(s)
 	if err != nil {
 		return nil, err
 	}
-	defer sl.stop()
-	var debugAddr string
-	for _, l := range sl.log {
-		if _, a, ok := strings.Cut(l, `msg="debug endpoints" addr=`); ok {
-			debugAddr = strings.Fields(a)[0]
-		}
-	}
-	noop, err := start(ctx, "no-op", "listening on ", s.sluice, "bench", "--noop-listen", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	defer noop.stop()
-
-	opts := func(workload string, conc int, rate float64) (loadgen.Options, error) {
-		reqs, err := loadgen.Workload(workload, "bench", s.keys)
-		return loadgen.Options{Requests: reqs, Concurrency: conc, Connections: s.connections,
-			Duration: s.duration, Warmup: s.warmup, Rate: rate}, err
-	}
-	// both runs o against target and the no-op server -repeat times, the
-	// order alternating from run to run, and keeps each server's median
-	// run (by throughput, or by p99 in an open loop). With a profile
-	// file, sl's CPU profile during its first run goes there.
-	both := func(i int, target *server, o loadgen.Options, profileTo string) (sm, nm measured, paired []float64, err error) {
-		var sruns, nruns []measured
-		for rep := range s.repeat {
-			order := []*server{target, noop}
-			if (i+rep)%2 == 1 {
-				order = []*server{noop, target}
-			}
-			for _, srv := range order {
-				var prof chan error
-				if srv == sl && profileTo != "" && rep == 0 {
-					prof = make(chan error, 1)
-					go func() { prof <- profile(ctx, debugAddr, o.Warmup+o.Duration, profileTo) }()
-				}
-				m, err := srv.measure(ctx, o)
-				if prof != nil {
-					if perr := <-prof; err == nil {
-						err = perr
-					}
-				}
-				if err != nil {
-					return sm, nm, nil, err
-				}
-				if srv != noop {
-					sruns = append(sruns, m)
-				} else {
-					nruns = append(nruns, m)
-				}
-			}
-			paired = append(paired, ratio(sruns[rep].RPS, nruns[rep].RPS))
-		}
-		key := func(m measured) float64 { return m.RPS }
-		if o.Rate > 0 {
-			key = func(m measured) float64 { return m.Latency.P99 }
-		}
-		return median(sruns, key), median(nruns, key), paired, nil
-	}
-
-	i := 0
-	noopAt50 := map[string]float64{}
-	for _, w := range s.workloads {
-		for _, c := range s.concurrency {
-			o, err := opts(w, c, 0)
-			if err != nil {
-				return nil, err
-			}
-			profileTo := ""
-			if w == "multi" && c == 50 {
-				profileTo = s.cpuProfile
-			}
-			sm, nm, paired, err := both(i, sl, o, profileTo)
-			if err != nil {
-				return nil, err
-			}
-			i++
-			rep.closed = append(rep.closed, cell{workload: w, concurrency: c, sluice: sm, noop: nm, paired: paired})
-			if c == 50 {
-				noopAt50[w] = nm.RPS
-				if w == "distinct" {
-					rep.genCPU = nm.CPUPerRequest
-				}
-			}
-		}
-	}
-	if _, err := exec.LookPath(s.redisServer); err != nil {
-		rep.noRedis = fmt.Sprintf("No `%s` was found on this machine, so the Redis store was not measured.", s.redisServer)
-		fmt.Fprintf(os.Stderr, "no %s: Redis store skipped\n", s.redisServer)
-	} else if err := func() error {
-		rd, err := startRedis(ctx, s.redisServer)
-		if err != nil {
-			return err
-		}
-		defer rd.stop()
-		sr, err := start(ctx, "redis", "msg=serving grpc=", s.sluice, "serve", "--config", s.config,
-			"--store", "redis", "--redis-url", "redis://"+rd.addr, "--grpc-addr", "127.0.0.1:0",
-			"--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0", "--log-level", "info")
-		if err != nil {
-			return err
-		}
-		defer sr.stop()
-		sr.redis = rd
-		for _, w := range []string{"distinct", "multi"} {
-			for _, c := range s.redisConc {
-				o, err := opts(w, c, 0)
-				if err != nil {
-					return err
-				}
-				sm, nm, paired, err := both(i, sr, o, "")
-				if err != nil {
-					return err
-				}
-				i++
-				rep.redis = append(rep.redis, cell{workload: w, concurrency: c, sluice: sm, noop: nm, paired: paired})
-			}
-		}
-		if s.starveBusy == 0 {
-			return nil
-		}
-		stop, err := busy(s.starveBusy)
-		if err != nil {
-			return err
-		}
-		defer stop()
-		for _, w := range []string{"distinct", "multi"} {
-			for _, c := range s.redisConc {
-				o, err := opts(w, c, 0)
-				if err != nil {
-					return err
-				}
-				o.Timeout = s.starveTimeout
-				m, err := sr.measure(ctx, o)
-				if err != nil {
-					return err
-				}
-				rep.starved = append(rep.starved, cell{workload: w, concurrency: c, sluice: m})
-			}
-		}
-		return nil
-	}(); err != nil {
-		return nil, err
-	}
-	for _, frac := range s.openFractions {
-		for _, w := range []string{"distinct", "multi"} {
-			if noopAt50[w] == 0 {
-				continue
-			}
-			rate := float64(int(frac*noopAt50[w]/100)) * 100 // rounded down to 100/s
-			o, err := opts(w, s.openConc, rate)
-			if err != nil {
-				return nil, err
-			}
-			sm, nm, _, err := both(i, sl, o, "")
-			if err != nil {
-				return nil, err
-			}
-			i++
-			rep.open = append(rep.open, cell{workload: w, concurrency: s.openConc, rate: rate, fraction: frac, sluice: sm, noop: nm})
-		}
-	}
-	if _, err := os.Stat(s.ghz); err == nil {
-		cc, err := crossCheckGhz(ctx, s, sl)
-		if err != nil {
+	defer b.stop()
+	for _, step := range []func(context.Context, *report) error{b.closedLoop, b.redisStore, b.openLoop, b.crossCheck} {
+		if err := step(ctx, rep); err != nil {
 			return nil, err
 		}
-		rep.ghz = cc
-	} else {
-		fmt.Fprintf(os.Stderr, "no ghz at %s: cross-check skipped\n", s.ghz)
 	}
 	return rep, nil
 }
 
-// busy starts n copies of this program that only burn CPU, as noisy
-// neighbours; stop kills them.
-func busy(n int) (stop func(), err error) {
-	var procs []*exec.Cmd
-	stop = func() {
-		for _, c := range procs {
-			_ = c.Process.Kill()
-			_ = c.Wait()
-		}
-	}
-	for range n {
-		c := exec.Command(os.Args[0])
-		c.Env = append(os.Environ(), busyEnv+"=1")
-		if err := c.Start(); err != nil {
-			stop()
-			return nil, fmt.Errorf("busy process: %w", err)
-		}
-		procs = append(procs, c)
-	}
-	return stop, nil
+// bench is the benchmark under way: its directory, Sluice on the memory
+// store and the no-op server, and what the cells so far measured that
+// later ones need.
+type bench struct {
+	s            settings
+	dir          string
+	sluice, noop *server
+	// cells counts the cells run on two servers: the order of each
+	// cell's first repetition alternates with it.
+	cells int
+	// noopAt50 is the no-op server's closed-loop throughput at
+	// concurrency 50, by workload: the open loop's rates are fractions of
+	// it.
+	noopAt50 map[string]float64
 }
 
-// spin burns one CPU until killed or its parent is gone.
-func spin() {
-	parent := os.Getppid()
-	x := uint64(1)
-	for i := 0; ; i++ {
-		x = x*6364136223846793005 + 1442695040888963407
-		if i%(1<<26) == 0 && os.Getppid() != parent {
-			os.Exit(0)
+// keyWorkloads are the workloads over many keys, which the Redis store
+// and the open loop run.
+var keyWorkloads = []string{"distinct", "multi"}
+
+// startBench starts Sluice and the no-op server, their logs in a
+// directory of their own. On error, what was started is stopped.
+func startBench(s settings) (*bench, error) {
+	b := &bench{s: s, noopAt50: map[string]float64{}}
+	if err := b.start(); err != nil {
+		b.stop()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *bench) start() (err error) {
+	if b.dir, err = os.MkdirTemp("", "benchload-"); err != nil {
+		return err
+	}
+	if b.sluice, err = startServer(b.s.sluice, "sluice", b.dir, serveArgs(b.s.config)...); err != nil {
+		return err
+	}
+	b.noop, err = startServer(b.s.sluice, "no-op", b.dir, "bench", "--noop-listen", "127.0.0.1:0")
+	return err
+}
+
+func (b *bench) stop() {
+	for _, srv := range []*server{b.noop, b.sluice} {
+		if srv != nil {
+			srv.stop()
 		}
 	}
+	if b.dir != "" {
+		os.RemoveAll(b.dir)
+	}
+}
+
+func (b *bench) options(workload string, conc int, rate float64) (loadgen.Options, error) {
+	reqs, err := loadgen.Workload(workload, "bench", b.s.keys)
+	return loadgen.Options{Requests: reqs, Concurrency: conc, Connections: b.s.connections,
+		Duration: b.s.duration, Warmup: b.s.warmup, Rate: rate}, err
+}
+
+// closedLoop runs every workload at every concurrency on Sluice and the
+// no-op server. The multi workload at 50 is profiled if asked.
+func (b *bench) closedLoop(ctx context.Context, rep *report) error {
+	for _, w := range b.s.workloads {
+		for _, c := range b.s.concurrency {
+			profileTo := ""
+			if w == "multi" && c == 50 {
+				profileTo = b.s.cpuProfile
+			}
+			cl, err := b.cell(ctx, b.sluice, w, c, 0, profileTo)
+			if err != nil {
+				return err
+			}
+			rep.closed = append(rep.closed, cl)
+			if c == 50 {
+				b.noopAt50[w] = cl.noop.RPS
+				if w == "distinct" {
+					rep.genCPU = cl.noop.CPUPerRequest
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// redisStore runs the key workloads at each Redis concurrency on Sluice
+// with a redis-server of its own and on the no-op server, then on that
+// Sluice alone beside busy processes. Without redis-server it says why.
+func (b *bench) redisStore(ctx context.Context, rep *report) error {
+	if _, err := exec.LookPath(b.s.redisServer); err != nil {
+		rep.noRedis = fmt.Sprintf("No `%s` was found on this machine, so the Redis store was not measured.", b.s.redisServer)
+		fmt.Fprintf(os.Stderr, "no %s: Redis store skipped\n", b.s.redisServer)
+		return nil
+	}
+	sr, err := startRedisStore(b.s, b.dir)
+	if err != nil {
+		return err
+	}
+	defer sr.stop()
+	for _, w := range keyWorkloads {
+		for _, c := range b.s.redisConc {
+			cl, err := b.cell(ctx, sr, w, c, 0, "")
+			if err != nil {
+				return err
+			}
+			rep.redis = append(rep.redis, cl)
+		}
+	}
+	return b.starved(ctx, sr, rep)
+}
+
+// starved runs the key workloads on sr alone while -starve-busy
+// processes burn CPU, each call with the -starve-timeout deadline.
+func (b *bench) starved(ctx context.Context, sr *server, rep *report) error {
+	if b.s.starveBusy == 0 {
+		return nil
+	}
+	stop, err := busy(b.s.starveBusy)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for _, w := range keyWorkloads {
+		for _, c := range b.s.redisConc {
+			o, err := b.options(w, c, 0)
+			if err != nil {
+				return err
+			}
+			o.Timeout = b.s.starveTimeout
+			m, err := sr.measure(ctx, o)
+			if err != nil {
+				return err
+			}
+			rep.starved = append(rep.starved, cell{workload: w, concurrency: c, sluice: m})
+		}
+	}
+	return nil
+}
+
+// openLoop runs the key workloads in an open loop on Sluice and the no-op
+// server at each fraction of the no-op server's closed-loop throughput
+// at concurrency 50 (a workload not run at 50 is left out).
+func (b *bench) openLoop(ctx context.Context, rep *report) error {
+	for _, frac := range b.s.openFractions {
+		for _, w := range keyWorkloads {
+			if b.noopAt50[w] == 0 {
+				continue
+			}
+			rate := float64(int(frac*b.noopAt50[w]/100)) * 100 // rounded down to 100/s
+			cl, err := b.cell(ctx, b.sluice, w, b.s.openConc, rate, "")
+			if err != nil {
+				return err
+			}
+			cl.fraction = frac
+			rep.open = append(rep.open, cl)
+		}
+	}
+	return nil
+}
+
+// crossCheck compares the latencies with ghz's, if there is a ghz.
+func (b *bench) crossCheck(ctx context.Context, rep *report) error {
+	if _, err := os.Stat(b.s.ghz); err != nil {
+		fmt.Fprintf(os.Stderr, "no ghz at %s: cross-check skipped\n", b.s.ghz)
+		return nil
+	}
+	cc, err := crossCheckGhz(ctx, b.s, b.sluice)
+	if err != nil {
+		return err
+	}
+	rep.ghz = cc
+	return nil
+}
+
+// cell runs a workload at concurrency conc (and rate, if an open loop)
+// on target and the no-op server; profileTo is as both's.
+func (b *bench) cell(ctx context.Context, target *server, workload string, conc int, rate float64, profileTo string) (cell, error) {
+	o, err := b.options(workload, conc, rate)
+	if err != nil {
+		return cell{}, err
+	}
+	sm, nm, paired, err := b.both(ctx, target, o, profileTo)
+	if err != nil {
+		return cell{}, err
+	}
+	return cell{workload: workload, concurrency: conc, rate: rate, sluice: sm, noop: nm, paired: paired}, nil
+}
+
+// both runs o against target and the no-op server -repeat times, the
+// order alternating from run to run, and keeps each server's median run
+// (by throughput, or by p99 in an open loop) and each repetition's ratio
+// of throughputs. With a profile file, Sluice's CPU profile during its
+// first run goes there.
+func (b *bench) both(ctx context.Context, target *server, o loadgen.Options, profileTo string) (sm, nm measured, paired []float64, err error) {
+	var sruns, nruns []measured
+	for rep := range b.s.repeat {
+		order := []*server{target, b.noop}
+		if (b.cells+rep)%2 == 1 {
+			order = []*server{b.noop, target}
+		}
+		for _, srv := range order {
+			file := ""
+			if srv == b.sluice && rep == 0 {
+				file = profileTo
+			}
+			m, err := measureProfiled(ctx, srv, o, file)
+			if err != nil {
+				return sm, nm, nil, err
+			}
+			if srv != b.noop {
+				sruns = append(sruns, m)
+			} else {
+				nruns = append(nruns, m)
+			}
+		}
+		paired = append(paired, ratio(sruns[rep].RPS, nruns[rep].RPS))
+	}
+	b.cells++
+	key := func(m measured) float64 { return m.RPS }
+	if o.Rate > 0 {
+		key = func(m measured) float64 { return m.Latency.P99 }
+	}
+	return median(sruns, key), median(nruns, key), paired, nil
+}
+
+// measureProfiled measures o on srv and, given a file, writes srv's CPU
+// profile over the run there.
+func measureProfiled(ctx context.Context, srv *server, o loadgen.Options, file string) (measured, error) {
+	if file == "" {
+		return srv.measure(ctx, o)
+	}
+	prof := make(chan error, 1)
+	go func() { prof <- profile(ctx, srv.proc.Debug, o.Warmup+o.Duration, file) }()
+	m, err := srv.measure(ctx, o)
+	if perr := <-prof; err == nil {
+		err = perr
+	}
+	return m, err
 }
 
 // median returns the run whose key is the median (the lower one of an
@@ -554,95 +468,4 @@ func profile(ctx context.Context, debugAddr string, d time.Duration, file string
 	}
 	fmt.Fprintf(os.Stderr, "wrote sluice's CPU profile to %s\n", file)
 	return f.Close()
-}
-
-// ghzRequest is the one request both tools send in the cross-check.
-var ghzRequest = &rlspb.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitpb.RateLimitDescriptor{
-	{Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: "k", Value: "ghz"}}}}}
-
-type ghzResult struct {
-	RPS     float64 `json:"rps"`
-	Average float64 `json:"average"` // ns
-	Count   uint64  `json:"count"`
-	Dist    []struct {
-		Percentage float64 `json:"percentage"`
-		Latency    float64 `json:"latency"` // ns
-	} `json:"latencyDistribution"`
-	StatusCodeDistribution map[string]uint64 `json:"statusCodeDistribution"`
-}
-
-// quantile returns ghz's latency at percentage p, in µs.
-func (g ghzResult) quantile(p float64) float64 {
-	for _, d := range g.Dist {
-		if d.Percentage == p {
-			return d.Latency / 1e3
-		}
-	}
-	return 0
-}
-
-// crossCheckGhz runs ghz and then loadgen at the same fixed rate,
-// concurrency and request against sluice. ghz finds the method through
-// server reflection.
-func crossCheckGhz(ctx context.Context, s settings, sl *server) (*crossCheck, error) {
-	const conc = 50
-	data, err := protojson.Marshal(ghzRequest)
-	if err != nil {
-		return nil, err
-	}
-	total := int((s.warmup + s.duration).Seconds() * s.ghzRate)
-	out, err := exec.CommandContext(ctx, s.ghz, "--insecure", "--format", "json",
-		"--call", "envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit",
-		"-d", string(data), "--rps", strconv.Itoa(int(s.ghzRate)), "-c", strconv.Itoa(conc),
-		"--connections", strconv.Itoa(s.connections), "-n", strconv.Itoa(total), sl.addr).Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return nil, fmt.Errorf("ghz: %w: %s", err, ee.Stderr)
-		}
-		return nil, fmt.Errorf("ghz: %w", err)
-	}
-	cc := &crossCheck{rate: s.ghzRate, concurrency: conc}
-	if err := json.Unmarshal(out, &cc.ghz); err != nil {
-		return nil, fmt.Errorf("ghz output: %w", err)
-	}
-	fmt.Fprintf(os.Stderr, "ghz    rate=%.0f  %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs\n", s.ghzRate, cc.ghz.RPS, cc.ghz.quantile(50), cc.ghz.quantile(99))
-	cc.bench, err = sl.measure(ctx, loadgen.Options{Requests: []*rlspb.RateLimitRequest{ghzRequest}, Concurrency: conc,
-		Connections: s.connections, Duration: s.duration, Warmup: s.warmup, Rate: s.ghzRate})
-	return cc, err
-}
-
-// machine describes where the benchmark ran.
-type machine struct {
-	cpu, kernel, memory, load, goVersion, date, commit string
-	cores                                              int
-}
-
-func describe() machine {
-	m := machine{cores: runtime.NumCPU(), goVersion: runtime.Version(), date: time.Now().UTC().Format("2006-01-02 15:04 MST")}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if f := strings.Fields(string(b)); len(f) > 1 {
-			if kb, err := strconv.ParseFloat(f[1], 64); err == nil {
-				m.memory = fmt.Sprintf("%.0f GiB", kb/(1<<20))
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m.kernel = "Linux " + strings.TrimSpace(string(b))
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
-	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
-		m.commit = strings.TrimSpace(string(out))
-	}
-	return m
 }

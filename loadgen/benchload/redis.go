@@ -2,67 +2,15 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 )
-
-// redisServer is a redis-server process on a loopback port, with no
-// persistence, its files in a temporary directory.
-type redisServer struct {
-	cmd  *exec.Cmd
-	dir  string
-	addr string
-}
-
-// startRedis runs bin on a free loopback port and waits until it answers.
-func startRedis(ctx context.Context, bin string) (*redisServer, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	dir, err := os.MkdirTemp("", "benchload-redis-")
-	if err != nil {
-		return nil, err
-	}
-	logFile := filepath.Join(dir, "redis.log")
-	cmd := exec.CommandContext(ctx, bin, "--bind", "127.0.0.1", "--port", port, "--dir", dir,
-		"--logfile", logFile, "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("redis-server: %w", err)
-	}
-	r := &redisServer{cmd: cmd, dir: dir, addr: addr}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err = r.stats(); err == nil {
-			return r, nil
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(logFile)
-			r.stop()
-			return nil, fmt.Errorf("redis-server did not answer on %s within 10s: %w\n%s", addr, err, log)
-		}
-	}
-}
-
-// stop kills the process and removes its directory.
-func (r *redisServer) stop() {
-	r.cmd.Process.Kill()
-	r.cmd.Wait()
-	os.RemoveAll(r.dir)
-}
 
 // redisStats is what Redis reports of its own work since it started.
 type redisStats struct {
@@ -70,10 +18,10 @@ type redisStats struct {
 	commands uint64        // total_commands_processed
 }
 
-// stats asks Redis for its INFO. That INFO is not in its own count of
-// commands, but is in the next one's.
-func (r *redisServer) stats() (redisStats, error) {
-	c, err := net.DialTimeout("tcp", r.addr, time.Second)
+// redisInfo asks the Redis at addr for its INFO. That INFO is not in its
+// own count of commands, but is in the next one's.
+func redisInfo(addr string) (redisStats, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return redisStats{}, err
 	}

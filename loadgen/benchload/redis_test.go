@@ -2,14 +2,13 @@ package main
 
 import (
 	"bufio"
-	"context"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/loadgen"
+	"github.com/sluicehq/sluice/loadgen/harness"
 )
 
 func TestParseInfo(t *testing.T) {
@@ -61,25 +60,22 @@ func TestReadBulk(t *testing.T) {
 	}
 }
 
-// TestRedisServer starts a real redis-server and reads its counters.
-func TestRedisServer(t *testing.T) {
+// TestRedisInfo reads a real redis-server's counters.
+func TestRedisInfo(t *testing.T) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("no redis-server")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	r, err := startRedis(ctx, bin)
+	r, err := harness.StartRedis(bin, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	s0, err := r.stats()
+	defer r.Kill()
+	s0, err := redisInfo(r.Addr)
 	if err != nil {
-		r.stop()
 		t.Fatal(err)
 	}
-	s1, err := r.stats()
-	r.stop()
+	s1, err := redisInfo(r.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,11 +86,9 @@ func TestRedisServer(t *testing.T) {
 	if s1.cpu < s0.cpu {
 		t.Errorf("CPU went back from %v to %v", s0.cpu, s1.cpu)
 	}
-	if _, err := os.Stat(r.dir); !os.IsNotExist(err) {
-		t.Errorf("stop left %s: %v", r.dir, err)
-	}
-	if _, err := r.stats(); err == nil {
-		t.Error("stats answered after stop")
+	r.Kill()
+	if _, err := redisInfo(r.Addr); err == nil {
+		t.Error("INFO answered after Kill")
 	}
 }
 

@@ -118,18 +118,11 @@ func (t *rlsTraffic) worker(ctx context.Context, c rlsClass, w, workers int, eve
 		resp, err := t.clients[n%len(t.clients)].ShouldRateLimit(rctx, c.request(n))
 		t1 := time.Now()
 		cancel()
-		if ended(ctx, t1) {
+		if harness.Ended(ctx, t1) {
 			return // the end of the soak, not a failure
 		}
 		t.record(c, t0, t1, resp, err)
 	}
-}
-
-// ended reports whether ctx had ended at t: a request's own context,
-// whose deadline is the soak's at its end, can be done before ctx is.
-func ended(ctx context.Context, t time.Time) bool {
-	d, ok := ctx.Deadline()
-	return ctx.Err() != nil || ok && !t.Before(d)
 }
 
 func (t *rlsTraffic) record(c rlsClass, t0, t1 time.Time, resp *rlspb.RateLimitResponse, err error) {

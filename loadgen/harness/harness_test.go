@@ -89,6 +89,10 @@ time=2026-01-01T00:00:00Z level=INFO msg=serving grpc=127.0.0.1:1 http=127.0.0.1
 	if !s.readAddrs(log) || s.GRPC != "127.0.0.1:1" || s.HTTP != "127.0.0.1:2" || s.Debug != "127.0.0.1:3" || s.RefMetrics != "127.0.0.1:4" {
 		t.Errorf("readAddrs: %+v", s)
 	}
+	var noop Sluice
+	if !noop.readAddrs("no-op RLS server listening on 127.0.0.1:5\n") || noop.GRPC != "127.0.0.1:5" || noop.HTTP != "" {
+		t.Errorf("readAddrs of a no-op server: %+v", noop)
+	}
 }
 
 // fakeSluice writes a script that logs script's lines as sluice would.
@@ -137,6 +141,43 @@ func TestProcStats(t *testing.T) {
 	rss, fds := ProcStats(os.Getpid())
 	if rss <= 0 || fds <= 0 {
 		t.Errorf("ProcStats(self) = %v KiB, %d descriptors; want both positive", rss, fds)
+	}
+}
+
+func TestEnded(t *testing.T) {
+	t0 := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(time.Hour))
+	defer cancel()
+	if Ended(ctx, t0) || !Ended(ctx, t0.Add(time.Hour)) {
+		t.Error("before the deadline ended, or at it not")
+	}
+	if Ended(context.Background(), t0) {
+		t.Error("a context without a deadline ended")
+	}
+	cancel()
+	if !Ended(ctx, t0) {
+		t.Error("a cancelled context did not end")
+	}
+}
+
+// TestProcCPU: the process's CPU time grows as it works, and a process
+// that is not there has none.
+func TestProcCPU(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	c0 := ProcCPU(os.Getpid())
+	x := uint64(1)
+	for i := 0; ProcCPU(os.Getpid()) <= c0; i++ {
+		for range 1 << 20 {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		if i == 10000 {
+			t.Fatalf("CPU time stayed at %v (x %d)", c0, x)
+		}
+	}
+	if c := ProcCPU(1 << 30); c != 0 {
+		t.Errorf("ProcCPU of no process = %v, want 0", c)
 	}
 }
 

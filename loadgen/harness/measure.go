@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ProcStats returns a process's resident set size in KiB (VmRSS) and its
@@ -30,6 +31,25 @@ func ProcStats(pid int) (rssKiB float64, fds int) {
 		fds = len(ents)
 	}
 	return rssKiB, fds
+}
+
+// ProcCPU returns the CPU time (user and system) a process has used, from
+// /proc (0 where unreadable), to the clock tick.
+func ProcCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command name: state is field 3,
+	// utime and stime are fields 14 and 15, in clock ticks (100 a second
+	// on Linux).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 // Metrics is one scrape of a Prometheus text endpoint.

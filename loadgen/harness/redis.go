@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -24,7 +25,7 @@ type Redis struct {
 }
 
 // StartRedis runs bin on a free loopback port with its files (log) in dir
-// and waits until it answers PING.
+// and waits until it answers PING; one that does not is killed.
 func StartRedis(bin, dir string) (*Redis, error) {
 	addr, err := FreePort()
 	if err != nil {
@@ -60,7 +61,9 @@ func (r *Redis) start() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("harness: redis-server not answering on %s within 10s", r.Addr)
+			r.Kill()
+			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+			return fmt.Errorf("harness: redis-server not answering on %s within 10s:\n%s", r.Addr, log)
 		}
 	}
 }

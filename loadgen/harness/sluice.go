@@ -11,10 +11,11 @@ import (
 	"time"
 )
 
-// Sluice is a running `sluice serve`.
+// Sluice is a running `sluice serve` (or `sluice bench --noop-listen`).
 type Sluice struct {
 	Name string
-	// GRPC and HTTP are the addresses of its "serving" log line; Debug
+	// GRPC and HTTP are the addresses of its "serving" log line (a
+	// no-op server has GRPC only); Debug
 	// (--debug-addr, DEBUG_PORT) and RefMetrics (the reference's
 	// Prometheus endpoint, PROMETHEUS_ADDR) are empty when it serves none.
 	GRPC, HTTP, Debug, RefMetrics string
@@ -65,7 +66,8 @@ func StartSluice(bin, name, dir string, args, env []string) (*Sluice, error) {
 }
 
 // readAddrs takes the addresses from a text log; it reports whether the
-// "serving" line (logged after the others) was there.
+// "serving" line (logged after the others) was there, or the line of a
+// no-op server (`sluice bench --noop-listen`, gRPC only).
 func (s *Sluice) readAddrs(log string) bool {
 	serving := false
 	for line := range strings.Lines(log) {
@@ -73,6 +75,9 @@ func (s *Sluice) readAddrs(log string) bool {
 		case strings.Contains(line, " msg=serving "):
 			s.GRPC, s.HTTP = field(line, "grpc"), field(line, "http")
 			serving = s.GRPC != "" && s.HTTP != ""
+		case strings.HasPrefix(line, noopListening):
+			s.GRPC = strings.TrimSpace(line[len(noopListening):])
+			serving = s.GRPC != ""
 		case strings.Contains(line, ` msg="debug endpoints" `):
 			s.Debug = field(line, "addr")
 		case strings.Contains(line, ` msg="envoyproxy/ratelimit metrics" `):
@@ -81,6 +86,9 @@ func (s *Sluice) readAddrs(log string) bool {
 	}
 	return serving
 }
+
+// noopListening starts the line that names a no-op server's address.
+const noopListening = "no-op RLS server listening on "
 
 // field is the value of key=value in a log line (values without spaces).
 func field(line, key string) string {

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/server"
+)
+
+// serveFlags are serve's own settings. Backends and extensions add theirs
+// to the same flag set.
+type serveFlags struct {
+	config           string
+	allowEmptyConfig bool
+	mergeDomains     bool
+	grpcAddr         string
+	httpAddr         string
+	store            string
+	logFormat        string
+	logLevel         string
+	shadowMode       bool
+	quotaMode        bool
+	dynamicMetadata  bool
+	ietfHeaders      bool
+	deniedHits       string
+	failureMode      string
+	maxDescriptors   int
+	maxEntries       int
+	maxValueBytes    int
+	responseHeaders  bool
+	headers          server.Headers
+	tlsCert          string
+	tlsKey           string
+	tlsClientCA      string
+	tlsHTTP          bool
+	drainTimeout     time.Duration
+	maxRecvMsgSize   int
+	maxConnAge       time.Duration
+	maxConnAgeGrace  time.Duration
+	keepaliveTime    time.Duration
+	keepaliveTimeout time.Duration
+	http             httpBounds
+	maxStreams       int
+	source           sourceFlags
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "limits `path`: a YAML file or a directory of them (required)")
+	fs.BoolVar(&f.allowEmptyConfig, "allow-empty-config", false, "start with an empty config directory, NOT_SERVING until a valid config appears in it")
+	fs.BoolVar(&f.mergeDomains, "merge-domains", false, "let several files define the same domain (merged)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, sluice.v1, health, reflection)")
+	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/healthcheck, /json, /v1/check)")
+	fs.StringVar(&f.store, "store", "memory", "counter store: "+strings.Join(backendNames(), "|"))
+	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text|json")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug (logs every gRPC call) | info | warn | error")
+	fs.BoolVar(&f.shadowMode, "shadow-mode", false, "global shadow mode: count and report, but answer every request OK")
+	fs.BoolVar(&f.quotaMode, "quota-mode", false, "global quota mode: every descriptor is a quota descriptor; a request is over only if all of them are")
+	fs.BoolVar(&f.dynamicMetadata, "response-dynamic-metadata", false, "fill Envoy's dynamic_metadata with the domain, descriptors, hits addend and the matched rules' metadata")
+	fs.StringVar(&f.deniedHits, "denied-hits", "drop", "what a denied hit consumes: drop (nothing) | saturate (up to the limit)")
+	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
+	fs.IntVar(&f.maxDescriptors, "max-descriptors", limiter.DefaultMaxDescriptors, "most descriptors in one request")
+	fs.IntVar(&f.maxEntries, "max-entries", limiter.DefaultMaxEntries, "most entries in one descriptor")
+	fs.IntVar(&f.maxValueBytes, "max-value-bytes", config.DefaultMaxValueBytes, "longer descriptor values are hashed in counter keys")
+	fs.BoolVar(&f.responseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset (and Retry-After) to Envoy's response_headers_to_add")
+	fs.BoolVar(&f.ietfHeaders, "ietf-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to Envoy's response_headers_to_add and to /v1/check answers")
+	fs.StringVar(&f.headers.Limit, "header-limit", "RateLimit-Limit", "name of the limit response header")
+	fs.StringVar(&f.headers.Remaining, "header-remaining", "RateLimit-Remaining", "name of the remaining response header")
+	fs.StringVar(&f.headers.Reset, "header-reset", "RateLimit-Reset", "name of the reset response header")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate `file` (reloaded when it changes)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "the TLS private key `file`")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA bundle `file` (mTLS)")
+	fs.BoolVar(&f.tlsHTTP, "tls-http", true, "with --tls-cert, serve --http-addr over TLS too (false: TLS on gRPC only, as envoyproxy/ratelimit)")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take before connections are closed")
+	fs.IntVar(&f.maxRecvMsgSize, "max-recv-msg-size", 1<<20, "largest gRPC request in bytes")
+	fs.DurationVar(&f.maxConnAge, "max-connection-age", 0, "close gRPC connections after this long so clients rebalance (0: never)")
+	fs.DurationVar(&f.maxConnAgeGrace, "max-connection-age-grace", 0, "time for in-flight calls after max-connection-age (0: unlimited)")
+	fs.DurationVar(&f.keepaliveTime, "keepalive-time", 0, "ping idle gRPC clients after this long (0: gRPC's 2h)")
+	fs.DurationVar(&f.keepaliveTimeout, "keepalive-timeout", 0, "close a connection whose ping is unanswered this long (0: gRPC's 20s)")
+	f.http.register(fs)
+	fs.IntVar(&f.maxStreams, "grpc-max-concurrent-streams", server.DefaultMaxConcurrentStreams, "most concurrent gRPC calls and streams on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); clients open more connections or wait")
+	f.source.register(fs)
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// limiterOptions checks the policy flags.
+func (f *serveFlags) limiterOptions() (limiter.Options, error) {
+	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode}
+	switch f.deniedHits {
+	case "drop":
+	case "saturate":
+		o.SaturateDenied = true
+	default:
+		return o, fmt.Errorf("--denied-hits %q: want drop or saturate", f.deniedHits)
+	}
+	m, err := limiter.ParseFailureMode(f.failureMode)
+	if err != nil {
+		return o, fmt.Errorf("--store-failure-mode: %w", err)
+	}
+	o.FailureMode = m
+	if f.maxDescriptors < 1 || f.maxEntries < 1 {
+		return o, errors.New("--max-descriptors and --max-entries must be at least 1")
+	}
+	return o, nil
+}
+
+// check checks the flags that need no I/O and returns the limiter's
+// options and the backend of --store.
+func (f *serveFlags) check() (limiter.Options, backend, error) {
+	lopts, err := f.limiterOptions()
+	if err != nil {
+		return lopts, backend{}, err
+	}
+	b, ok := backends[f.store]
+	if !ok {
+		return lopts, b, fmt.Errorf("--store %q: unknown store (have %s)", f.store, strings.Join(backendNames(), ", "))
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") || f.tlsClientCA != "" && f.tlsCert == "" {
+		return lopts, b, errors.New("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)")
+	}
+	if err := f.http.check(); err != nil {
+		return lopts, b, err
+	}
+	if f.maxStreams < 1 || f.maxStreams > 1<<31-1 {
+		return lopts, b, errors.New("--grpc-max-concurrent-streams must be between 1 and 2^31-1")
+	}
+	return lopts, b, nil
+}

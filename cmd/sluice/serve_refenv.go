@@ -1,0 +1,210 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+)
+
+// refTable is every environment variable of envoyproxy/ratelimit's
+// settings, each once, in the order applyEnv reads them and
+// docs/REFERENCE-ENV.md lists them: the config source's
+// (serve_config.go), the server's, the stats', the stores' (each
+// backend's in its own file), then the limiter's. Rows are read in order,
+// and the first error stops: one refused variable is reported, not all.
+func refTable() []refVar {
+	t := slices.Concat(sourceRefVars, refServer, refStats, refStores)
+	for _, n := range backendNames() {
+		t = append(t, backends[n].refVars...)
+	}
+	return slices.Concat(t, refCaches, refPolicy, refTracing)
+}
+
+// The server: listeners, gRPC, TLS, logs.
+var refServer = []refVar{
+	{name: "HOST", with: "PORT"},
+	{name: "PORT", flag: "http-addr", conv: hostPortOf("HOST")},
+	{name: "DEBUG_HOST", with: "DEBUG_PORT"},
+	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST")},
+	{name: "GRPC_UDS", refuse: "serve gRPC on TCP with --grpc-addr"},
+	{name: "GRPC_HOST", with: "GRPC_PORT"},
+	{name: "GRPC_PORT", flag: "grpc-addr", conv: hostPortOf("GRPC_HOST")},
+	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age"},
+	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace"},
+	{name: "GRPC_SERVER_USE_TLS", boolean: true, apply: refApply{
+		doc: "`true`: gRPC over TLS with `GRPC_SERVER_TLS_CERT` and `GRPC_SERVER_TLS_KEY` (both needed), and `--tls-http=false`: " +
+			"as in the reference, the HTTP port (`/healthcheck`, the probes') stays plain",
+		fn: func(e *refEnv, v string) error {
+			if v != "true" {
+				return nil
+			}
+			if !e.has("GRPC_SERVER_TLS_CERT") || !e.has("GRPC_SERVER_TLS_KEY") {
+				return errors.New("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+			}
+			e.set("tls-http", "false")
+			return nil
+		}}},
+	{name: "GRPC_SERVER_TLS_CERT", when: onGRPCTLS, flag: "tls-cert"},
+	{name: "GRPC_SERVER_TLS_KEY", when: onGRPCTLS, flag: "tls-key"},
+	{name: "GRPC_CLIENT_TLS_CACERT", when: onGRPCTLS, flag: "tls-client-ca"},
+	{name: "GRPC_CLIENT_TLS_SAN", refuse: "Sluice checks client certificates against --tls-client-ca only"},
+	{name: "GRPC_SERVER_TLS_CA_CERT", extra: "Envoy Gateway sets it", when: onGRPCTLS, apply: refApply{
+		doc: "ignored with a warning, as the reference ignores it: clients are not asked for certificates " +
+			"(`GRPC_CLIENT_TLS_CACERT` turns mTLS on)",
+		fn: func(e *refEnv, v string) error {
+			if !e.has("GRPC_CLIENT_TLS_CACERT") {
+				e.warn("GRPC_SERVER_TLS_CA_CERT=%s is not read (neither by envoyproxy/ratelimit): gRPC clients are not asked for certificates; GRPC_CLIENT_TLS_CACERT or --tls-client-ca turns mTLS on", v)
+			}
+			return nil
+		}}},
+	{name: "LOG_LEVEL", flag: "log-level", conv: refConv{
+		doc: "in any case; logrus's `trace` is `debug`, `warning` `warn`, `fatal` and `panic` `error`",
+		fn: func(_ *refEnv, v string) (string, error) {
+			switch v = strings.ToLower(v); v {
+			case "trace":
+				return "debug", nil
+			case "warning":
+				return "warn", nil
+			case "fatal", "panic":
+				return "error", nil
+			}
+			return v, nil
+		}}},
+	{name: "LOG_FORMAT", flag: "log-format", conv: refConv{doc: "in any case",
+		fn: func(_ *refEnv, v string) (string, error) { return strings.ToLower(v), nil }}},
+}
+
+// onGRPCTLS: the reference reads its TLS files only with
+// GRPC_SERVER_USE_TLS=true.
+var onGRPCTLS = &refCond{doc: "`GRPC_SERVER_USE_TLS=true`", holds: func(e *refEnv) bool { return e.on("GRPC_SERVER_USE_TLS") }}
+
+// hostPortOf maps a port variable onto an address with the host in
+// variable host: the reference's 0.0.0.0 is every interface.
+func hostPortOf(host string) refConv {
+	return refConv{doc: "as `" + host + ":PORT`",
+		fn: func(e *refEnv, port string) (string, error) { return hostPort(e.getenv(host), port), nil }}
+}
+
+func hostPort(host, port string) string {
+	if host == "0.0.0.0" {
+		host = ""
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return host + ":" + port
+}
+
+// The reference's stats: statsd (USE_STATSD, on by default there: here
+// when asked for or STATSD_HOST/STATSD_PORT are set) and its Prometheus
+// series (USE_PROMETHEUS), both from observe.RefStats. The reference
+// refuses to run both; Sluice runs both.
+var refStats = []refVar{
+	{name: "USE_DOG_STATSD", boolean: true, refuse: "Sluice sends plain statsd (USE_STATSD=true) or serves the reference's Prometheus series (USE_PROMETHEUS=true)"},
+	{name: "USE_DOG_STATSD_MOGRIFIERS", ignore: "DogStatsD is not supported"},
+	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on (the reference's default is true)"},
+	{name: "STATSD_HOST", with: "STATSD_PORT"},
+	{name: "STATSD_PORT", when: onStatsd, flag: "statsd-addr", def: "8125", conv: refConv{
+		doc: "as `STATSD_HOST:STATSD_PORT` (`localhost` when unset)",
+		fn: func(e *refEnv, port string) (string, error) {
+			host := e.getenv("STATSD_HOST")
+			if host == "" {
+				host = "localhost"
+			}
+			return net.JoinHostPort(host, port), nil
+		}}},
+	{name: "STATSD_PROTOCOL", extra: "read by gostats, the reference's stats library", accept: "udp",
+		refuse: "Sluice sends statsd over UDP (which statsd_exporter and StatsD also listen on)"},
+	{name: "EXTRA_TAGS", when: onStats, flag: "stats-tags"},
+	{name: "STATS_FLUSH_INTERVAL", when: onStats, flag: "stats-flush-interval"},
+	{name: "DISABLE_STATS", boolean: true, note: "`true` turns the reference's stats off (statsd and its Prometheus series); Sluice's own `/metrics` stays on"},
+	{name: "USE_PROMETHEUS", boolean: true, note: "`true` serves the reference's Prometheus series"},
+	{name: "PROMETHEUS_ADDR", when: onPrometheus, flag: "ref-prometheus-addr", def: ":9090"},
+	{name: "PROMETHEUS_PATH", when: onPrometheus, flag: "ref-prometheus-path"},
+	{name: "PROMETHEUS_MAPPER_YAML", when: onPrometheus, flag: "ref-prometheus-mapping"},
+	// Checked whatever USE_PROMETHEUS says, hence no when.
+	{name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", boolean: true, flag: "ref-prometheus-response-time-ms", conv: refConv{
+		doc: "with `USE_PROMETHEUS=true` (the value is checked whatever it says)",
+		fn: func(e *refEnv, v string) (string, error) {
+			if ok, _ := onPrometheus.check(e); !ok {
+				return "", nil
+			}
+			return v, nil
+		}}},
+}
+
+var (
+	onStats = &refCond{doc: "`DISABLE_STATS` not true", holds: func(e *refEnv) bool { return !e.on("DISABLE_STATS") }}
+	// onStatsd: the reference's USE_STATSD defaults to true; its
+	// manifests that want statsd set STATSD_HOST or STATSD_PORT alone.
+	onStatsd = &refCond{within: onStats, doc: "`USE_STATSD=true` (or unset, with `STATSD_HOST` or `STATSD_PORT` set)",
+		holds: func(e *refEnv) bool {
+			if e.has("USE_STATSD") {
+				return e.on("USE_STATSD")
+			}
+			return e.has("STATSD_HOST") || e.has("STATSD_PORT")
+		}}
+	onPrometheus = &refCond{within: onStats, doc: "`USE_PROMETHEUS=true`", holds: func(e *refEnv) bool { return e.on("USE_PROMETHEUS") }}
+)
+
+// The store: BACKEND_TYPE picks the backend, whose variables its file
+// lists; the memcached ones are here until Sluice has a memcached store.
+var refStores = slices.Concat([]refVar{
+	{name: "BACKEND_TYPE", flag: "store", conv: refConv{
+		doc: "in any case: a store of this build (`sluice serve -h` lists them under `--store`; `memory` is the default), others refused",
+		fn: func(_ *refEnv, v string) (string, error) {
+			switch v = strings.ToLower(v); v {
+			case "memory":
+				return "", nil // the default
+			default:
+				if _, ok := backends[v]; !ok {
+					return "", fmt.Errorf("BACKEND_TYPE=%s is not supported by this build (stores: %s)", v, strings.Join(backendNames(), ", "))
+				}
+			}
+			return v, nil
+		}}},
+}, refUnread("only with BACKEND_TYPE=memcache, which is refused: Sluice has no memcached store",
+	"MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS",
+	"MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION"))
+
+// refUnread are variables Sluice does not read, silently, for one reason.
+func refUnread(why string, names ...string) []refVar {
+	rows := make([]refVar, len(names))
+	for i, n := range names {
+		rows[i] = refVar{name: n, note: "not read: " + why}
+	}
+	return rows
+}
+
+// The settings the reference applies to every store.
+var refCaches = []refVar{
+	{name: "LOCAL_CACHE_SIZE_IN_BYTES", ignore: "the memory store holds all counters; see --memory-max-keys"},
+	{name: "EXPIRATION_JITTER_MAX_SECONDS", ignore: "not needed by Sluice's stores"},
+	{name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", ignore: "Sluice never counts denied hits (see --denied-hits)"},
+	{name: "NEAR_LIMIT_RATIO", flag: "near-limit-ratio"},
+}
+
+// The limiter and its answers.
+var refPolicy = []refVar{
+	{name: "SHADOW_MODE", flag: "shadow-mode"},
+	{name: "QUOTA_MODE", flag: "quota-mode"},
+	{name: "RESPONSE_DYNAMIC_METADATA", flag: "response-dynamic-metadata"},
+	{name: "LIMIT_RESPONSE_HEADERS_ENABLED", flag: "response-headers"},
+	{name: "LIMIT_LIMIT_HEADER", flag: "header-limit"},
+	{name: "LIMIT_REMAINING_HEADER", flag: "header-remaining"},
+	{name: "LIMIT_RESET_HEADER", flag: "header-reset"},
+}
+
+// Tracing: Sluice exports no traces.
+var refTracing = []refVar{
+	{name: "TRACING_ENABLED", boolean: true, ignore: "tracing is not implemented",
+		refuse: "Sluice exports no traces; turn tracing off (in Envoy Gateway, remove rateLimit.telemetry.tracing)"},
+	{name: "TRACING_SERVICE_NAME", ignore: "tracing is not implemented"},
+	{name: "TRACING_SERVICE_NAMESPACE", ignore: "tracing is not implemented"},
+	{name: "TRACING_SERVICE_INSTANCE_ID", ignore: "tracing is not implemented"},
+	{name: "TRACING_EXPORTER_PROTOCOL", ignore: "tracing is not implemented"},
+	{name: "TRACING_SAMPLING_RATE", ignore: "tracing is not implemented"},
+	{name: "OTEL_EXPORTER_OTLP_ENDPOINT", extra: "read by OpenTelemetry's exporter", ignore: "tracing is not implemented"},
+}

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the generated table of docs/REFERENCE-ENV.md from refTable")
+
+// referenceSettings reads testdata/reference-settings.txt: the variables
+// of envoyproxy/ratelimit's settings.
+func referenceSettings(t *testing.T) []string {
+	t.Helper()
+	f, err := os.Open("testdata/reference-settings.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var names []string
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		if l := strings.TrimSpace(sc.Text()); l != "" && !strings.HasPrefix(l, "#") {
+			names = append(names, l)
+		}
+	}
+	return names
+}
+
+// TestRefTable_Complete: refTable has one row for every variable of the
+// reference's settings, and for no other variable but its extras.
+func TestRefTable_Complete(t *testing.T) {
+	settings := referenceSettings(t)
+	if len(settings) < 100 {
+		t.Fatalf("%d settings read, want the reference's 114", len(settings))
+	}
+	rows := map[string]refVar{}
+	for _, r := range refTable() {
+		if _, dup := rows[r.name]; dup {
+			t.Errorf("%s: two rows", r.name)
+		}
+		rows[r.name] = r
+	}
+	for _, n := range settings {
+		r, ok := rows[n]
+		switch {
+		case !ok:
+			t.Errorf("%s: a reference setting without a row", n)
+		case r.extra != "":
+			t.Errorf("%s: a reference setting marked extra (%s)", n, r.extra)
+		}
+		delete(rows, n)
+	}
+	for n, r := range rows {
+		if r.extra == "" {
+			t.Errorf("%s: a row for no reference setting, and not marked extra", n)
+		}
+	}
+}
+
+// TestRefTable_Rows: every row says one thing to do; the flags it maps
+// onto are serve's, the variables it reads with are rows.
+func TestRefTable_Rows(t *testing.T) {
+	fs := newServeCmd(io.Discard).fs
+	names := map[string]bool{}
+	for _, r := range refTable() {
+		names[r.name] = true
+	}
+	for _, r := range refTable() {
+		var does []string
+		for what, set := range map[string]bool{"refuse": r.refuse != "", "flag": r.flag != "", "apply": r.apply.fn != nil,
+			"with": r.with != "", "note": r.note != "", "ignore": r.ignore != "" && r.refuse == ""} {
+			if set {
+				does = append(does, what)
+			}
+		}
+		if len(does) != 1 {
+			t.Errorf("%s: does %q, want one thing", r.name, does)
+		}
+		if r.flag != "" && fs.Lookup(r.flag) == nil {
+			t.Errorf("%s: maps onto --%s, which serve does not have", r.name, r.flag)
+		}
+		if r.with != "" && !names[r.with] {
+			t.Errorf("%s: read with %s, which has no row", r.name, r.with)
+		}
+		if (r.unmet != "" && r.when == nil) || (r.accept != "" && (r.refuse == "" || r.boolean)) ||
+			(r.def != "" && (r.flag == "" || r.boolean)) || (r.conv.fn != nil && r.flag == "") || (r.apply.fn != nil) != (r.apply.doc != "") {
+			t.Errorf("%s: a malformed row", r.name)
+		}
+	}
+}
+
+// TestRefTable_RefusedAndIgnored sets each refused variable (a boolean
+// to true) and each ignored one alone: serve refuses the first with the
+// row's reason and warns about the second.
+func TestRefTable_RefusedAndIgnored(t *testing.T) {
+	for _, r := range refTable() {
+		if r.when != nil || r.refuse == "" && r.ignore == "" {
+			continue
+		}
+		v := "x"
+		if r.boolean {
+			v = "true"
+		}
+		_, warnings, err := parseServe(t, nil, serveEnv{r.name: v})
+		switch {
+		case r.refuse != "" && (err == nil || !strings.Contains(err.Error(), r.name) || !strings.Contains(err.Error(), r.refuse)):
+			t.Errorf("%s=%s: %v, want refused: %s", r.name, v, err, r.refuse)
+		case r.refuse == "" && (err != nil || !slices.Contains(warnings, r.name+" is ignored: "+r.ignore)):
+			t.Errorf("%s=%s: warnings %q err %v, want %q ignored", r.name, v, warnings, err, r.name)
+		}
+	}
+}
+
+// TestRefTable_Docs: the table of docs/REFERENCE-ENV.md is refDocs of
+// refTable (-update rewrites it), and the variables the container
+// contract of docs/ENVOY-GATEWAY.md names are rows.
+func TestRefTable_Docs(t *testing.T) {
+	const file, begin, end = "../../docs/REFERENCE-ENV.md", "<!-- BEGIN refTable -->\n", "<!-- END refTable -->"
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i, j := strings.Index(doc, begin), strings.Index(doc, end)
+	if i < 0 || j < i {
+		t.Fatalf("%s has no %q ... %q block", file, begin, end)
+	}
+	want := refDocs(refTable())
+	if got := doc[i+len(begin) : j]; got != want {
+		if *update {
+			if err := os.WriteFile(file, []byte(doc[:i+len(begin)]+want+doc[j:]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			t.Errorf("%s disagrees with refTable; go test ./cmd/sluice -run TestRefTable_Docs -update rewrites it", file)
+		}
+	}
+
+	names := map[string]bool{}
+	for _, r := range refTable() {
+		names[r.name] = true
+	}
+	eg, err := os.ReadFile("../../docs/ENVOY-GATEWAY.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	contract := string(eg)[strings.Index(string(eg), "## The container contract"):]
+	contract = contract[:strings.Index(contract, "\n## ")]
+	seen := 0
+	for _, m := range regexp.MustCompile(`(?m)^\| (.*?) \|`).FindAllStringSubmatch(contract, -1) {
+		for _, v := range regexp.MustCompile("`([A-Z][A-Z0-9_]*)[=`]").FindAllStringSubmatch(m[1], -1) {
+			seen++
+			if !names[v[1]] {
+				t.Errorf("docs/ENVOY-GATEWAY.md's container contract names %s, which refTable has no row for", v[1])
+			}
+		}
+	}
+	if seen < 20 {
+		t.Errorf("%d variables found in docs/ENVOY-GATEWAY.md's container contract, want Envoy Gateway's", seen)
+	}
+}
+
+// refDocs is the Markdown table of rows: each variable, how it is read
+// and what Sluice does with it.
+func refDocs(rows []refVar) string {
+	var b strings.Builder
+	b.WriteString("| variable | read as | Sluice |\n| --- | --- | --- |\n")
+	for _, r := range rows {
+		name := "`" + r.name + "`"
+		if r.extra != "" {
+			name += " (not a setting of the reference: " + r.extra + ")"
+		}
+		read := "text"
+		switch {
+		case r.boolean:
+			read = "boolean"
+		case r.flag != "" && r.conv.fn == nil:
+			read = "by the flag"
+		}
+		what := r.does()
+		if r.when != nil {
+			what = "only with " + r.when.docs() + map[bool]string{true: " (else ignored with a warning)"}[r.unmet != ""] + ": " + what
+		}
+		b.WriteString("| " + name + " | " + read + " | " + what + " |\n")
+	}
+	return b.String()
+}
+
+// does says what the row does with a set value.
+func (r *refVar) does() string {
+	switch {
+	case r.refuse != "" && r.boolean && r.ignore != "":
+		return "`true` refused: " + r.refuse + "; `false` ignored with a warning: " + r.ignore
+	case r.refuse != "" && r.boolean:
+		return "`true` refused: " + r.refuse
+	case r.refuse != "" && r.accept != "":
+		return "refused unless `" + r.accept + "`: " + r.refuse
+	case r.refuse != "":
+		return "refused: " + r.refuse
+	case r.ignore != "":
+		return "ignored with a warning: " + r.ignore
+	case r.flag != "":
+		s := "mapped: `--" + r.flag + "`"
+		if r.conv.doc != "" {
+			s += ", " + r.conv.doc
+		}
+		if r.def != "" {
+			s += "; `" + r.def + "` when unset (the reference's default)"
+		}
+		return s
+	case r.apply.fn != nil:
+		return r.apply.doc
+	case r.with != "":
+		return "read with `" + r.with + "`"
+	}
+	return r.note
+}
+
+func (c *refCond) docs() string {
+	if c.within != nil {
+		return c.within.docs() + " and " + c.doc
+	}
+	return c.doc
+}

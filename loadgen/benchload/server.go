@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/sluicehq/sluice/loadgen"
+	"github.com/sluicehq/sluice/loadgen/harness"
+)
+
+// server is a process under test: `sluice serve`, or the no-op server.
+type server struct {
+	proc  *harness.Sluice
+	redis *harness.Redis // the server's store, if Redis; stopped with it
+}
+
+// startServer runs `bin args` (on port 0, the text log) with its log in
+// dir and waits until it serves.
+func startServer(bin, name, dir string, args ...string) (*server, error) {
+	p, err := harness.StartSluice(bin, name, dir, args, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &server{proc: p}, nil
+}
+
+// serveArgs are the arguments of `sluice serve` on loopback ports with
+// config, and extra.
+func serveArgs(config string, extra ...string) []string {
+	return append([]string{"serve", "--config", config, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--debug-addr", "127.0.0.1:0", "--log-level", "info"}, extra...)
+}
+
+// startRedisStore starts a redis-server of its own, its files in
+// dir/redis-server, and `sluice serve --store redis` on it.
+func startRedisStore(s settings, dir string) (*server, error) {
+	rdir := filepath.Join(dir, "redis-server")
+	if err := os.Mkdir(rdir, 0o755); err != nil {
+		return nil, err
+	}
+	rd, err := harness.StartRedis(s.redisServer, rdir)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := startServer(s.sluice, "redis", dir, serveArgs(s.config, "--store", "redis", "--redis-url", "redis://"+rd.Addr)...)
+	if err != nil {
+		rd.Kill()
+		return nil, err
+	}
+	srv.redis = rd
+	return srv, nil
+}
+
+func (s *server) name() string { return s.proc.Name }
+
+func (s *server) stop() {
+	s.proc.Stop()
+	if s.redis != nil {
+		s.redis.Kill()
+	}
+}
+
+// measured is one run against one server.
+type measured struct {
+	*loadgen.Result
+	// ServerCPU is the server's CPU time per request in µs, warmup
+	// included.
+	ServerCPU float64
+	// RedisCPU (µs) and RedisCommands are Redis's CPU time and commands
+	// per request in the measured time, if the server's store is Redis.
+	RedisCPU, RedisCommands float64
+}
+
+func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
+	o.Target = s.proc.GRPC
+	c0 := harness.ProcCPU(s.proc.Pid())
+	// Redis's counters are read when the warmup ends (by this process's
+	// clock) and after the run, so they cover the measured calls.
+	var r0 redisStats
+	warm := make(chan error, 1)
+	if s.redis != nil {
+		time.AfterFunc(o.Warmup, func() {
+			var err error
+			r0, err = redisInfo(s.redis.Addr)
+			warm <- err
+		})
+	}
+	res, err := loadgen.Run(ctx, o)
+	if err != nil {
+		return measured{}, fmt.Errorf("%s: %w", s.name(), err)
+	}
+	// Calls in the warmup used CPU too: scale by the whole run's time.
+	total := float64(res.Requests) * float64(o.Warmup+o.Duration) / float64(o.Duration)
+	m := measured{Result: res}
+	if total > 0 {
+		m.ServerCPU = float64((harness.ProcCPU(s.proc.Pid()) - c0).Microseconds()) / total
+	}
+	extra := ""
+	if s.redis != nil {
+		if err := <-warm; err != nil {
+			return measured{}, fmt.Errorf("%s: %w", s.name(), err)
+		}
+		r1, err := redisInfo(s.redis.Addr)
+		if err != nil {
+			return measured{}, fmt.Errorf("%s: %w", s.name(), err)
+		}
+		if res.Requests > 0 {
+			m.RedisCPU = float64((r1.cpu - r0.cpu).Microseconds()) / float64(res.Requests)
+			// Less the first INFO, which the second counts.
+			m.RedisCommands = float64(r1.commands-r0.commands-1) / float64(res.Requests)
+		}
+		extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
+	}
+	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req%s\n",
+		s.name(), o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU, extra)
+	return m, nil
+}
+
+// busy starts n copies of this program that only burn CPU, as noisy
+// neighbours; stop kills them.
+func busy(n int) (stop func(), err error) {
+	var procs []*exec.Cmd
+	stop = func() {
+		for _, c := range procs {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}
+	for range n {
+		c := exec.Command(os.Args[0])
+		c.Env = append(os.Environ(), busyEnv+"=1")
+		if err := c.Start(); err != nil {
+			stop()
+			return nil, fmt.Errorf("busy process: %w", err)
+		}
+		procs = append(procs, c)
+	}
+	return stop, nil
+}
+
+// spin burns one CPU until killed or its parent is gone.
+func spin() {
+	parent := os.Getppid()
+	x := uint64(1)
+	for i := 0; ; i++ {
+		x = x*6364136223846793005 + 1442695040888963407
+		if i%(1<<26) == 0 && os.Getppid() != parent {
+			os.Exit(0)
+		}
+	}
+}
