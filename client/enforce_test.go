@@ -235,20 +235,60 @@ func TestCeilSeconds(t *testing.T) {
 	}
 }
 
+// heldClock reads t0 until run is called, then t0 plus the real time since:
+// Sluice's clock stands still while a test sets up, however slow the
+// machine, and runs with real time while a real timer (the Retrier's
+// wait) is being tested.
+type heldClock struct {
+	t0    int64
+	since atomic.Pointer[time.Time]
+}
+
+func (c *heldClock) Now() int64 {
+	if s := c.since.Load(); s != nil {
+		return c.t0 + int64(time.Since(*s))
+	}
+	return c.t0
+}
+
+func (c *heldClock) run() {
+	now := time.Now()
+	c.since.Store(&now)
+}
+
 // The whole loop: an application enforces a token bucket through Sluice,
 // its denial carries RetryInfo, and a client's Retrier waits that long
-// and gets through.
+// and gets through. Sluice's clock stands still until the denial (so the
+// bucket cannot refill between the first two calls on a slow machine),
+// then runs in real time: the retry is allowed only if the Retrier really
+// waited the 100 ms the denial asked for, which the server measures.
 func TestRetrier_HonoursSluiceRetryInfo(t *testing.T) {
+	clock := &heldClock{t0: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()}
 	c := dial(t, startSluice(t, `
 domain: api
 descriptors:
   - key: user
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 1}
-`, nil))
+`, clock))
 	var calls atomic.Int64
+	// When the second call was denied and the third came, in Unix ns
+	// (atomics: the test reads them across a network round trip, which the
+	// race detector does not see as synchronisation).
+	var denied, retried atomic.Int64
 	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		calls.Add(1)
-		return h(ctx, req)
+		n := calls.Add(1)
+		if n == 3 {
+			retried.Store(time.Now().UnixNano())
+		}
+		resp, err := h(ctx, req)
+		if n == 2 {
+			if d, ok := retryDelay(err); !ok || d != 100*time.Millisecond {
+				t.Errorf("second call: %v, want a denial with a RetryInfo of 100ms", err)
+			}
+			denied.Store(time.Now().UnixNano())
+			clock.run()
+		}
+		return resp, err
 	}
 	app := startAppClient(t,
 		[]grpc.ServerOption{grpc.ChainUnaryInterceptor(count, c.UnaryServerInterceptor("api", byUser))},
@@ -258,13 +298,13 @@ descriptors:
 	if _, err := app.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
 	if _, err := app.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("second call: %v, want success after a retry", err)
 	}
-	// The bucket refills one token in 100 ms; the retry waited for it
-	// (less the time the first call took to come back).
-	if took := time.Since(start); took < 50*time.Millisecond || calls.Load() != 3 {
-		t.Fatalf("second call took %v over %d server calls; want a retry after the RetryInfo delay", took, calls.Load())
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("%d server calls, want 3: the first, its denial and the retry", n)
+	}
+	if waited := time.Duration(retried.Load() - denied.Load()); waited < 100*time.Millisecond {
+		t.Fatalf("retried %v after the denial, want at least its RetryInfo of 100ms", waited)
 	}
 }

@@ -254,10 +254,80 @@ descriptors:
 // TestCheck_QuotaModeConcurrent: concurrent requests with two quota
 // descriptors and a plain one. A request goes through while either quota
 // descriptor has room and consumes from every descriptor that is not
-// over: q2 (the larger) and plain count exactly the requests let through,
+// over. On a store whose batches are atomic (Redis's script; mapStore's
+// lock) every outcome is that of some order of the requests one at a
+// time: q2 (the larger) and plain count exactly the requests let through,
 // which are at most q1 + (q2 - q1) = 20.
+//
+// The memory store is not atomic across the keys of a batch: a take it
+// rolls back was visible meanwhile, and "a rollback may briefly deny a
+// concurrent caller" (store.Store). In quota mode such a denial of q1
+// sends that request through on q2 alone; the unit of q1 it did not take
+// comes back with the rollback, and a later request goes through on it
+// once q2 is full: 21 where one at a time gives 20 (seen about once in a
+// hundred runs: a batch preempted between its take of q1 and its denial
+// by q2). No counter goes past its limit, and every request let through
+// took from plain and from a quota descriptor with room: that is what the
+// memory case checks.
 func TestCheck_QuotaModeConcurrent(t *testing.T) {
-	tab := loadTable(t, `
+	t.Run("atomic", func(t *testing.T) {
+		n, q2, plain := quotaModeConcurrent(t, newMapStore())
+		if n == 0 || n > 20 || q2 != 20-n || plain != 30-n {
+			t.Fatalf("%d requests allowed, q2 and plain %d and %d remaining; want 1 to 20, each counted by both", n, q2, plain)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := redis.New(ctx, redis.Options{URL: "redis://" + srv.Addr, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		n, q2, plain := quotaModeConcurrent(t, st)
+		if n == 0 || n > 20 || q2 != 20-n || plain != 30-n {
+			t.Fatalf("%d requests allowed, q2 and plain %d and %d remaining; want 1 to 20, each counted by both", n, q2, plain)
+		}
+	})
+	t.Run("memory", func(t *testing.T) {
+		st := memory.New(memory.Options{})
+		n, q2, plain := quotaModeConcurrent(t, st)
+		q1 := quotaRemaining(t, st, "q1")
+		if n == 0 || plain != 30-n || n > (10-q1)+(20-q2) {
+			t.Fatalf("%d requests allowed, q1, q2 and plain %d, %d and %d remaining; want each counted by plain and by a quota descriptor",
+				n, q1, q2, plain)
+		}
+	})
+}
+
+// quotaModeConcurrent runs 8 goroutines of 8 requests each with quota
+// descriptors q1 (10 a minute) and q2 (20) and a plain one (30), and
+// returns how many were allowed and what q2 and plain have left.
+func quotaModeConcurrent(t *testing.T, st store.Store) (allowed, q2, plain uint64) {
+	lim := limiter.New(tables{quotaTable(t)}, st, limiter.Options{Clock: quotaClock()})
+	var n atomic.Uint64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 8 {
+				var resp limiter.Response
+				if err := lim.Check(context.Background(), req(desc("q1", "x"), desc("q2", "x"), desc("plain", "x")), &resp); err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.Overall == limiter.OK {
+					n.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return n.Load(), quotaRemaining(t, st, "q2"), quotaRemaining(t, st, "plain")
+}
+
+func quotaTable(t *testing.T) *config.Table {
+	return loadTable(t, `
 domain: test
 descriptors:
   - key: q1
@@ -269,36 +339,21 @@ descriptors:
   - key: plain
     rate_limit: {unit: minute, requests_per_unit: 30}
 `)
-	clock := &fakeClock{}
-	clock.now.Store(t0)
-	lim := limiter.New(tables{tab}, memory.New(memory.Options{}), limiter.Options{Clock: clock})
-	var allowed atomic.Uint64
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for range 8 {
-				var resp limiter.Response
-				if err := lim.Check(context.Background(), req(desc("q1", "x"), desc("q2", "x"), desc("plain", "x")), &resp); err != nil {
-					t.Error(err)
-					return
-				}
-				if resp.Overall == limiter.OK {
-					allowed.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	n := allowed.Load()
-	if n == 0 || n > 20 {
-		t.Fatalf("%d requests allowed, want 1 to 20", n)
-	}
+}
+
+func quotaClock() *fakeClock {
+	c := &fakeClock{}
+	c.now.Store(t0)
+	return c
+}
+
+// quotaRemaining checks (cost 0) what descriptor key has left.
+func quotaRemaining(t *testing.T, st store.Store, key string) uint64 {
+	t.Helper()
+	lim := limiter.New(tables{quotaTable(t)}, st, limiter.Options{Clock: quotaClock()})
 	var resp limiter.Response
-	check := req(withCost(desc("q1", "x"), 0), withCost(desc("q2", "x"), 0), withCost(desc("plain", "x"), 0))
-	if err := lim.Check(context.Background(), check, &resp); err != nil {
+	if err := lim.Check(context.Background(), req(withCost(desc(key, "x"), 0)), &resp); err != nil {
 		t.Fatal(err)
 	}
-	if q2, plain := resp.Statuses[1].Decision.Remaining, resp.Statuses[2].Decision.Remaining; q2 != 20-n || plain != 30-n {
-		t.Errorf("after %d allowed: q2 remaining %d, plain %d; want %d, %d", n, q2, plain, 20-n, 30-n)
-	}
+	return resp.Statuses[0].Decision.Remaining
 }

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -23,7 +24,6 @@ import (
 func TestGRPC_ConcurrentReplies(t *testing.T) {
 	e := newEnv(t, limiter.Options{}, server.Options{ResponseHeaders: true})
 	const workers, calls = 32, 60
-	c := ctx(t)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -36,7 +36,11 @@ func TestGRPC_ConcurrentReplies(t *testing.T) {
 					{Key: "RateLimit-Remaining", Value: strconv.Itoa(int(n - 1))},
 					{Key: "RateLimit-Reset", Value: "3600"},
 				}
+				// (A deadline per call: 1,920 calls under -race on a busy
+				// machine can outlast one shared deadline.)
+				c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				got, err := e.rls.ShouldRateLimit(c, in)
+				cancel()
 				if err != nil {
 					t.Errorf("worker %d call %d: %v", w, i, err)
 					return

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strconv"
-	"time"
 
 	"github.com/redis/rueidis"
 
@@ -123,7 +122,7 @@ func (s *Store) refund(ctx context.Context, now int64, hits []store.Hit, b batch
 	}
 	// The refund outlives its caller's deadline, not by much: the caller
 	// is waiting for it.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, maxRefundWait))
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, s.opt.RefundTimeout))
 	defer cancel()
 	if err := s.eval(ctx, takeScript, keys, args).Error(); err != nil {
 		s.refundFailures.Add(1)
@@ -190,7 +189,3 @@ func (s *Store) owed(now int64, r reply, sub []store.Hit, keys []string, out []s
 	}
 	return owed
 }
-
-// maxRefundWait bounds a Cluster refund's wait for Redis. A refund that
-// fails leaves the denied batch's hits counted: fewer grants, never more.
-const maxRefundWait = 50 * time.Millisecond

@@ -139,38 +139,50 @@ func TestTake_CombinedAbandoned(t *testing.T) {
 
 // TestTake_CombinedDeadlines: each queued Take fails at its own deadline,
 // and a call carrying one that queued long runs to the others' deadline:
-// with Redis asleep past the old Take's deadline but not the new one's,
-// the old fails and the new succeeds.
+// with Redis answering nothing past the old Take's deadline but not the
+// new one's, the old fails and the new succeeds. Redis is stopped until
+// the old Take has failed, so the outcome does not depend on how fast
+// this machine is; the old Take's 2 s only has to outlast the few steps
+// between its start and the combined call's (were it to fail while still
+// queued, the test would pass without having sent it in that call).
 func TestTake_CombinedDeadlines(t *testing.T) {
-	srv := redistest.Start(t, "--enable-debug-command", "local")
-	const timeout = time.Second
-	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, NoLocalCache: true, BreakerFailures: 1 << 30})
+	srv := redistest.Start(t)
+	// The Take's ceiling is the callers' deadlines here, not Timeout.
+	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: time.Minute, NoLocalCache: true, BreakerFailures: 1 << 30})
 	r := must(store.NewFixedWindow(10, time.Hour))
 	now := time.Now().UnixNano()
-	take := func(key string, res chan<- error) {
-		res <- s.Take(context.Background(), now, []store.Hit{{Key: key, Rule: r, Cost: 1, Veto: true}}, make([]store.Decision, 1))
+	take := func(ctx context.Context, key string, res chan<- error) {
+		res <- s.Take(ctx, now, []store.Hit{{Key: key, Rule: r, Cost: 1, Veto: true}}, make([]store.Decision, 1))
 	}
+	warm(t, s, r, "old", "new")
+	oldCtx, cancelOld := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelOld()
+	newCtx, cancelNew := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelNew()
 	release := hold(s)
 	oldRes, newRes := make(chan error, 1), make(chan error, 1)
-	go take("old", oldRes)
+	go take(oldCtx, "old", oldRes)
 	queued(t, s, 1)
-	time.Sleep(timeout * 6 / 10) // the old Take ages (real deadlines)
-	go take("new", newRes)
+	go take(newCtx, "new", newRes)
 	queued(t, s, 2)
-	defer debugSleep(t, srv, "0.8")()
-	// Redis is asleep once a PING goes unanswered.
-	waitFor(t, 5*time.Second, "Redis asleep", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-		defer cancel()
-		return s.client.Do(ctx, s.client.B().Ping().Build()).Error() != nil
-	})
-	go release()
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	released := make(chan struct{})
+	go func() { defer close(released); release() }()
 	if err := <-oldRes; !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("old Take: %v, want its deadline exceeded", err)
 	}
+	srv.Resume()
+	resumed = true
 	if err := <-newRes; err != nil {
-		t.Errorf("new Take: %v, want success once Redis wakes before its deadline", err)
+		t.Errorf("new Take: %v, want success once Redis answers before its deadline", err)
 	}
+	<-released
 }
 
 // TestTake_CombinedLater: in one call, a request whose key holds a later

@@ -54,6 +54,11 @@ type Options struct {
 	// Cluster; the time queued for a combined call included), for a
 	// latency metric. It must be cheap and safe for concurrent use.
 	OnCall func(d time.Duration, err error)
+	// RefundTimeout bounds a Cluster refund's wait for Redis, after the
+	// caller's deadline if need be, and at most Timeout (default 50 ms). A
+	// refund that fails leaves the denied batch's hits counted: fewer
+	// grants, never more (Stats.RefundFailures counts them).
+	RefundTimeout time.Duration
 	// Clock, when set, is read when a Cluster batch refunds the slots that
 	// committed, so that a token bucket gets back only what its take still
 	// owes then (see store.Refund). Pass the clock the callers read their
@@ -101,6 +106,9 @@ const MaxAnswerMargin = 5 * time.Millisecond
 func (o Options) withDefaults() Options {
 	if o.Timeout <= 0 {
 		o.Timeout = time.Second
+	}
+	if o.RefundTimeout <= 0 {
+		o.RefundTimeout = 50 * time.Millisecond
 	}
 	if o.BreakerFailures <= 0 {
 		o.BreakerFailures = 3

@@ -88,9 +88,23 @@ func (s *Server) Kill() {
 }
 
 // Pause stops the process with SIGSTOP: its connections stay open and
-// answer nothing, as a frozen host or a long GC-free stall would. Resume
-// undoes it; Kill resumes a paused process first.
-func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+// answer nothing, as a frozen host, a busy Redis (a slow script, DEBUG
+// SLEEP) or a long stall would, until Resume, however long a busy
+// machine takes to get there. It returns once the process has stopped
+// (on Linux), so that nothing sent after it is answered before Resume.
+// Kill resumes a paused process first.
+func (s *Server) Pause() {
+	s.t.Helper()
+	s.signal(syscall.SIGSTOP)
+	s.mu.Lock()
+	pid := s.proc.Pid
+	s.mu.Unlock()
+	for deadline := time.Now().Add(startTimeout); !stopped(pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redistest: %s did not stop after SIGSTOP", s.bin)
+		}
+	}
+}
 
 // Resume continues a process Pause stopped.
 func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
