@@ -201,7 +201,7 @@ func testRecord(series func(rep int, min float64) float64) (settings, *record) {
 		for rep := range 2 {
 			rec.samples = append(rec.samples, sample{At: start.Add(at), Replica: rep, RSSMiB: 50, FDs: 20, Goroutines: 100,
 				Series: series(rep, at.Minutes()), RefSeries: 500, CPU: at.Seconds() / 10, FleetErrors: 0,
-				Heap: map[string]float64{"status page": 1}})
+				LabelSets: 200, TrafficRules: 100, TrafficMiB: 0.5, Heap: map[string]float64{"status page": 1}})
 		}
 	}
 	for sec := range int64(600) {
