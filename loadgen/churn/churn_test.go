@@ -257,6 +257,8 @@ func TestAnalyse_Limits(t *testing.T) {
 	rec.rls[start+300].Ambiguous[1] = 5                        // 20 known + 5 either window
 	rec.fleet[242].Admitted = 300                              // in the outage
 	rec.fleet[400].Offered, rec.fleet[400].Admitted = 359, 190 // the simulator caught up a late step
+	rec.fleet[450].Offered, rec.fleet[450].Admitted = 232, 166 // its offers add up, but the soak ran 7 s late
+	rec.lag[rec.fleet[450].Start.Unix()] = 7 * time.Second
 	if r := analyse(s, rec); !r.pass() {
 		t.Fatalf("fails: %q", failed(r))
 	}

@@ -70,6 +70,7 @@ var figures = []figure{
 	{name: "/metrics read time", unit: "s", format: "%.2f", get: func(s sample) float64 { return s.ScrapeSec }, perMinute: true},
 	{name: "traffic JSON", unit: "KiB", format: "%.1f", get: func(s sample) float64 { return s.TrafficKiB }},
 	{name: "RLQS buckets", format: "%.0f", get: func(s sample) float64 { return s.Buckets }},
+	{name: "RLQS fleet exchange errors", format: "%.0f", get: func(s sample) float64 { return s.FleetErrors }},
 	{name: "CPU", unit: "cores", format: "%.2f", get: func(s sample) float64 { return s.Cores }, perMinute: true},
 }
 

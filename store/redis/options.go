@@ -80,6 +80,8 @@ type Options struct {
 	// ProbeTimeout is how long a probe waits for PONG before it opens the
 	// breaker (default 500 ms: far longer than a starved or throttled
 	// process stalls, so that only a Redis that answers nothing opens it).
+	// A probe whose timeout fired more than ProbeTimeout late (the process
+	// or its machine was frozen) is sent again instead.
 	ProbeTimeout time.Duration
 
 	// Logger, when set, gets one WARN line when Redis becomes unreachable

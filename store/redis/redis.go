@@ -67,6 +67,10 @@ type Store struct {
 	lastLatency    atomic.Int64  // ns of the latest probe Redis answered
 	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
 	lastErr        atomic.Pointer[error]
+
+	// probeWait measures how long a probe waited (time.Since; a test
+	// simulates a stalled process). Read by Run only.
+	probeWait func(start time.Time) time.Duration
 }
 
 // Stats are the store's counters and state, for metrics.
@@ -127,7 +131,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("redis: connect: %w", err)
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
-		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1)}
+		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
 	if co.Sentinel.MasterSet != "" {
 		s.addr = "sentinel master " + co.Sentinel.MasterSet + " via " + s.addr
 	}
@@ -246,8 +250,10 @@ func (s *Store) Healthy() bool { return s.breaker.closed() }
 // Run probes Redis until ctx ends: every ProbeInterval while healthy, soon
 // after a Take ran out of time (at most one probe per BreakerCooldown),
 // every BreakerCooldown while the breaker is open, so it closes as soon as
-// Redis is back. A probe that
-// gets no PONG within ProbeTimeout opens the breaker. Run logs the
+// Redis is back. A probe that gets no PONG within ProbeTimeout opens the
+// breaker, unless its timeout fired more than ProbeTimeout late (this
+// process was not running: no evidence about Redis), when it is sent
+// again at once. Run logs the
 // breaker's transitions (see Options.Logger) and drops expired entries of
 // the local cache.
 func (s *Store) Run(ctx context.Context) error {
@@ -256,7 +262,7 @@ func (s *Store) Run(ctx context.Context) error {
 	var lg transitionLog
 	var lastProbe time.Time
 	for {
-		probe := true
+		probe, again := true, false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -269,12 +275,22 @@ func (s *Store) Run(ctx context.Context) error {
 		if probe {
 			s.probes.Add(1)
 			lastProbe = time.Now()
-			if err := s.ping(ctx); err == nil {
-				s.lastLatency.Store(int64(time.Since(lastProbe)))
+			err := s.ping(ctx)
+			waited := s.probeWait(lastProbe)
+			switch {
+			case err == nil:
+				s.lastLatency.Store(int64(waited))
 				s.breaker.success()
-			} else if ctx.Err() == nil && s.breaker.lastOK.Load() < lastProbe.UnixNano() {
-				// A call that Redis answered during the probe outweighs
-				// it (on Cluster the probe also asks replicas no call uses).
+			case ctx.Err() != nil, s.breaker.lastOK.Load() >= lastProbe.UnixNano():
+				// Stopping; or a call that Redis answered during the
+				// probe outweighs it (on Cluster the probe also asks
+				// replicas no call uses).
+			case stalled(err, waited, s.opt.ProbeTimeout):
+				// Its deadline passed while this process did not run:
+				// no evidence about Redis. Ask again at once.
+				again = true
+			default:
+				err = fmt.Errorf("%w (after %v)", err, waited.Round(time.Millisecond))
 				s.lastErr.Store(&err)
 				s.breaker.trip()
 			}
@@ -295,6 +311,8 @@ func (s *Store) Run(ctx context.Context) error {
 			}
 		}
 		switch {
+		case again:
+			t.Reset(0)
 		case !probe:
 			t.Reset(s.opt.BreakerCooldown - time.Since(lastProbe))
 		case s.breaker.closed():
@@ -303,6 +321,14 @@ func (s *Store) Run(ctx context.Context) error {
 			t.Reset(s.opt.BreakerCooldown)
 		}
 	}
+}
+
+// stalled reports whether a probe that failed with err after waited, its
+// deadline timeout, timed out long after that deadline: the timer fired
+// late because this process (or its machine) was not running, so Redis's
+// silence is not shown. A probe that times out on time is evidence.
+func stalled(err error, waited, timeout time.Duration) bool {
+	return errors.Is(err, context.DeadlineExceeded) && waited > 2*timeout
 }
 
 // wake makes Run probe (and report) now.
