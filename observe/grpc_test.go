@@ -26,6 +26,24 @@ import (
 	"github.com/sluicehq/sluice/observe"
 )
 
+// serveLoopback serves s on a loopback port until the test ends, and
+// returns a client connection to it.
+func serveLoopback(t *testing.T, s *grpc.Server) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); s.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); s.Stop(); <-done })
+	return conn
+}
+
 func TestGRPCMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := observe.NewGRPCMetrics(reg)
@@ -34,19 +52,7 @@ func TestGRPCMetrics(t *testing.T) {
 	}
 	s := grpc.NewServer(grpc.ChainUnaryInterceptor(m.UnaryServerInterceptor()))
 	rlspb.RegisterRateLimitServiceServer(s, loadgen.Noop{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); s.Serve(lis) }()
-	defer func() { s.Stop(); <-done }()
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := serveLoopback(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := rlspb.NewRateLimitServiceClient(conn)
@@ -263,18 +269,7 @@ func TestGRPCMetrics_PanicCountedAsInternal(t *testing.T) {
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered), m.StreamServerInterceptor()))
 	rlspb.RegisterRateLimitServiceServer(s, panicking{})
 	rlqspb.RegisterRateLimitQuotaServiceServer(s, panicking{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); s.Serve(lis) }()
-	defer func() { s.Stop(); <-done }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := serveLoopback(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
