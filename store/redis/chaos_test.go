@@ -210,8 +210,9 @@ func TestChaos_SlowRedisIsNotDown(t *testing.T) {
 
 // TestChaos_RedisPaused: Redis stopped (SIGSTOP) under load from callers
 // with Envoy's 20 ms deadline. Each call ends within its deadline; the
-// probe opens the breaker within ProbeTimeout; one WARN line names the
-// address, the cause and the failure mode; Status says down; once Redis
+// probe and the one sent after it open the breaker within two
+// ProbeTimeouts; one WARN line names the address, the cause and the
+// failure mode; Status says down; once Redis
 // continues, calls succeed within a second and one INFO line gives the
 // outage and the calls answered by the failure mode.
 func TestChaos_RedisPaused(t *testing.T) {
@@ -266,8 +267,8 @@ func TestChaos_RedisPaused(t *testing.T) {
 	srv.Pause()
 	paused := time.Now()
 	took := waitFor(t, 5*time.Second, "breaker opens", func() bool { return !s.Healthy() })
-	if took > time.Second+200*time.Millisecond {
-		t.Errorf("breaker opened %v after Redis stopped, want within the 500ms probe timeout (after a first timeout)", took)
+	if took > 1500*time.Millisecond {
+		t.Errorf("breaker opened %v after Redis stopped, want within two 500ms probe timeouts in a row (after a first timeout)", took)
 	}
 	if st := s.Status(); st.State != StateDown || st.OutageStart.Before(paused) || st.LastError == "" {
 		t.Errorf("status while paused: %+v, want down since the pause, with the cause", st)

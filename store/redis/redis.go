@@ -68,8 +68,8 @@ type Store struct {
 	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
 	lastErr        atomic.Pointer[error]
 
-	// probeWait measures how long a probe waited (time.Since; a test
-	// simulates a stalled process). Read by Run only.
+	// probeWait measures how long a probe waited, after it (time.Since;
+	// a test stands for a stalled process there). Read by Run only.
 	probeWait func(start time.Time) time.Duration
 }
 
@@ -250,10 +250,9 @@ func (s *Store) Healthy() bool { return s.breaker.closed() }
 // Run probes Redis until ctx ends: every ProbeInterval while healthy, soon
 // after a Take ran out of time (at most one probe per BreakerCooldown),
 // every BreakerCooldown while the breaker is open, so it closes as soon as
-// Redis is back. A probe that gets no PONG within ProbeTimeout opens the
-// breaker, unless its timeout fired more than ProbeTimeout late (this
-// process was not running: no evidence about Redis), when it is sent
-// again at once. Run logs the
+// Redis is back. A probe that gets no PONG within ProbeTimeout is sent
+// again at once (a process starved or frozen past the deadline misses it
+// with Redis up), and the second failure in a row opens the breaker. Run logs the
 // breaker's transitions (see Options.Logger) and drops expired entries of
 // the local cache.
 func (s *Store) Run(ctx context.Context) error {
@@ -261,6 +260,7 @@ func (s *Store) Run(ctx context.Context) error {
 	defer t.Stop()
 	var lg transitionLog
 	var lastProbe time.Time
+	suspect := false // the last probe failed with the breaker closed
 	for {
 		probe, again := true, false
 		select {
@@ -279,18 +279,23 @@ func (s *Store) Run(ctx context.Context) error {
 			waited := s.probeWait(lastProbe)
 			switch {
 			case err == nil:
+				suspect = false
 				s.lastLatency.Store(int64(waited))
 				s.breaker.success()
 			case ctx.Err() != nil, s.breaker.lastOK.Load() >= lastProbe.UnixNano():
 				// Stopping; or a call that Redis answered during the
 				// probe outweighs it (on Cluster the probe also asks
 				// replicas no call uses).
-			case stalled(err, waited, s.opt.ProbeTimeout):
-				// Its deadline passed while this process did not run:
-				// no evidence about Redis. Ask again at once.
-				again = true
+				suspect = false
+			case s.breaker.closed() && !suspect:
+				// One failed probe may be this process's stall (a
+				// starved or frozen process misses its deadline with
+				// the PONG unread), not Redis's silence: ask again at
+				// once, and open the breaker only if that fails too.
+				suspect, again = true, true
 			default:
-				err = fmt.Errorf("%w (after %v)", err, waited.Round(time.Millisecond))
+				suspect = false
+				err = fmt.Errorf("%w (after %v, the probe before it failed too)", err, waited.Round(time.Millisecond))
 				s.lastErr.Store(&err)
 				s.breaker.trip()
 			}
@@ -321,14 +326,6 @@ func (s *Store) Run(ctx context.Context) error {
 			t.Reset(s.opt.BreakerCooldown)
 		}
 	}
-}
-
-// stalled reports whether a probe that failed with err after waited, its
-// deadline timeout, timed out long after that deadline: the timer fired
-// late because this process (or its machine) was not running, so Redis's
-// silence is not shown. A probe that times out on time is evidence.
-func stalled(err error, waited, timeout time.Duration) bool {
-	return errors.Is(err, context.DeadlineExceeded) && waited > 2*timeout
 }
 
 // wake makes Run probe (and report) now.
