@@ -141,13 +141,16 @@ func (m *GRPCMetrics) collectors() [5]prometheus.Collector {
 	return [5]prometheus.Collector{m.started, m.handled, m.received, m.sent, m.handling}
 }
 
-// UnaryServerInterceptor counts and times unary calls.
+// UnaryServerInterceptor counts and times unary calls. A call whose
+// handler panics is counted as INTERNAL, what the server's panic recovery
+// (an interceptor before this one) answers, and the panic goes on to it.
 func (m *GRPCMetrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		s := m.series(info.FullMethod, "unary")
 		start := time.Now()
 		s.started.Inc()
 		s.received.inc(m.received, s, false, 0)
+		defer m.countPanic(s, start)
 		resp, err := handler(ctx, req)
 		if err == nil {
 			s.sent.inc(m.sent, s, false, 0)
@@ -158,7 +161,7 @@ func (m *GRPCMetrics) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // StreamServerInterceptor counts and times streams, and counts the
-// messages each way.
+// messages each way. A panic is counted as in UnaryServerInterceptor.
 func (m *GRPCMetrics) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		typ := "bidi_stream"
@@ -171,6 +174,7 @@ func (m *GRPCMetrics) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		s := m.series(info.FullMethod, typ)
 		start := time.Now()
 		s.started.Inc()
+		defer m.countPanic(s, start)
 		err := handler(srv, &countedStream{ServerStream: ss, m: m, s: s})
 		m.done(s, err, start)
 		return err
@@ -213,6 +217,19 @@ func (m *GRPCMetrics) done(s *methodSeries, err error, start time.Time) {
 	s.handling.Observe(d.Seconds())
 	if s.ms != nil {
 		s.ms.add(d)
+	}
+}
+
+// errPanicked is how a call whose handler panicked ends.
+var errPanicked = status.Error(codes.Internal, "internal error")
+
+// countPanic, deferred by the interceptors, counts a call whose handler
+// panicked as errPanicked and panics on, so that the recovery outside
+// answers it (and sees the handler's stack).
+func (m *GRPCMetrics) countPanic(s *methodSeries, start time.Time) {
+	if p := recover(); p != nil {
+		m.done(s, errPanicked, start)
+		panic(p)
 	}
 }
 

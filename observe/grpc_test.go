@@ -6,13 +6,16 @@ import (
 	"io"
 	"maps"
 	"net"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,6 +26,24 @@ import (
 	"github.com/sluicehq/sluice/observe"
 )
 
+// serveLoopback serves s on a loopback port until the test ends, and
+// returns a client connection to it.
+func serveLoopback(t *testing.T, s *grpc.Server) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); s.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); s.Stop(); <-done })
+	return conn
+}
+
 func TestGRPCMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := observe.NewGRPCMetrics(reg)
@@ -31,19 +52,7 @@ func TestGRPCMetrics(t *testing.T) {
 	}
 	s := grpc.NewServer(grpc.ChainUnaryInterceptor(m.UnaryServerInterceptor()))
 	rlspb.RegisterRateLimitServiceServer(s, loadgen.Noop{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); s.Serve(lis) }()
-	defer func() { s.Stop(); <-done }()
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := serveLoopback(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c := rlspb.NewRateLimitServiceClient(conn)
@@ -222,5 +231,65 @@ func TestGRPCMetrics_NoAllocs(t *testing.T) {
 	call()
 	if n := testing.AllocsPerRun(100, call); n != 0 {
 		t.Errorf("with TrackMillis: %v allocations per two calls, want 0", n)
+	}
+}
+
+// panicking is a RateLimitService and RateLimitQuotaService whose calls
+// panic.
+type panicking struct {
+	rlspb.UnimplementedRateLimitServiceServer
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+}
+
+func (panicking) ShouldRateLimit(context.Context, *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	panic("unary")
+}
+
+func (panicking) StreamRateLimitQuotas(rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	panic("stream")
+}
+
+// TestGRPCMetrics_PanicCountedAsInternal: behind the server's recovery (as
+// server.NewGRPC chains them: recovery first), a call whose handler
+// panicked is counted as the INTERNAL the client gets, and the panic
+// reaches the recovery with its stack.
+func TestGRPCMetrics_PanicCountedAsInternal(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := observe.NewGRPCMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stacks []string
+	recovered := recovery.WithRecoveryHandler(func(p any) error {
+		stacks = append(stacks, string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error")
+	})
+	s := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovered), m.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered), m.StreamServerInterceptor()))
+	rlspb.RegisterRateLimitServiceServer(s, panicking{})
+	rlqspb.RegisterRateLimitQuotaServiceServer(s, panicking{})
+	conn := serveLoopback(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	if _, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlspb.RateLimitRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("a panicking unary call: %v, want Internal", err)
+	}
+	st, err := rlqspb.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.Internal {
+		t.Fatalf("a panicking stream: %v, want Internal", err)
+	}
+	fams := scrape(t, reg)
+	check(t, fams, "grpc_server_handled_total", map[string]string{"grpc_method": "ShouldRateLimit", "grpc_code": "Internal"}, 1)
+	check(t, fams, "grpc_server_handled_total", map[string]string{"grpc_method": "StreamRateLimitQuotas", "grpc_code": "Internal"}, 1)
+	check(t, fams, "grpc_server_handling_seconds", map[string]string{"grpc_method": "ShouldRateLimit"}, 1)
+	for i, s := range stacks {
+		if !strings.Contains(s, "observe_test.panicking.") {
+			t.Errorf("recovery %d: the stack lacks the panicking handler:\n%s", i, s)
+		}
 	}
 }

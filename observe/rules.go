@@ -163,7 +163,7 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 			Help: "Requests the store could not decide, by kind of error and by the failure mode that answered them."}, []string{"kind", "mode"}),
 		byLabels: map[[3]string]*counters{},
 	}
-	for _, c := range []prometheus.Collector{rulesCollector{r}, r.storeFailures} {
+	for _, c := range []prometheus.Collector{rulesCollector{r}, labelSetsCollector{r}, r.storeFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

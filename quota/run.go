@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime/debug"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/sparse"
 )
 
 // Run calls Tick every interval until ctx is done. With a Fleet, it first
@@ -20,17 +22,17 @@ import (
 func (s *Service) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.Interval)
 	defer t.Stop()
-	var fleetLog, panicLog sparseLog
+	fleetLog, panicLog := sparse.Log{Every: logInterval}, sparse.Log{Every: logInterval}
 	tick := func(now time.Time) {
 		p, err := s.tickSafely(ctx, now)
 		switch {
 		case p != nil:
-			if quiet, ok := panicLog.due(now); ok {
+			if quiet, ok := panicLog.Due(now); ok {
 				s.o.Logger.Error("rlqs: panic while recomputing the shares (recovered)", "panic", fmt.Sprint(p.value),
 					"stack", string(p.stack), "panics_not_logged", quiet)
 			}
 		case err != nil:
-			if quiet, ok := fleetLog.due(now); ok {
+			if quiet, ok := fleetLog.Due(now); ok {
 				s.o.Logger.Warn("rlqs: sharing demand with the fleet failed; dividing with the last known demand", "err", err, "failures_not_logged", quiet)
 			}
 		}
@@ -68,21 +70,3 @@ func (s *Service) tickSafely(ctx context.Context, now time.Time) (p *recovered, 
 // logInterval is the least time between two log lines of the same kind
 // from Run.
 const logInterval = time.Minute
-
-// sparseLog lets a line through at most once per logInterval.
-type sparseLog struct {
-	last  time.Time
-	quiet int
-}
-
-// due reports whether to log at now and, if so, how many lines were not
-// logged since the last one.
-func (l *sparseLog) due(now time.Time) (quiet int, ok bool) {
-	if !l.last.IsZero() && now.Sub(l.last) < logInterval {
-		l.quiet++
-		return 0, false
-	}
-	quiet = l.quiet
-	l.last, l.quiet = now, 0
-	return quiet, true
-}

@@ -48,6 +48,15 @@ func getFamilies(t *testing.T, url string) map[string]*dto.MetricFamily {
 	return fams
 }
 
+// gauge is the value of the gauge name, without labels; -1 if /metrics
+// lacks it.
+func gauge(fams map[string]*dto.MetricFamily, name string) float64 {
+	if m := fams[name].GetMetric(); len(m) == 1 {
+		return m[0].GetGauge().GetValue()
+	}
+	return -1
+}
+
 // TestServe_XDSRenamedRulesBounded is issue 23's finding over xDS: 40
 // pushes of renamed rules, each with traffic, leave /metrics with the
 // series of the rules in force only, the detailed rule's values capped
@@ -104,6 +113,19 @@ func TestServe_XDSRenamedRulesBounded(t *testing.T) {
 			t.Errorf("%s: %d series of the pushed rules and %d of the detailed rule after %d pushes, want %d and 101",
 				name, pushed, user, pushes, rules-1)
 		}
+	}
+
+	// The gauges of what the per-rule counters and the status page hold
+	// (the status page samples once a second: it may not have seen the
+	// last push, and holds one push's rules at most).
+	if g := gauge(fams, "sluice_rule_label_sets"); g != rules-1+101 {
+		t.Errorf("sluice_rule_label_sets = %v, want %d (the series of each sluice_rule_* family)", g, rules-1+101)
+	}
+	if g := gauge(fams, "sluice_ui_traffic_rules"); g > rules {
+		t.Errorf("sluice_ui_traffic_rules = %v, want at most %d (one push's rules)", g, rules)
+	}
+	if g := gauge(fams, "sluice_ui_traffic_bytes"); g <= 0 || g > 1<<20 {
+		t.Errorf("sluice_ui_traffic_bytes = %v, want more than 0 and under 1 MiB (%d rules × 61 samples × 32 bytes is 195 KiB)", g, rules)
 	}
 
 	res, err := http.Get("http://" + httpAddr + "/ui/api/traffic")

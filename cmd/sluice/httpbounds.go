@@ -3,10 +3,14 @@ package main
 import (
 	"errors"
 	"flag"
+	"log"
 	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/sparse"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -51,9 +55,40 @@ func (b httpBounds) check() error {
 func (b httpBounds) server(h http.Handler, logger *slog.Logger, writeTimeout bool) *http.Server {
 	s := &http.Server{Handler: http.MaxBytesHandler(h, b.maxBody),
 		ReadHeaderTimeout: min(b.readTimeout, 10*time.Second), ReadTimeout: b.readTimeout, IdleTimeout: b.idleTimeout,
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+		ErrorLog: log.New(newSparseLog(logger, time.Now), "", 0)}
 	if writeTimeout {
 		s.WriteTimeout = b.writeTimeout
 	}
 	return s
+}
+
+// httpLogEvery is the least time between two lines of an HTTP server's
+// own log: Go's server writes one per connection whose TLS handshake
+// fails, so that a client opening connections would write a line each.
+const httpLogEvery = 10 * time.Second
+
+// sparseLog is an HTTP server's ErrorLog: it logs a line at WARN at most
+// once per httpLogEvery, with the count of the lines not logged since the
+// previous one. Safe for concurrent use.
+type sparseLog struct {
+	logger *slog.Logger
+	now    func() time.Time
+
+	mu  sync.Mutex
+	log sparse.Log
+}
+
+func newSparseLog(logger *slog.Logger, now func() time.Time) *sparseLog {
+	return &sparseLog{logger: logger, now: now, log: sparse.Log{Every: httpLogEvery}}
+}
+
+func (s *sparseLog) Write(p []byte) (int, error) {
+	now := s.now()
+	s.mu.Lock()
+	quiet, ok := s.log.Due(now)
+	s.mu.Unlock()
+	if ok {
+		s.logger.Warn(strings.TrimSuffix(string(p), "\n"), "lines_not_logged", quiet)
+	}
+	return len(p), nil
 }

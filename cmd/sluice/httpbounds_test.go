@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testcert"
 )
 
 // waitClosed reads from conn until the server closes it, and fails if it
@@ -110,4 +113,65 @@ func TestServe_HTTPBadBounds(t *testing.T) {
 			t.Errorf("%s 0: %v, want an error", flag, err)
 		}
 	}
+}
+
+// TestServe_HTTPServerLogIsSparse: Go's HTTP server logs a line per
+// connection whose TLS handshake fails; 50 such connections from a
+// client that does not speak TLS write one line, not 50.
+func TestServe_HTTPServerLogIsSparse(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile := testcert.NewCA(t).Server(t).WriteFiles(t, dir, "tls")
+	var logs lockedBuffer
+	_, addr := startServeLogged(t, nil, &logs, "--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--tls-cert", certFile, "--tls-key", keyFile)
+	for range 50 {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprint(conn, "GET /healthcheck HTTP/1.1\r\nHost: sluice\r\n\r\n")
+		waitClosed(t, conn, 20*time.Second) // answered 400 and closed, the line logged
+		conn.Close()
+	}
+	if n := strings.Count(logs.String(), "TLS handshake error"); n != 1 {
+		t.Errorf("50 failed handshakes logged %d lines, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestSparseLog: the HTTP servers' log lets one line through per
+// httpLogEvery (10 s), with the count of those held back since, and keeps
+// the line as Go's server wrote it.
+func TestSparseLog(t *testing.T) {
+	var out lockedBuffer
+	now := time.Unix(1_800_000_000, 0)
+	s := newSparseLog(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{ReplaceAttr: dropTime})), func() time.Time { return now })
+	steps := []struct {
+		at   time.Duration
+		want string // the line logged, "" for none
+	}{
+		{0, `level=WARN msg="http: a" lines_not_logged=0`},
+		{time.Second, ""},
+		{9 * time.Second, ""},
+		{10 * time.Second, `level=WARN msg="http: a" lines_not_logged=2`},
+		{19*time.Second + 999*time.Millisecond, ""},
+		{time.Minute, `level=WARN msg="http: a" lines_not_logged=1`},
+	}
+	start := now
+	for i, st := range steps {
+		now = start.Add(st.at)
+		before := out.String()
+		if n, err := s.Write([]byte("http: a\n")); n != 8 || err != nil {
+			t.Fatalf("step %d: Write = %d, %v", i, n, err)
+		}
+		if got := strings.TrimSpace(strings.TrimPrefix(out.String(), before)); got != st.want {
+			t.Errorf("step %d (at %v): logged %q, want %q", i, st.at, got, st.want)
+		}
+	}
+}
+
+func dropTime(_ []string, a slog.Attr) slog.Attr {
+	if a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
 }

@@ -57,6 +57,9 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 		return errors.New("the status page needs the per-rule counters")
 	}
 	traffic := ui.NewTraffic(rules, time.Second, ui.DefaultWindow)
+	if err := ui.RegisterMetrics(x.Registry, traffic); err != nil {
+		return err
+	}
 	x.Run = append(x.Run, traffic.Run)
 	src := ui.Source{Kind: "file", Location: flagValue(f.fs, "config")}
 	if flagValue(f.fs, "config-source") == "xds" {

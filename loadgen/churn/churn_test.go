@@ -201,7 +201,7 @@ func testRecord(series func(rep int, min float64) float64) (settings, *record) {
 		for rep := range 2 {
 			rec.samples = append(rec.samples, sample{At: start.Add(at), Replica: rep, RSSMiB: 50, FDs: 20, Goroutines: 100,
 				Series: series(rep, at.Minutes()), RefSeries: 500, CPU: at.Seconds() / 10, FleetErrors: 0,
-				Heap: map[string]float64{"status page": 1}})
+				LabelSets: 200, TrafficRules: 100, TrafficMiB: 0.5, Heap: map[string]float64{"status page": 1}})
 		}
 	}
 	for sec := range int64(600) {
@@ -257,6 +257,8 @@ func TestAnalyse_Limits(t *testing.T) {
 	rec.rls[start+300].Ambiguous[1] = 5                        // 20 known + 5 either window
 	rec.fleet[242].Admitted = 300                              // in the outage
 	rec.fleet[400].Offered, rec.fleet[400].Admitted = 359, 190 // the simulator caught up a late step
+	rec.fleet[450].Offered, rec.fleet[450].Admitted = 232, 166 // its offers add up, but the soak ran 7 s late
+	rec.lag[rec.fleet[450].Start.Unix()] = 7 * time.Second
 	if r := analyse(s, rec); !r.pass() {
 		t.Fatalf("fails: %q", failed(r))
 	}

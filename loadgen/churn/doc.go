@@ -27,7 +27,9 @@
 //     started again --redis-down later.
 //
 // Every --sample it reads each replica's RSS, descriptors, /metrics (go
-// heap, goroutines, series, CPU, RLQS), the reference's metrics endpoint,
+// heap, goroutines, series, CPU, RLQS, and the gauges of what the
+// per-rule counters and the status page's samples hold), the reference's
+// metrics endpoint,
 // the status page's traffic JSON and its heap profile (the live heap of
 // the status page, the metrics, RLQS and config code). At the end it fits
 // a line to each figure over the second half of the run (the first is

@@ -116,12 +116,14 @@ func (r *report) judgeRLS() {
 // is judged: settled, no outage, and the simulator not starved. Its
 // proxies step every 20 ms and count a step's admissions in the second
 // the step ran in; a step that ran late spans two windows and counts
-// both in one (docs/RLQS.md), and its offered requests show it: the
-// fleet offers 2 × rlqsLimit a second, and a second off by more than a
-// quarter is one the simulator could not keep.
+// both in one (docs/RLQS.md). Its offered requests show most of them:
+// the fleet offers 2 × rlqsLimit a second, and a second off by more than
+// a quarter is one the simulator could not keep; and so is a second in
+// which the soak itself ran more than starvedLag late (its steps, whose
+// offers may still add up, ran late with it).
 func (r *report) judgedFleetSecond(s loadgen.Second) bool {
 	const want = 2 * rlqsLimit
-	return s.T > rlqsSettle && r.judgedSecond(s.Start) && math.Abs(s.Offered-want) <= want/4
+	return s.T > rlqsSettle && r.judgedSecond(s.Start) && math.Abs(s.Offered-want) <= want/4 && !r.starved(s.Start.Unix())
 }
 
 // judgeRLQS: the steady fleet admits at most rlqsSlack × its limit in

@@ -42,7 +42,14 @@ func heapOf(group string) func(sample) float64 {
 //     with the leaks fixed their count is set by the config in force,
 //     which is the same size at every push (a push renames its rules,
 //     each with 6 series: 100 renamed rules leak 36,000 series a minute);
-//   - the status page's heap (its traffic frames): within 10 % or 4 MiB;
+//   - the per-rule counters' label sets (sluice_rule_label_sets) and the
+//     rules the status page's samples hold (sluice_ui_traffic_rules):
+//     flat within 2 %, as the series;
+//   - the bytes of the status page's samples (sluice_ui_traffic_bytes):
+//     within 10 % or 1 MiB (the samples' arrays grow to the largest
+//     config of the window and keep it);
+//   - the status page's heap (from the heap profile): within 10 % or
+//     4 MiB (the profile samples one record per 512 KiB allocated);
 //   - goroutines and descriptors: within 10 % or 10 (streams that come
 //     and go, requests in flight).
 var figures = []figure{
@@ -52,6 +59,9 @@ var figures = []figure{
 	{name: "open descriptors", format: "%.0f", get: func(s sample) float64 { return s.FDs }, rel: 0.10, abs: 10},
 	{name: "/metrics series", format: "%.0f", get: func(s sample) float64 { return s.Series }, rel: 0.02, abs: 20, perMinute: true},
 	{name: "reference metrics series", format: "%.0f", get: func(s sample) float64 { return s.RefSeries }, rel: 0.02, abs: 20, perMinute: true},
+	{name: "rule label sets", format: "%.0f", get: func(s sample) float64 { return s.LabelSets }, rel: 0.02, abs: 20, perMinute: true},
+	{name: "status page rules", format: "%.0f", get: func(s sample) float64 { return s.TrafficRules }, rel: 0.02, abs: 20},
+	{name: "status page samples", unit: "MiB", format: "%.2f", get: func(s sample) float64 { return s.TrafficMiB }, rel: 0.10, abs: 1, perMinute: true},
 	{name: "status page heap", unit: "MiB", format: "%.1f", get: heapOf("status page"), rel: 0.10, abs: 4, perMinute: true},
 	{name: "metrics heap", unit: "MiB", format: "%.1f", get: heapOf("metrics"), perMinute: true},
 	{name: "RLQS heap", unit: "MiB", format: "%.1f", get: heapOf("rlqs"), perMinute: true},
@@ -60,6 +70,7 @@ var figures = []figure{
 	{name: "/metrics read time", unit: "s", format: "%.2f", get: func(s sample) float64 { return s.ScrapeSec }, perMinute: true},
 	{name: "traffic JSON", unit: "KiB", format: "%.1f", get: func(s sample) float64 { return s.TrafficKiB }},
 	{name: "RLQS buckets", format: "%.0f", get: func(s sample) float64 { return s.Buckets }},
+	{name: "RLQS fleet exchange errors", format: "%.0f", get: func(s sample) float64 { return s.FleetErrors }},
 	{name: "CPU", unit: "cores", format: "%.2f", get: func(s sample) float64 { return s.Cores }, perMinute: true},
 }
 

@@ -35,6 +35,11 @@ type sample struct {
 	Cores            float64 // CPU since the previous sample (analyse sets it)
 	Streams, Buckets float64 // sluice_rlqs_streams, sluice_rlqs_buckets
 	FleetErrors      float64 // sluice_rlqs_fleet_errors_total
+	// LabelSets are the per-rule counters' label sets
+	// (sluice_rule_label_sets); TrafficRules and TrafficMiB what the
+	// status page's traffic samples hold (sluice_ui_traffic_rules,
+	// sluice_ui_traffic_bytes).
+	LabelSets, TrafficRules, TrafficMiB float64
 	// Heap is the live heap by heapGroups, in MiB, from the heap profile.
 	Heap map[string]float64
 	// TrafficKiB is the size of the status page's ui/api/traffic.
@@ -86,12 +91,13 @@ func (sp *sampler) read(ctx context.Context, i int, at time.Time, down bool) sam
 	p := sp.procs[i]
 	nan := math.NaN()
 	s := sample{At: at, Replica: i, RedisDown: down, HeapMiB: nan, Goroutines: nan, Series: nan, MetricsKiB: nan, ScrapeSec: nan,
-		RefSeries: nan, CPU: nan, Streams: nan, Buckets: nan, FleetErrors: nan, TrafficKiB: nan}
+		RefSeries: nan, CPU: nan, Streams: nan, Buckets: nan, FleetErrors: nan, TrafficKiB: nan, LabelSets: nan, TrafficRules: nan, TrafficMiB: nan}
 	rss, fds := harness.ProcStats(p.Pid())
 	s.RSSMiB, s.FDs = rss/1024, float64(fds)
 	t0 := time.Now()
 	if m, err := harness.Scrape(ctx, sp.client, "http://"+p.HTTP+"/metrics", "go_memstats_heap_inuse_bytes", "go_goroutines",
-		"process_cpu_seconds_total", "sluice_rlqs_fleet_errors_total", "sluice_rlqs_streams", "sluice_rlqs_buckets"); err != nil {
+		"process_cpu_seconds_total", "sluice_rlqs_fleet_errors_total", "sluice_rlqs_streams", "sluice_rlqs_buckets",
+		"sluice_rule_label_sets", "sluice_ui_traffic_rules", "sluice_ui_traffic_bytes"); err != nil {
 		s.Failed = append(s.Failed, "/metrics")
 	} else {
 		s.ScrapeSec = time.Since(t0).Seconds()
@@ -99,6 +105,7 @@ func (sp *sampler) read(ctx context.Context, i int, at time.Time, down bool) sam
 		s.HeapMiB, s.Goroutines = m.Sum["go_memstats_heap_inuse_bytes"]/mib, m.Sum["go_goroutines"]
 		s.CPU, s.FleetErrors = m.Sum["process_cpu_seconds_total"], m.Sum["sluice_rlqs_fleet_errors_total"]
 		s.Streams, s.Buckets = m.Sum["sluice_rlqs_streams"], m.Sum["sluice_rlqs_buckets"]
+		s.LabelSets, s.TrafficRules, s.TrafficMiB = gauge(m, "sluice_rule_label_sets"), gauge(m, "sluice_ui_traffic_rules"), gauge(m, "sluice_ui_traffic_bytes")/mib
 	}
 	if p.RefMetrics != "" {
 		if m, err := harness.Scrape(ctx, sp.client, "http://"+p.RefMetrics+"/metrics"); err != nil {
@@ -118,6 +125,15 @@ func (sp *sampler) read(ctx context.Context, i int, at time.Time, down bool) sam
 		}
 	}
 	return s
+}
+
+// gauge is the sum of name's samples in m; NaN if m has none (a binary
+// from before the gauge).
+func gauge(m *harness.Metrics, name string) float64 {
+	if v, ok := m.Sum[name]; ok {
+		return v
+	}
+	return math.NaN()
 }
 
 // size is the length of a GET's answer.

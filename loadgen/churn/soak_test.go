@@ -61,7 +61,7 @@ func TestSoak_Short(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"## Verdict", "RLS admitted ≤ limit", "status page heap", "### sluice2", "### Traffic"} {
+	for _, want := range []string{"## Verdict", "RLS admitted ≤ limit", "status page heap", "rule label sets", "status page samples", "### sluice2", "### Traffic"} {
 		if !strings.Contains(string(md), want) || !strings.Contains(out.String()+string(md), want) {
 			t.Errorf("the report lacks %q:\n%s", want, md)
 		}
@@ -74,7 +74,8 @@ func checkRecord(t *testing.T, s settings, rec *record) {
 	t.Helper()
 	read := map[int]sample{}
 	for _, sm := range rec.samples {
-		if sm.Series > 0 && sm.RSSMiB > 0 && sm.Goroutines > 0 && sm.RefSeries > 0 && sm.Heap != nil && sm.TrafficKiB >= 0 {
+		if sm.Series > 0 && sm.RSSMiB > 0 && sm.Goroutines > 0 && sm.RefSeries > 0 && sm.Heap != nil && sm.TrafficKiB >= 0 &&
+			sm.LabelSets > 0 && sm.TrafficRules >= 0 && sm.TrafficMiB > 0 {
 			read[sm.Replica] = sm
 		}
 	}

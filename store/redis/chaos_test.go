@@ -238,8 +238,9 @@ func TestChaos_SlowRedisIsNotDown(t *testing.T) {
 
 // TestChaos_RedisPaused: Redis stopped (SIGSTOP) under load from callers
 // with Envoy's 20 ms deadline. Each call ends within its deadline; the
-// probe opens the breaker within ProbeTimeout; one WARN line names the
-// address, the cause and the failure mode; Status says down; once Redis
+// probe and the one sent after it open the breaker within two
+// ProbeTimeouts; one WARN line names the address, the cause and the
+// failure mode; Status says down; once Redis
 // continues, calls succeed within a second and one INFO line gives the
 // outage and the calls answered by the failure mode. These latency bounds
 // are the test's purpose; each allows the worst stall of this process on
@@ -298,8 +299,8 @@ func TestChaos_RedisPaused(t *testing.T) {
 	srv.Pause()
 	paused := time.Now()
 	took := waitFor(t, 10*time.Second, "breaker opens", func() bool { return !s.Healthy() })
-	if took > time.Second+200*time.Millisecond+st.Worst() {
-		t.Errorf("breaker opened %v after Redis stopped, want within the 500ms probe timeout (after a first timeout; worst stall %v)", took, st.Worst())
+	if took > 1500*time.Millisecond+st.Worst() {
+		t.Errorf("breaker opened %v after Redis stopped, want within two 500ms probe timeouts in a row (after a first timeout; worst stall %v)", took, st.Worst())
 	}
 	if st := s.Status(); st.State != StateDown || st.OutageStart.Before(paused) || st.LastError == "" {
 		t.Errorf("status while paused: %+v, want down since the pause, with the cause", st)

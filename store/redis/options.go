@@ -82,9 +82,11 @@ type Options struct {
 	// closed, for health (default 1 s), and at once after a Take ran out
 	// of time. While open, Run pings every BreakerCooldown.
 	ProbeInterval time.Duration
-	// ProbeTimeout is how long a probe waits for PONG before it opens the
-	// breaker (default 500 ms: far longer than a starved or throttled
-	// process stalls, so that only a Redis that answers nothing opens it).
+	// ProbeTimeout is how long a probe waits for PONG (default 500 ms).
+	// Two probes in a row without PONG open the breaker, the second sent
+	// as soon as the first failed: a starved or throttled process (or a
+	// frozen machine) can miss one deadline with Redis up, not a second
+	// one sent once it runs again.
 	ProbeTimeout time.Duration
 
 	// Logger, when set, gets one WARN line when Redis becomes unreachable

@@ -67,6 +67,10 @@ type Store struct {
 	lastLatency    atomic.Int64  // ns of the latest probe Redis answered
 	lastTimeout    atomic.Int64  // unix ns of the latest Take that ran out of time
 	lastErr        atomic.Pointer[error]
+
+	// probeWait measures how long a probe waited, after it (time.Since;
+	// a test stands for a stalled process there). Read by Run only.
+	probeWait func(start time.Time) time.Duration
 }
 
 // Stats are the store's counters and state, for metrics.
@@ -127,7 +131,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("redis: connect: %w", err)
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
-		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1)}
+		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
 	if co.Sentinel.MasterSet != "" {
 		s.addr = "sentinel master " + co.Sentinel.MasterSet + " via " + s.addr
 	}
@@ -246,8 +250,9 @@ func (s *Store) Healthy() bool { return s.breaker.closed() }
 // Run probes Redis until ctx ends: every ProbeInterval while healthy, soon
 // after a Take ran out of time (at most one probe per BreakerCooldown),
 // every BreakerCooldown while the breaker is open, so it closes as soon as
-// Redis is back. A probe that
-// gets no PONG within ProbeTimeout opens the breaker. Run logs the
+// Redis is back. A probe that gets no PONG within ProbeTimeout is sent
+// again at once (a process starved or frozen past the deadline misses it
+// with Redis up), and the second failure in a row opens the breaker. Run logs the
 // breaker's transitions (see Options.Logger) and drops expired entries of
 // the local cache.
 func (s *Store) Run(ctx context.Context) error {
@@ -255,8 +260,9 @@ func (s *Store) Run(ctx context.Context) error {
 	defer t.Stop()
 	var lg transitionLog
 	var lastProbe time.Time
+	suspect := false // the last probe failed with the breaker closed
 	for {
-		probe := true
+		probe, again := true, false
 		select {
 		case <-ctx.Done():
 			return nil
@@ -269,12 +275,27 @@ func (s *Store) Run(ctx context.Context) error {
 		if probe {
 			s.probes.Add(1)
 			lastProbe = time.Now()
-			if err := s.ping(ctx); err == nil {
-				s.lastLatency.Store(int64(time.Since(lastProbe)))
+			err := s.ping(ctx)
+			waited := s.probeWait(lastProbe)
+			switch {
+			case err == nil:
+				suspect = false
+				s.lastLatency.Store(int64(waited))
 				s.breaker.success()
-			} else if ctx.Err() == nil && s.breaker.lastOK.Load() < lastProbe.UnixNano() {
-				// A call that Redis answered during the probe outweighs
-				// it (on Cluster the probe also asks replicas no call uses).
+			case ctx.Err() != nil, s.breaker.lastOK.Load() >= lastProbe.UnixNano():
+				// Stopping; or a call that Redis answered during the
+				// probe outweighs it (on Cluster the probe also asks
+				// replicas no call uses).
+				suspect = false
+			case s.breaker.closed() && !suspect:
+				// One failed probe may be this process's stall (a
+				// starved or frozen process misses its deadline with
+				// the PONG unread), not Redis's silence: ask again at
+				// once, and open the breaker only if that fails too.
+				suspect, again = true, true
+			default:
+				suspect = false
+				err = fmt.Errorf("%w (after %v, the probe before it failed too)", err, waited.Round(time.Millisecond))
 				s.lastErr.Store(&err)
 				s.breaker.trip()
 			}
@@ -295,6 +316,8 @@ func (s *Store) Run(ctx context.Context) error {
 			}
 		}
 		switch {
+		case again:
+			t.Reset(0)
 		case !probe:
 			t.Reset(s.opt.BreakerCooldown - time.Since(lastProbe))
 		case s.breaker.closed():
