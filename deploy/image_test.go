@@ -82,21 +82,7 @@ func readOCI(t *testing.T, archive string) []*ociImage {
 	}
 	defer f.Close()
 	blobs := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		blobs[strings.TrimPrefix(h.Name, "./")] = b
-	}
+	readTar(t, f, func(h *tar.Header, b []byte) { blobs[strings.TrimPrefix(h.Name, "./")] = b })
 	blob := func(digest string) []byte {
 		b, ok := blobs["blobs/"+strings.Replace(digest, ":", "/", 1)]
 		if !ok {
@@ -138,26 +124,34 @@ func readOCI(t *testing.T, archive string) []*ociImage {
 					t.Fatal(err)
 				}
 			}
-			lt := tar.NewReader(r)
-			for {
-				h, err := lt.Next()
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				data, err := io.ReadAll(lt)
-				if err != nil {
-					t.Fatal(err)
-				}
+			readTar(t, r, func(h *tar.Header, data []byte) {
 				name := "/" + strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")
 				img.files[name] = ociFile{typ: h.Typeflag, mode: h.Mode, link: h.Linkname, data: data}
-			}
+			})
 		}
 		imgs = append(imgs, img)
 	}
 	return imgs
+}
+
+// readTar calls fn with each entry of the tar stream r and its content.
+func readTar(t *testing.T, r io.Reader, fn func(h *tar.Header, data []byte)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(h, data)
+	}
 }
 
 // elfMachine is the ELF machine type of each architecture the image is
