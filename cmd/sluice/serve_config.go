@@ -179,7 +179,8 @@ var sourceRefVars = []refVar{
 	{name: "MERGE_DOMAIN_CONFIG", flag: "merge-domains"},
 	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", flag: "require-domain"},
 	{name: "FORCE_START_WITHOUT_INITIAL_CONFIG", boolean: true, when: onXDS, flag: "start-without-config",
-		unmet: ": it applies to CONFIG_TYPE=GRPC_XDS_SOTW (with files see --allow-empty-config)"},
+		unmet:   ": it applies to CONFIG_TYPE=GRPC_XDS_SOTW (with files see --allow-empty-config)",
+		differs: "unset or `false`, NOT_SERVING until a push compiles (the reference serves with no config and answers errors)"},
 	{name: "CONFIG_GRPC_XDS_SERVER_URL", when: onXDS, flag: "xds-server", def: "localhost:18000"},
 	{name: "CONFIG_GRPC_XDS_NODE_ID", when: onXDS, flag: "xds-node-id"},
 	// The reference skips a metadata entry without '=' (its own settings
