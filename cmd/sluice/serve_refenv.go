@@ -10,7 +10,7 @@ import (
 
 // refTable is every environment variable of envoyproxy/ratelimit's
 // settings, each once, in the order applyEnv reads them and
-// docs/REFERENCE-ENV.md lists them: the config source's
+// docs/ENVOY-GATEWAY.md lists them: the config source's
 // (serve_config.go), the server's, the stats', the stores' (each
 // backend's in its own file), then the limiter's. Rows are read in order,
 // and the first error stops: one refused variable is reported, not all.
@@ -25,14 +25,16 @@ func refTable() []refVar {
 // The server: listeners, gRPC, TLS, logs.
 var refServer = []refVar{
 	{name: "HOST", with: "PORT"},
-	{name: "PORT", flag: "http-addr", conv: hostPortOf("HOST")},
+	{name: "PORT", flag: "http-addr", conv: hostPortOf("HOST"),
+		differs: "the port also serves Sluice's `/metrics`, API and status page; `POST /json` needs `Content-Type: application/json`"},
 	{name: "DEBUG_HOST", with: "DEBUG_PORT"},
-	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST")},
+	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST"),
+		differs: "unset, no debug server (the reference's listens on `0.0.0.0:6070`); its command line shows secrets as `xxxxx`"},
 	{name: "GRPC_UDS", refuse: "serve gRPC on TCP with --grpc-addr"},
 	{name: "GRPC_HOST", with: "GRPC_PORT"},
 	{name: "GRPC_PORT", flag: "grpc-addr", conv: hostPortOf("GRPC_HOST")},
-	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age"},
-	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace"},
+	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age", differs: "unset, connections are never closed for age (the reference's default: 24h)"},
+	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace", differs: "unset, no limit (the reference's default: 1h)"},
 	{name: "GRPC_SERVER_USE_TLS", boolean: true, apply: refApply{
 		doc: "`true`: gRPC over TLS with `GRPC_SERVER_TLS_CERT` and `GRPC_SERVER_TLS_KEY` (both needed), and `--tls-http=false`: " +
 			"as in the reference, the HTTP port (`/healthcheck`, the probes') stays plain",
@@ -71,7 +73,8 @@ var refServer = []refVar{
 				return "error", nil
 			}
 			return v, nil
-		}}},
+		}},
+		differs: "unset, `info` (the reference's default: `WARN`); the log lines are Sluice's own"},
 	{name: "LOG_FORMAT", flag: "log-format", conv: refConv{doc: "in any case",
 		fn: func(_ *refEnv, v string) (string, error) { return strings.ToLower(v), nil }}},
 }
@@ -104,7 +107,8 @@ func hostPort(host, port string) string {
 var refStats = []refVar{
 	{name: "USE_DOG_STATSD", boolean: true, refuse: "Sluice sends plain statsd (USE_STATSD=true) or serves the reference's Prometheus series (USE_PROMETHEUS=true)"},
 	{name: "USE_DOG_STATSD_MOGRIFIERS", ignore: "DogStatsD is not supported"},
-	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on (the reference's default is true)"},
+	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on",
+		differs: "unset and without `STATSD_HOST` or `STATSD_PORT`, no statsd (the reference's default is true)"},
 	{name: "STATSD_HOST", with: "STATSD_PORT"},
 	{name: "STATSD_PORT", when: onStatsd, flag: "statsd-addr", def: "8125", conv: refConv{
 		doc: "as `STATSD_HOST:STATSD_PORT` (`localhost` when unset)",
@@ -164,7 +168,8 @@ var refStores = slices.Concat([]refVar{
 				}
 			}
 			return v, nil
-		}}},
+		}},
+		differs: "unset, the memory store, which counts per replica (the reference's default: `redis`)"},
 }, refUnread("only with BACKEND_TYPE=memcache, which is refused: Sluice has no memcached store",
 	"MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS",
 	"MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION"))
