@@ -3,8 +3,8 @@ package memcache
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -63,11 +63,11 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := s.sel.set(names); err != nil {
+		if err := s.sel.set(ctx, opt.Resolver, names); err != nil {
 			return nil, err
 		}
 	default:
-		if err := s.sel.set(opt.Servers); err != nil {
+		if err := s.sel.set(ctx, opt.Resolver, opt.Servers); err != nil {
 			return nil, err
 		}
 	}
@@ -138,7 +138,7 @@ func (s *Store) refresh(ctx context.Context) {
 	defer cancel()
 	names, err := lookupSRV(ctx, s.opt.Resolver, s.opt.SRV)
 	if err == nil {
-		err = s.sel.set(names)
+		err = s.sel.set(ctx, s.opt.Resolver, names)
 	}
 	if err != nil {
 		s.opt.Logger.Warn("memcached SRV refresh failed; keeping the servers", "srv", s.opt.SRV, "servers", s.sel.names(), "cause", err)
@@ -539,7 +539,7 @@ const relativeExpiryMax = 30 * 24 * 3600
 // a few seconds after the window ends, so replicas whose clocks lag a
 // little still find it.
 func windowExpiry(end uint64, now int64) int32 {
-	return expiryIn(int64(end)-now/int64(time.Second)+defaultExpiryGraceSec)
+	return expiryIn(int64(end) - now/int64(time.Second) + defaultExpiryGraceSec)
 }
 
 // expiry is the expiry of a token bucket's or sliding window's state
@@ -615,4 +615,3 @@ func legal(k string) bool {
 	}
 	return true
 }
-

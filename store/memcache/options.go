@@ -30,7 +30,8 @@ type Options struct {
 	// SRVRefresh, when positive, makes Run resolve SRV again at this
 	// interval; zero resolves it once, in New.
 	SRVRefresh time.Duration
-	// Resolver looks SRV up; nil is net.DefaultResolver.
+	// Resolver looks up SRV and the servers' host names; nil is
+	// net.DefaultResolver.
 	Resolver *net.Resolver
 	// TLS, if not nil, encrypts every connection.
 	TLS *tls.Config

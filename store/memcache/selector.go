@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -33,9 +34,9 @@ type server struct {
 var _ memcache.ServerSelector = (*selector)(nil)
 
 // set replaces the servers. Names are host:port or a Unix socket's path;
-// duplicates count once. It resolves every name first and changes nothing
-// if one fails.
-func (s *selector) set(names []string) error {
+// duplicates count once. It resolves every name first (host names by r,
+// nil for the system's resolver) and changes nothing if one fails.
+func (s *selector) set(ctx context.Context, r *net.Resolver, names []string) error {
 	if len(names) == 0 {
 		return fmt.Errorf("memcache: no servers")
 	}
@@ -44,13 +45,7 @@ func (s *selector) set(names []string) error {
 	names = slices.Compact(names)
 	list := make([]server, len(names))
 	for i, n := range names {
-		var a net.Addr
-		var err error
-		if strings.Contains(n, "/") {
-			a, err = net.ResolveUnixAddr("unix", n)
-		} else {
-			a, err = net.ResolveTCPAddr("tcp", n)
-		}
+		a, err := resolve(ctx, r, n)
 		if err != nil {
 			return fmt.Errorf("memcache: server %q: %w", n, err)
 		}
@@ -58,6 +53,37 @@ func (s *selector) set(names []string) error {
 	}
 	s.servers.Store(&list)
 	return nil
+}
+
+// resolve turns a server's name into its address: a Unix socket's path,
+// or host:port with the host looked up by r (nil: the system's resolver).
+func resolve(ctx context.Context, r *net.Resolver, name string) (net.Addr, error) {
+	if strings.Contains(name, "/") {
+		return net.ResolveUnixAddr("unix", name)
+	}
+	host, port, err := net.SplitHostPort(name)
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	ips, err := r.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return nil, err
+	}
+	p, err := r.LookupPort(ctx, "tcp", port)
+	if err != nil {
+		return nil, err
+	}
+	ip := ips[0]
+	for _, a := range ips {
+		if a.Is4() { // as net.ResolveTCPAddr prefers
+			ip = a
+			break
+		}
+	}
+	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip.Unmap(), uint16(p))), nil
 }
 
 // names lists the servers' names, sorted.
