@@ -173,8 +173,9 @@ func (c transitions) Collect(ch chan<- prometheus.Metric) {
 
 // followHealth updates x's health when st's health changes, checking
 // every interval (st.Healthy is one of x.Ready, so a config reload while
-// Redis is down keeps NOT_SERVING too). The store logs the transitions.
-func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interval time.Duration) error {
+// the store is down keeps NOT_SERVING too). The store logs the
+// transitions.
+func followHealth(ctx context.Context, st interface{ Healthy() bool }, x *serveContext, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	was := true
@@ -315,7 +316,12 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
 }, refUnread("serve pings Redis once at startup and stops if it does not answer",
 	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
-	{name: "CACHE_KEY_PREFIX", flag: "redis-key-prefix"},
+	{name: "CACHE_KEY_PREFIX", apply: refApply{doc: "`--redis-key-prefix` and `--memcache-key-prefix`",
+		fn: func(e *refEnv, v string) error {
+			e.set("redis-key-prefix", v)
+			e.set("memcache-key-prefix", v)
+			return nil
+		}}},
 })
 
 var onRedisTLS = &refCond{doc: "`REDIS_TLS=true`", holds: func(e *refEnv) bool { return e.on("REDIS_TLS") }}

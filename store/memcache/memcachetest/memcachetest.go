@@ -9,9 +9,11 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -100,16 +102,17 @@ func (s *Server) start() {
 	s.mu.Unlock()
 }
 
-// ready reports whether the server answers "version".
-func (s *Server) ready() bool {
-	var c net.Conn
-	var err error
+func (s *Server) dial() (net.Conn, error) {
 	d := net.Dialer{Timeout: time.Second}
 	if s.tls != nil {
-		c, err = tls.DialWithDialer(&d, "tcp", s.Addr, s.tls)
-	} else {
-		c, err = d.Dial("tcp", s.Addr)
+		return tls.DialWithDialer(&d, "tcp", s.Addr, s.tls)
 	}
+	return d.Dial("tcp", s.Addr)
+}
+
+// ready reports whether the server answers "version".
+func (s *Server) ready() bool {
+	c, err := s.dial()
 	if err != nil {
 		return false
 	}
@@ -120,6 +123,39 @@ func (s *Server) ready() bool {
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return err == nil && len(line) > 8 && line[:8] == "VERSION "
+}
+
+// Keys lists the keys the server holds (lru_crawler metadump), for tests
+// that check where counts went. It fails the test if the server does not
+// answer.
+func (s *Server) Keys() []string {
+	s.t.Helper()
+	c, err := s.dial()
+	if err != nil {
+		s.t.Fatalf("memcachetest: keys: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("lru_crawler metadump all\r\n")); err != nil {
+		s.t.Fatalf("memcachetest: keys: %v", err)
+	}
+	var keys []string
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "END" {
+			return keys
+		}
+		if k, ok := strings.CutPrefix(line, "key="); ok {
+			k, _, _ = strings.Cut(k, " ")
+			if u, err := url.QueryUnescape(k); err == nil {
+				k = u
+			}
+			keys = append(keys, k)
+		}
+	}
+	s.t.Fatalf("memcachetest: keys: %v", sc.Err())
+	return nil
 }
 
 // Kill stops the process with SIGKILL and waits for it. It does nothing
