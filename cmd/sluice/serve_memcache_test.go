@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/testcert"
+	"github.com/sluicehq/sluice/observe/ui"
 	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 )
 
@@ -269,5 +271,24 @@ func TestServeMemcache_FailureAndHealth(t *testing.T) {
 			m.Resume()
 			waitFor(t, serving(healthpb.HealthCheckResponse_SERVING), "SERVING once memcached is back")
 		})
+	}
+}
+
+// TestServe_UIMemcache: the overview describes the memcached store.
+func TestServe_UIMemcache(t *testing.T) {
+	m := memcachetest.Start(t)
+	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "memcache", "--memcache-servers", m.Addr)
+	defer stop()
+	res, body := uiGet(t, "http://"+addr+"/ui/api/overview")
+	var o ui.Overview
+	if err := json.Unmarshal([]byte(body), &o); err != nil || res.StatusCode != 200 {
+		t.Fatalf("overview: %s %v", res.Status, err)
+	}
+	stats := map[string]string{}
+	for _, s := range o.Store.Stats {
+		stats[s.Name] = s.Value
+	}
+	if o.Store.Kind != "memcache" || !o.Store.Healthy || stats["servers"] != m.Addr || stats["cas retries"] != "0" {
+		t.Errorf("store %+v", o.Store)
 	}
 }

@@ -134,7 +134,7 @@ func (s *Store) Run(ctx context.Context) error {
 
 // refresh resolves the SRV name again and uses its targets.
 func (s *Store) refresh(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.opt.SRVRefresh)
+	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), 5*time.Second))
 	defer cancel()
 	names, err := lookupSRV(ctx, s.opt.Resolver, s.opt.SRV)
 	if err == nil {
@@ -186,7 +186,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 			if denied && !h.Always() {
 				out[i], err = s.peek(h, now)
 			} else {
-				tk[i], out[i], err = s.apply(h, now)
+				tk[i], out[i], err = s.apply(ctx, h, now)
 				if err == nil && h.Veto && !out[i].Allowed {
 					denied = true
 				}
@@ -248,11 +248,11 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 }
 
 // apply applies one hit, returning what to give back on a denial.
-func (s *Store) apply(h *store.Hit, now int64) (taken, store.Decision, error) {
+func (s *Store) apply(ctx context.Context, h *store.Hit, now int64) (taken, store.Decision, error) {
 	if h.Rule.Algorithm() == store.FixedWindow {
 		return s.applyWindow(h, now)
 	}
-	return s.applyCAS(h, now)
+	return s.applyCAS(ctx, h, now)
 }
 
 // peek decides a hit of a denied batch without consuming: a denial as
@@ -329,13 +329,16 @@ func retry(err error) bool {
 
 // applyCAS runs the hit's algorithm on its key's state in a gets/cas
 // loop. A hit that leaves the state as it was (a check, a denial) writes
-// nothing.
-func (s *Store) applyCAS(h *store.Hit, now int64) (taken, store.Decision, error) {
+// nothing. It stops early when ctx ends.
+func (s *Store) applyCAS(ctx context.Context, h *store.Hit, now int64) (taken, store.Decision, error) {
 	key := s.key(h.Key, 0)
 	for attempt := range s.opt.CASAttempts {
 		if attempt > 0 {
 			s.retries.Add(1)
 			backoff(attempt)
+			if err := ctx.Err(); err != nil {
+				return taken{}, store.Decision{}, err
+			}
 		}
 		it, err := s.c.Get(key)
 		var before store.State
