@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"time"
 
@@ -101,42 +99,12 @@ func (c *memcacheConfig) options() (memcache.Options, error) {
 }
 
 func (c *memcacheConfig) tlsConfig() (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.tlsServerName}
-	if c.tlsCA != "" {
-		pem, err := os.ReadFile(c.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--memcache-tls-ca: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--memcache-tls-ca %s: no PEM certificate", c.tlsCA)
-		}
-	}
-	if (c.tlsCert == "") != (c.tlsKey == "") {
-		return nil, errors.New("--memcache-tls-cert and --memcache-tls-key go together")
-	}
-	if c.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("--memcache-tls-cert: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
+	tc, err := clientTLS("memcache-", c.tlsCA, c.tlsCert, c.tlsKey, c.tlsServerName)
+	if err != nil {
+		return nil, err
 	}
 	if c.tlsSkipName {
-		// The chain is verified against the roots; the name is not.
-		tc.InsecureSkipVerify = true
-		roots := tc.RootCAs
-		tc.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("memcache store: the server sent no certificate")
-			}
-			inter := x509.NewCertPool()
-			for _, ic := range cs.PeerCertificates[1:] {
-				inter.AddCert(ic)
-			}
-			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter})
-			return err
-		}
+		verifyChainOnly(tc)
 	}
 	return tc, nil
 }

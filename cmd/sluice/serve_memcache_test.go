@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"log/slog"
 	"net"
@@ -20,7 +19,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/internal/testcert"
-	"github.com/sluicehq/sluice/observe/ui"
 	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 )
 
@@ -279,15 +277,7 @@ func TestServe_UIMemcache(t *testing.T) {
 	m := memcachetest.Start(t)
 	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "memcache", "--memcache-servers", m.Addr)
 	defer stop()
-	res, body := uiGet(t, "http://"+addr+"/ui/api/overview")
-	var o ui.Overview
-	if err := json.Unmarshal([]byte(body), &o); err != nil || res.StatusCode != 200 {
-		t.Fatalf("overview: %s %v", res.Status, err)
-	}
-	stats := map[string]string{}
-	for _, s := range o.Store.Stats {
-		stats[s.Name] = s.Value
-	}
+	o, stats, _ := overview(t, addr)
 	if o.Store.Kind != "memcache" || !o.Store.Healthy || stats["servers"] != m.Addr || stats["cas retries"] != "0" {
 		t.Errorf("store %+v", o.Store)
 	}

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -239,28 +237,7 @@ func (f *redisFlags) options() (redis.Options, error) {
 }
 
 func (f *redisFlags) tlsConfig() (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.tlsServerName}
-	if f.tlsCA != "" {
-		pem, err := os.ReadFile(f.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-tls-ca: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--redis-tls-ca %s: no PEM certificate", f.tlsCA)
-		}
-	}
-	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return nil, errors.New("--redis-tls-cert and --redis-tls-key go together")
-	}
-	if f.tlsCert != "" {
-		c, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-tls-cert: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{c}
-	}
-	return tc, nil
+	return clientTLS("redis-", f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
 }
 
 func splitList(s string) []string {
