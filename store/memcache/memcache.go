@@ -56,6 +56,8 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
 	s := &Store{sel: &selector{}, opt: opt}
 	switch {
+	case opt.KeyPrefix != "" && (!legal(opt.KeyPrefix) || len(opt.KeyPrefix) > maxKeyLen/2):
+		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
 	case opt.SRV != "" && len(opt.Servers) > 0:
 		return nil, errors.New("memcache: give servers or an SRV name, not both")
 	case opt.SRV != "":
@@ -170,8 +172,6 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	tk := buf[:]
 	if len(hits) > len(buf) {
 		tk = make([]taken, len(hits))
-	} else {
-		clear(tk)
 	}
 	denied, err := false, error(nil)
 	for pass := range 2 {

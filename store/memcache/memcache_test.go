@@ -170,6 +170,11 @@ func TestKeys_LongAndIllegal(t *testing.T) {
 	if got := s.key("plain", 0); got != "p:plain" {
 		t.Errorf("a legal key maps to %q, want p:plain", got)
 	}
+	for _, p := range []string{"with space", "#x", strings.Repeat("p", 200)} {
+		if _, err := New(context.Background(), Options{Servers: []string{srv.Addr}, KeyPrefix: p}); err == nil {
+			t.Errorf("key prefix %.20q: accepted", p)
+		}
+	}
 }
 
 // TestBatch_RollbackAcrossAlgorithms: a batch whose last hit denies gives
