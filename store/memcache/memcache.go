@@ -26,10 +26,11 @@ type Store struct {
 	sel *selector
 	opt Options
 
-	healthy   atomic.Bool
-	retries   atomic.Uint64 // CAS round trips lost to a concurrent writer
-	contended atomic.Uint64 // hits that ran out of CAS attempts
-	leaked    atomic.Uint64 // rollbacks that failed: takes left counted
+	healthy    atomic.Bool
+	srvFailing atomic.Bool   // the last SRV refresh failed
+	retries    atomic.Uint64 // CAS round trips lost to a concurrent writer
+	contended  atomic.Uint64 // hits that ran out of CAS attempts
+	leaked     atomic.Uint64 // rollbacks that failed: takes left counted
 }
 
 // Stats are the store's cumulative counters.
@@ -142,8 +143,13 @@ func (s *Store) refresh(ctx context.Context) {
 	if err == nil {
 		err = s.sel.set(ctx, s.opt.Resolver, names)
 	}
-	if err != nil {
-		s.opt.Logger.Warn("memcached SRV refresh failed; keeping the servers", "srv", s.opt.SRV, "servers", s.sel.names(), "cause", err)
+	// One line when lookups start failing, one when they work again.
+	if failing := err != nil; s.srvFailing.Swap(failing) != failing {
+		if failing {
+			s.opt.Logger.Warn("memcached SRV refresh failed; keeping the servers", "srv", s.opt.SRV, "servers", s.sel.names(), "cause", err)
+		} else {
+			s.opt.Logger.Info("memcached SRV refresh works again", "srv", s.opt.SRV, "servers", s.sel.names())
+		}
 	}
 }
 
