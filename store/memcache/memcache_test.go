@@ -99,6 +99,9 @@ func TestPeek_ChangesNothing(t *testing.T) {
 					t.Fatalf("peek %d: %+v, want allowed with %d remaining", i, d, r.Capacity()-4)
 				}
 			}
+			// Later, when a bucket has refilled some or a sliding window's
+			// buckets have moved on, a peek still writes nothing.
+			take(t, s, now+int64(2*time.Second), h)
 			// In a batch denied by another hit.
 			other := store.Hit{Key: t.Name() + "/other", Rule: r, Cost: r.Capacity() + 1, Veto: true}
 			if d := take(t, s, now, h, other); !d[0].Allowed || d[1].Allowed {
