@@ -79,10 +79,13 @@ lint: $(BIN)/staticcheck ## go vet, gofmt and staticcheck
 	staticcheck ./...
 
 .PHONY: deps
-deps: ## install redis-server (Redis tests) and chromium (browser tests) when missing
+deps: ## install redis-server (Redis tests), memcached (memcached tests) and chromium (browser tests) when missing
 	@command -v redis-server >/dev/null && command -v redis-sentinel >/dev/null && command -v redis-cli >/dev/null || { \
 	  echo "installing redis-server, redis-sentinel, redis-tools"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-sentinel redis-tools >/dev/null; }
+	@command -v memcached >/dev/null || { \
+	  echo "installing memcached"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached >/dev/null; }
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
 	  echo "installing chromium"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }

@@ -10,6 +10,8 @@ import (
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memcache"
+	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 	"github.com/sluicehq/sluice/store/memory"
 	"github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -185,7 +187,7 @@ func TestCheck_GlobalQuotaMode(t *testing.T) {
 	}
 }
 
-// TestCheck_SeveralLimitsConcurrent: on the memory and Redis stores, concurrent
+// TestCheck_SeveralLimitsConcurrent: on the memory, Redis and memcached stores, concurrent
 // requests of random costs on a descriptor with three limits never take
 // more than the smallest allows, and every limit counts exactly the
 // allowed requests' costs: all or nothing holds across the limits.
@@ -202,6 +204,19 @@ func TestCheck_SeveralLimitsConcurrent(t *testing.T) {
 		t.Cleanup(func() { st.Close() })
 		severalLimitsConcurrent(t, st)
 	})
+	// Not atomic across keys: what a denied request took is given back
+	// after the denial (DECR), never granting past a limit.
+	t.Run("memcache", func(t *testing.T) { severalLimitsConcurrent(t, openMemcache(t)) })
+}
+
+func openMemcache(t *testing.T) *memcache.Store {
+	srv := memcachetest.Start(t)
+	st, err := memcache.New(context.Background(), memcache.Options{Servers: []string{srv.Addr}, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
 
 func severalLimitsConcurrent(t *testing.T, st store.Store) {

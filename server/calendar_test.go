@@ -15,6 +15,8 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memcache"
+	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 	"github.com/sluicehq/sluice/store/memory"
 	"github.com/sluicehq/sluice/store/redis"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -34,7 +36,7 @@ descriptors:
 // days reset at local midnight, and duration_until_reset counts the whole
 // seconds to it exactly (rounded up, never 0): February 2024 in Berlin
 // ends on Mar 1 at 00:00 +01, March an hour short; New York's Mar 10,
-// 2024 is 23 hours long. On the memory store and on Redis.
+// 2024 is 23 hours long. On the memory store, on Redis and on memcached.
 func TestShouldRateLimit_Calendar(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "limits.yaml")
 	if err := os.WriteFile(p, []byte(calendarLimits), 0o644); err != nil {
@@ -45,6 +47,7 @@ func TestShouldRateLimit_Calendar(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := redistest.Start(t)
+	mc := memcachetest.Start(t)
 	for _, c := range []struct {
 		name string
 		open func(t *testing.T) store.Store
@@ -54,6 +57,14 @@ func TestShouldRateLimit_Calendar(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			s, err := redis.New(ctx, redis.Options{URL: "redis://" + srv.Addr, KeyPrefix: t.Name() + ":", Timeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}},
+		{"memcache", func(t *testing.T) store.Store {
+			s, err := memcache.New(context.Background(), memcache.Options{Servers: []string{mc.Addr}, KeyPrefix: t.Name() + ":", Timeout: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}

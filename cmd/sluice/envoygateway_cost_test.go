@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -68,7 +69,8 @@ func egCostCall(route, user string, hits uint64) *rlspb.RateLimitRequest {
 // cost translation replayed as Envoy sends it, to the real binary with
 // Envoy Gateway's default environment (limits over xDS with mTLS, TLS on
 // gRPC), on the memory store (its environment without the Redis
-// variables: one instance) and on Redis shared by three instances. A
+// variables: one instance), on Redis shared by three instances and on
+// memcached shared by three (BACKEND_TYPE=memcache). A
 // user's budget of 100 tokens per second: peeks and charges go to the
 // instances in turn; once a charge overspends the budget, every peek is
 // OVER_LIMIT until the window ends, and the overspend is counted in the
@@ -81,10 +83,11 @@ func TestBinary_EnvoyGatewayCost(t *testing.T) {
 	}
 	dir, xs, clientTLS := egControlPlane(t)
 	rdb := redistest.Start(t)
+	mc := memcachetest.Start(t)
 	bin := sluiceBinary(t)
 
 	// Envoy Gateway's default Deployment, with the test's addresses.
-	env := func(redis bool) []string {
+	env := func(st string) []string {
 		var env []string
 		for _, kv := range egDeployments(t)["default"] {
 			k, v := kv[0], kv[1]
@@ -94,7 +97,7 @@ func TestBinary_EnvoyGatewayCost(t *testing.T) {
 			case k == "CONFIG_GRPC_XDS_SERVER_URL":
 				v = xs.Addr
 			case k == "REDIS_URL" || k == "REDIS_SOCKET_TYPE":
-				if !redis {
+				if st != "redis" {
 					continue
 				}
 				if k == "REDIS_URL" {
@@ -105,24 +108,27 @@ func TestBinary_EnvoyGatewayCost(t *testing.T) {
 			}
 			env = append(env, k+"="+v)
 		}
+		if st == "memcache" {
+			env = append(env, "BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT="+mc.Addr)
+		}
 		return append(env, "HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "REDIS_TIMEOUT=2s")
 	}
 	xs.Push(t, egNode, "1", egCostLimits(100))
 	for _, c := range []struct {
 		name string
 		n    int
-	}{{"memory", 1}, {"redis", 3}} {
+	}{{"memory", 1}, {"redis", 3}, {"memcache", 3}} {
 		t.Run(c.name, func(t *testing.T) {
 			procs := make([]*egProc, c.n)
 			for i := range procs {
 				cmd := exec.Command(bin, "serve")
-				cmd.Env = env(c.name == "redis")
+				cmd.Env = env(c.name)
 				procs[i] = &egProc{sluiceProc: startCmd(t, cmd), name: fmt.Sprintf("%s %d", c.name, i)}
 				procs[i].rls, procs[i].health = dialRLS(t, procs[i].grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(clientTLS)))
 			}
 			for _, p := range procs {
 				waitFor(t, func() bool { return strings.Contains(p.log(), "xds: config applied (ACK)") }, p.name+"'s ACK")
-				if strings.Contains(p.log(), "store=memory") != (c.name == "memory") {
+				if !strings.Contains(p.log(), "store="+c.name) {
 					t.Fatalf("%s: not on the %s store:\n%s", p.name, c.name, p.log())
 				}
 			}

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -173,8 +171,9 @@ func (c transitions) Collect(ch chan<- prometheus.Metric) {
 
 // followHealth updates x's health when st's health changes, checking
 // every interval (st.Healthy is one of x.Ready, so a config reload while
-// Redis is down keeps NOT_SERVING too). The store logs the transitions.
-func followHealth(ctx context.Context, st *redis.Store, x *serveContext, interval time.Duration) error {
+// the store is down keeps NOT_SERVING too). The store logs the
+// transitions.
+func followHealth(ctx context.Context, st interface{ Healthy() bool }, x *serveContext, interval time.Duration) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	was := true
@@ -238,28 +237,7 @@ func (f *redisFlags) options() (redis.Options, error) {
 }
 
 func (f *redisFlags) tlsConfig() (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.tlsServerName}
-	if f.tlsCA != "" {
-		pem, err := os.ReadFile(f.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-tls-ca: %w", err)
-		}
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--redis-tls-ca %s: no PEM certificate", f.tlsCA)
-		}
-	}
-	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return nil, errors.New("--redis-tls-cert and --redis-tls-key go together")
-	}
-	if f.tlsCert != "" {
-		c, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-tls-cert: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{c}
-	}
-	return tc, nil
+	return clientTLS("redis-", f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
 }
 
 func splitList(s string) []string {
@@ -315,8 +293,13 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
 }, refUnread("serve pings Redis once at startup and stops if it does not answer",
 	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
-	{name: "CACHE_KEY_PREFIX", flag: "redis-key-prefix",
-		differs: "the keys after the prefix are Sluice's (docs/REDIS.md), not the reference's: counters do not carry over between the two"},
+	{name: "CACHE_KEY_PREFIX", apply: refApply{doc: "`--redis-key-prefix` and `--memcache-key-prefix`",
+		fn: func(e *refEnv, v string) error {
+			e.set("redis-key-prefix", v)
+			e.set("memcache-key-prefix", v)
+			return nil
+		}},
+		differs: "the keys after the prefix are Sluice's (docs/REDIS.md, docs/MEMCACHED.md), not the reference's: counters do not carry over between the two"},
 })
 
 var onRedisTLS = &refCond{doc: "`REDIS_TLS=true`", holds: func(e *refEnv) bool { return e.on("REDIS_TLS") }}

@@ -154,8 +154,8 @@ var (
 )
 
 // The store: BACKEND_TYPE picks the backend, whose variables its file
-// lists; the memcached ones are here until Sluice has a memcached store.
-var refStores = slices.Concat([]refVar{
+// lists.
+var refStores = []refVar{
 	{name: "BACKEND_TYPE", flag: "store", conv: refConv{
 		doc: "in any case: a store of this build (`sluice serve -h` lists them under `--store`; `memory` is the default), others refused",
 		fn: func(_ *refEnv, v string) (string, error) {
@@ -170,9 +170,7 @@ var refStores = slices.Concat([]refVar{
 			return v, nil
 		}},
 		differs: "unset, the memory store, which counts per replica (the reference's default: `redis`)"},
-}, refUnread("only with BACKEND_TYPE=memcache, which is refused: Sluice has no memcached store",
-	"MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS",
-	"MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION"))
+}
 
 // refUnread are variables Sluice does not read, silently, for one reason.
 func refUnread(why string, names ...string) []refVar {

@@ -94,7 +94,7 @@ func (f *rlqsFlags) setup(_ context.Context, x *serveContext) error {
 		return err
 	}
 	o.Logger = x.Logger
-	fleet := "none (the memory store: limits are divided per replica)"
+	fleet := "none (limits are divided per replica: only the redis store shares them)"
 	if st, ok := x.Store.(*redis.Store); ok {
 		replica := f.replica
 		if replica == "" {

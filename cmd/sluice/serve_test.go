@@ -107,7 +107,7 @@ func TestServe_EnvPrecedence(t *testing.T) {
 func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 	for _, env := range []serveEnv{
 		{"CONFIG_TYPE": "GRPC_XDS_DELTA"},
-		{"BACKEND_TYPE": "memcache"},
+		{"BACKEND_TYPE": "couchbase"},
 		{"GRPC_UDS": "/tmp/rls.sock"},
 		{"GRPC_CLIENT_TLS_SAN": "envoy"},
 		{"GRPC_SERVER_USE_TLS": "true"},

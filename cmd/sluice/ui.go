@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/observe/ui"
+	"github.com/sluicehq/sluice/store/memcache"
 	"github.com/sluicehq/sluice/store/memory"
 	"github.com/sluicehq/sluice/store/redis"
 )
@@ -122,6 +123,16 @@ func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 				ui.Stat{Name: "local answers", Value: fmt.Sprint(s.LocalAnswers)},
 				ui.Stat{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)})
 			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: stats}
+		}
+	case *memcache.Store:
+		return func() ui.StoreStatus {
+			s := st.Stats()
+			return ui.StoreStatus{Kind: "memcache", Healthy: s.Healthy, Stats: []ui.Stat{
+				{Name: "servers", Value: strings.Join(s.Servers, ", ")},
+				{Name: "cas retries", Value: fmt.Sprint(s.CASRetries)},
+				{Name: "cas exhausted", Value: fmt.Sprint(s.CASExhausted)},
+				{Name: "rollback failures", Value: fmt.Sprint(s.RollbackFailures)},
+			}}
 		}
 	}
 	return nil

@@ -96,13 +96,10 @@ func TestServe_UIBadPrefix(t *testing.T) {
 	}
 }
 
-// TestServe_UIRedis: the overview describes the Redis store without its
-// password.
-func TestServe_UIRedis(t *testing.T) {
-	srv := redistest.Start(t, "--requirepass", "hunter2")
-	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "redis",
-		"--redis-url", "redis://:hunter2@"+srv.Addr+"/0", "--redis-timeout", "1s")
-	defer stop()
+// overview fetches the status page's overview, with its store's stats by
+// name, and the body as served.
+func overview(t *testing.T, addr string) (ui.Overview, map[string]string, string) {
+	t.Helper()
 	res, body := uiGet(t, "http://"+addr+"/ui/api/overview")
 	var o ui.Overview
 	if err := json.Unmarshal([]byte(body), &o); err != nil || res.StatusCode != 200 {
@@ -112,6 +109,17 @@ func TestServe_UIRedis(t *testing.T) {
 	for _, s := range o.Store.Stats {
 		stats[s.Name] = s.Value
 	}
+	return o, stats, body
+}
+
+// TestServe_UIRedis: the overview describes the Redis store without its
+// password.
+func TestServe_UIRedis(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "hunter2")
+	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "redis",
+		"--redis-url", "redis://:hunter2@"+srv.Addr+"/0", "--redis-timeout", "1s")
+	defer stop()
+	o, stats, body := overview(t, addr)
 	if o.Store.Kind != "redis" || !o.Store.Healthy || stats["deployment"] != "single" ||
 		stats["address"] != "redis://"+srv.Addr+"/0" || stats["breaker"] != "closed" || stats["state"] != "up" || stats["latency"] == "" {
 		t.Errorf("store %+v", o.Store)

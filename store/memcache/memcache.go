@@ -1,0 +1,626 @@
+package memcache
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/sluicehq/sluice/store"
+)
+
+// Store keeps rate-limit state in memcached. Safe for concurrent use.
+type Store struct {
+	c   *memcache.Client
+	sel *selector
+	opt Options
+
+	healthy    atomic.Bool
+	srvFailing atomic.Bool   // the last SRV refresh failed
+	retries    atomic.Uint64 // CAS round trips lost to a concurrent writer
+	contended  atomic.Uint64 // hits that ran out of CAS attempts
+	leaked     atomic.Uint64 // rollbacks that failed: takes left counted
+}
+
+// Stats are the store's cumulative counters.
+type Stats struct {
+	// Healthy reports whether the last probe reached every server.
+	Healthy bool
+	// Servers are the servers keys are spread over.
+	Servers []string
+	// CASRetries counts gets/cas round trips that lost to a concurrent
+	// writer and went round again.
+	CASRetries uint64
+	// CASExhausted counts hits that ran out of CAS attempts (their Take
+	// failed).
+	CASExhausted uint64
+	// RollbackFailures counts takes of a denied batch that could not be
+	// given back: they stay counted until their window or bucket lets
+	// them go (fewer grants, never more).
+	RollbackFailures uint64
+}
+
+// New returns a Store on opt's servers, or on the targets of opt.SRV
+// (resolved here, once). It does not connect: Ping does.
+func New(ctx context.Context, opt Options) (*Store, error) {
+	opt = opt.withDefaults()
+	s := &Store{sel: &selector{}, opt: opt}
+	switch {
+	case opt.KeyPrefix != "" && (!legal(opt.KeyPrefix) || len(opt.KeyPrefix) > maxKeyLen/2):
+		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
+	case opt.SRV != "" && len(opt.Servers) > 0:
+		return nil, errors.New("memcache: give servers or an SRV name, not both")
+	case opt.SRV != "":
+		names, err := lookupSRV(ctx, opt.Resolver, opt.SRV)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.sel.set(ctx, opt.Resolver, names); err != nil {
+			return nil, err
+		}
+	default:
+		if err := s.sel.set(ctx, opt.Resolver, opt.Servers); err != nil {
+			return nil, err
+		}
+	}
+	s.c = memcache.NewFromSelector(s.sel)
+	s.c.Timeout, s.c.MaxIdleConns = opt.Timeout, opt.MaxIdleConns
+	if opt.TLS != nil {
+		d := &tls.Dialer{Config: opt.TLS}
+		s.c.DialContext = d.DialContext
+	}
+	s.healthy.Store(true)
+	return s, nil
+}
+
+// Ping reaches every server, reporting the first that fails.
+func (s *Store) Ping() error {
+	if err := s.c.Ping(); err != nil {
+		return fmt.Errorf("memcache: ping: %w", err)
+	}
+	return nil
+}
+
+// Close closes the idle connections.
+func (s *Store) Close() error { return s.c.Close() }
+
+// Healthy reports whether the last probe (Run) reached every server.
+func (s *Store) Healthy() bool { return s.healthy.Load() }
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{Healthy: s.Healthy(), Servers: s.sel.names(), CASRetries: s.retries.Load(),
+		CASExhausted: s.contended.Load(), RollbackFailures: s.leaked.Load()}
+}
+
+// Run pings every server each ProbeInterval for Healthy and, with an SRV
+// name and SRVRefresh, resolves it again each SRVRefresh (a failed lookup
+// keeps the servers it had). It returns when ctx ends.
+func (s *Store) Run(ctx context.Context) error {
+	probe := time.NewTicker(s.opt.ProbeInterval)
+	defer probe.Stop()
+	var refresh <-chan time.Time
+	if s.opt.SRV != "" && s.opt.SRVRefresh > 0 {
+		t := time.NewTicker(s.opt.SRVRefresh)
+		defer t.Stop()
+		refresh = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-probe.C:
+			err := s.Ping()
+			if ok := err == nil; s.healthy.Swap(ok) != ok {
+				if ok {
+					s.opt.Logger.Info("memcached reachable again")
+				} else {
+					s.opt.Logger.Warn("memcached unreachable", "cause", err)
+				}
+			}
+		case <-refresh:
+			s.refresh(ctx)
+		}
+	}
+}
+
+// refresh resolves the SRV name again and uses its targets.
+func (s *Store) refresh(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), 5*time.Second))
+	defer cancel()
+	names, err := lookupSRV(ctx, s.opt.Resolver, s.opt.SRV)
+	if err == nil {
+		err = s.sel.set(ctx, s.opt.Resolver, names)
+	}
+	// One line when lookups start failing, one when they work again.
+	if failing := err != nil; s.srvFailing.Swap(failing) != failing {
+		if failing {
+			s.opt.Logger.Warn("memcached SRV refresh failed; keeping the servers", "srv", s.opt.SRV, "servers", s.sel.names(), "cause", err)
+		} else {
+			s.opt.Logger.Info("memcached SRV refresh works again", "srv", s.opt.SRV, "servers", s.sel.names())
+		}
+	}
+}
+
+// taken records what a hit consumed, to give back if its batch is denied.
+type taken struct {
+	key           string // "" when nothing was consumed
+	inc           uint64 // a fixed window: what the take added to the count
+	before, after store.State
+}
+
+// Take applies hits as one batch at now, per store.Store.
+//
+// Fixed windows count with INCR on one key per window (ADD on a window's
+// first hit); token buckets and sliding windows run the algorithm in a
+// gets/cas loop on one key. Vetoing hits are taken first, in order; once
+// one is denied the rest are only evaluated, and the taken ones are given
+// back (DECR, or a CAS of store.Rollback): the batch is all-or-nothing
+// as seen once Take returns, not atomically (docs/MEMCACHED.md). On an
+// error, what the batch took is given back too, except its charges,
+// refunds and saturating hits already applied.
+func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
+	if len(out) != len(hits) {
+		return fmt.Errorf("memcache: %d decisions for %d hits", len(out), len(hits))
+	}
+	var buf [8]taken
+	tk := buf[:]
+	if len(hits) > len(buf) {
+		tk = make([]taken, len(hits))
+	}
+	denied, err := false, error(nil)
+	for pass := range 2 {
+		for i := range hits {
+			h := &hits[i]
+			if h.Veto != (pass == 0) {
+				continue
+			}
+			if err = ctx.Err(); err != nil {
+				break
+			}
+			if denied && !h.Always() {
+				out[i], err = s.peek(h, now)
+			} else {
+				tk[i], out[i], err = s.apply(ctx, h, now)
+				if err == nil && h.Veto && !out[i].Allowed {
+					denied = true
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if !denied && err == nil {
+		return nil
+	}
+	at := now
+	if s.opt.Clock != nil {
+		at = max(at, s.opt.Clock.Now())
+	}
+	for i := len(hits) - 1; i >= 0; i-- {
+		if tk[i].key != "" {
+			if rerr := s.rollback(tk[i], &hits[i], at); rerr != nil {
+				s.leaked.Add(1)
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("memcache: %w", err)
+	}
+	for i := range hits {
+		if tk[i].key != "" {
+			st, err := s.load(&hits[i], now)
+			if err != nil {
+				return fmt.Errorf("memcache: %w", err)
+			}
+			out[i] = store.View(st, hits[i].Rule, now)
+		}
+	}
+	return nil
+}
+
+// Reset sets the hits' counters back to empty at now: it deletes the key
+// of each fixed window's current window, and each other rule's key.
+func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
+	for i := range hits {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		h := &hits[i]
+		key := s.key(h.Key, 0)
+		if h.Rule.Algorithm() == store.FixedWindow {
+			key = s.key(h.Key, h.Rule.WindowEnd(now))
+		}
+		if err := s.c.Delete(key); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+			return fmt.Errorf("memcache: reset %q: %w", h.Key, err)
+		}
+	}
+	return nil
+}
+
+// apply applies one hit, returning what to give back on a denial.
+func (s *Store) apply(ctx context.Context, h *store.Hit, now int64) (taken, store.Decision, error) {
+	if h.Rule.Algorithm() == store.FixedWindow {
+		return s.applyWindow(h, now)
+	}
+	return s.applyCAS(ctx, h, now)
+}
+
+// peek decides a hit of a denied batch without consuming: a denial as
+// Take reports it, or a fit reported as Allowed with what remains now.
+func (s *Store) peek(h *store.Hit, now int64) (store.Decision, error) {
+	st, err := s.load(h, now)
+	if err != nil {
+		return store.Decision{}, err
+	}
+	if _, d := store.Take(st, h.Rule, now, h.Cost); !d.Allowed {
+		return d, nil
+	}
+	return store.View(st, h.Rule, now), nil
+}
+
+// load reads the state of the hit's key at now, fresh if it has none.
+func (s *Store) load(h *store.Hit, now int64) (store.State, error) {
+	r := h.Rule
+	if r.Algorithm() == store.FixedWindow {
+		end := r.WindowEnd(now)
+		n, err := s.count(s.key(h.Key, end))
+		return windowState(r, end, n), err
+	}
+	it, err := s.c.Get(s.key(h.Key, 0))
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		return store.State{}, nil
+	}
+	if err != nil {
+		return store.State{}, err
+	}
+	return decodeState(it.Value)
+}
+
+// rollback gives back one take at now, the time of the rollback.
+func (s *Store) rollback(t taken, h *store.Hit, now int64) error {
+	if t.inc > 0 {
+		return s.decr(t.key, t.inc)
+	}
+	for range s.opt.CASAttempts {
+		it, err := s.c.Get(t.key)
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			return nil // expired: nothing left to give back
+		}
+		if err != nil {
+			return err
+		}
+		cur, err := decodeState(it.Value)
+		if err != nil {
+			return err
+		}
+		next := t.before
+		if cur != t.after {
+			next = store.Rollback(cur, t.after, h.Rule, now, h.Cost)
+		}
+		if next == cur {
+			return nil
+		}
+		it.Value, it.Expiration = encodeState(next), expiry(h.Rule, next, now)
+		if err = s.c.CompareAndSwap(it); !retry(err) {
+			return err
+		}
+		s.retries.Add(1)
+	}
+	return errContended
+}
+
+var errContended = errors.New("contended: out of CAS attempts")
+
+// retry reports whether a write lost to a concurrent writer (a CAS
+// conflict, a key added or removed meanwhile).
+func retry(err error) bool {
+	return errors.Is(err, memcache.ErrCASConflict) || errors.Is(err, memcache.ErrNotStored) || errors.Is(err, memcache.ErrCacheMiss)
+}
+
+// applyCAS runs the hit's algorithm on its key's state in a gets/cas
+// loop. A hit that leaves the state as it was (a check, a denial) writes
+// nothing. It stops early when ctx ends.
+func (s *Store) applyCAS(ctx context.Context, h *store.Hit, now int64) (taken, store.Decision, error) {
+	key := s.key(h.Key, 0)
+	for attempt := range s.opt.CASAttempts {
+		if attempt > 0 {
+			s.retries.Add(1)
+			backoff(attempt)
+			if err := ctx.Err(); err != nil {
+				return taken{}, store.Decision{}, err
+			}
+		}
+		it, err := s.c.Get(key)
+		var before store.State
+		switch {
+		case errors.Is(err, memcache.ErrCacheMiss):
+			it = nil
+		case err != nil:
+			return taken{}, store.Decision{}, err
+		default:
+			if before, err = decodeState(it.Value); err != nil {
+				return taken{}, store.Decision{}, err
+			}
+		}
+		after, d := store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+		if after == before {
+			return taken{}, d, nil
+		}
+		v, exp := encodeState(after), expiry(h.Rule, after, now)
+		if it == nil {
+			err = s.c.Add(&memcache.Item{Key: key, Value: v, Expiration: exp})
+		} else {
+			it.Value, it.Expiration = v, exp
+			err = s.c.CompareAndSwap(it)
+		}
+		switch {
+		case err == nil && h.Mode == store.ModeTake:
+			return taken{key: key, before: before, after: after}, d, nil
+		case err == nil:
+			return taken{}, d, nil
+		case !retry(err):
+			return taken{}, store.Decision{}, err
+		}
+	}
+	s.contended.Add(1)
+	return taken{}, store.Decision{}, fmt.Errorf("key %q: %w", h.Key, errContended)
+}
+
+// backoff waits before CAS attempt n (from 1): a random time up to
+// 50µs·2^n, at most 5 ms, so contenders spread out.
+func backoff(n int) {
+	d := min(50*time.Microsecond<<min(n, 10), 5*time.Millisecond)
+	time.Sleep(rand.N(d) + time.Microsecond)
+}
+
+// applyWindow counts a fixed-window hit with INCR on the key of the window
+// holding now, then decides from the count before it with the pure
+// algorithm and gives back (DECR) what the algorithm did not consume: a
+// denied take, a saturating hit's part past the limit. A check, and a take
+// that can never fit, only read.
+func (s *Store) applyWindow(h *store.Hit, now int64) (taken, store.Decision, error) {
+	r := h.Rule
+	end := r.WindowEnd(now)
+	key := s.key(h.Key, end)
+	var inc uint64
+	switch h.Mode {
+	case store.ModeTake:
+		if h.Cost <= r.Limit() {
+			inc = h.Cost
+		}
+	case store.ModeSaturate:
+		inc = min(h.Cost, r.Limit())
+	case store.ModeCharge:
+		if r.Limit() > 0 {
+			inc = min(h.Cost, countBound(r))
+		}
+	case store.ModeRefund:
+		return s.refundWindow(h, end, key, now)
+	}
+	var before uint64
+	if inc == 0 {
+		n, err := s.count(key)
+		if err != nil {
+			return taken{}, store.Decision{}, err
+		}
+		before = n
+	} else {
+		n, err := s.incr(key, inc, windowExpiry(end, now))
+		if err != nil {
+			return taken{}, store.Decision{}, err
+		}
+		before = n - inc
+	}
+	bs := windowState(r, end, before)
+	_, d := store.Apply(bs, r, now, h.Cost, h.Mode)
+	var undo uint64
+	switch h.Mode {
+	case store.ModeTake:
+		if !d.Allowed {
+			undo = inc
+		}
+	case store.ModeSaturate:
+		used := uint64(0)
+		if before < r.Limit() {
+			used = min(h.Cost, r.Limit()-before)
+		}
+		undo = inc - used
+	case store.ModeCharge:
+		if before >= chargeCeiling {
+			undo = inc // saturated long ago: keep INCR far from wrapping
+		}
+	}
+	if undo > 0 {
+		if err := s.decr(key, undo); err != nil {
+			return taken{}, store.Decision{}, err
+		}
+	}
+	if h.Mode == store.ModeTake && d.Allowed && inc > 0 {
+		return taken{key: key, inc: inc}, d, nil
+	}
+	return taken{}, d, nil
+}
+
+// chargeCeiling is the count past which a charge adds nothing: far above
+// every count bound (2^53), far below INCR's wrap at 2^64.
+const chargeCeiling = 1 << 62
+
+// refundWindow takes cost off the window's count with DECR (which stops
+// at 0); a count saturated past the rule's bound is left alone, as
+// store.Refund does.
+func (s *Store) refundWindow(h *store.Hit, end uint64, key string, now int64) (taken, store.Decision, error) {
+	r := h.Rule
+	n, err := s.count(key)
+	if err != nil {
+		return taken{}, store.Decision{}, err
+	}
+	if h.Cost > 0 && n > 0 && !(n >= countBound(r) && countBound(r) > r.Limit()) {
+		if n, err = s.c.Decrement(key, h.Cost); errors.Is(err, memcache.ErrCacheMiss) {
+			n, err = 0, nil
+		}
+		if err != nil {
+			return taken{}, store.Decision{}, err
+		}
+	}
+	return taken{}, store.View(windowState(r, end, n), r, now), nil
+}
+
+// incr adds inc to key's count, creating it with expiry exp when missing,
+// and returns the new count.
+func (s *Store) incr(key string, inc uint64, exp int32) (uint64, error) {
+	n, err := s.c.Increment(key, inc)
+	if !errors.Is(err, memcache.ErrCacheMiss) {
+		return n, err
+	}
+	err = s.c.Add(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, inc, 10), Expiration: exp})
+	if !errors.Is(err, memcache.ErrNotStored) {
+		return inc, err
+	}
+	// Another caller added it first.
+	return s.c.Increment(key, inc)
+}
+
+// decr takes n off key's count; a missing key (expired) has nothing to
+// give back.
+func (s *Store) decr(key string, n uint64) error {
+	if _, err := s.c.Decrement(key, n); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+		return err
+	}
+	return nil
+}
+
+// count reads a window's count; a missing key counts 0.
+func (s *Store) count(key string) (uint64, error) {
+	it, err := s.c.Get(key)
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	// DECR keeps a value's length: it pads a shorter count with spaces.
+	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("key %q holds %q, not a count", key, it.Value)
+	}
+	return n, nil
+}
+
+// countBound is the most a count of r's windows holds in a store.State
+// (see store/fixedwindow.go): MaxFixedWindowLimit+1 for a narrow rule,
+// MaxLimit for a wide one.
+func countBound(r *store.Rule) uint64 {
+	if r.Wide() {
+		return store.MaxLimit
+	}
+	return store.MaxFixedWindowLimit + 1
+}
+
+// windowState is the fixed-window State of a count in the window ending
+// at end (Unix seconds), the count clamped to the rule's bound: the
+// encoding store.TakeWindow reads (store/fixedwindow.go).
+func windowState(r *store.Rule, end, count uint64) store.State {
+	count = min(count, countBound(r))
+	return store.State{Word: end<<32 | count&0xffffffff, High: count >> 32}
+}
+
+// Memcached reads an expiry up to 30 days as seconds from now, beyond as
+// a Unix time.
+const relativeExpiryMax = 30 * 24 * 3600
+
+// windowExpiry is the expiry of the key of the window ending at end:
+// a few seconds after the window ends, so replicas whose clocks lag a
+// little still find it.
+func windowExpiry(end uint64, now int64) int32 {
+	return expiryIn(int64(end) - now/int64(time.Second) + defaultExpiryGraceSec)
+}
+
+// expiry is the expiry of a token bucket's or sliding window's state
+// st: once it is certainly fresh. A token bucket is fresh once full
+// (View's ResetAfter); a sliding window once its debt is repaid (View's
+// ResetAfter at most) and its last counts have left, a period and a
+// bucket later (two nominal periods cover a calendar period's).
+func expiry(r *store.Rule, st store.State, now int64) int32 {
+	d := store.View(st, r, now).ResetAfter
+	if r.Algorithm() == store.SlidingWindow {
+		d += 2 * r.Period()
+	}
+	sec := int64(math.Ceil(d.Seconds()))
+	if d >= time.Duration(math.MaxInt64/2) || sec < 0 {
+		return 0
+	}
+	return expiryIn(sec + defaultExpiryGraceSec)
+}
+
+// expiryIn encodes an expiry sec seconds from now for memcached: relative
+// up to 30 days, else absolute, a Unix time that memcached reads by its
+// own clock, so it is taken from the wall clock here, not from the
+// limiter's; 0 (never) past 2038.
+func expiryIn(sec int64) int32 {
+	if sec <= relativeExpiryMax {
+		return int32(max(sec, 1))
+	}
+	abs := time.Now().Unix() + sec
+	if abs > math.MaxInt32 {
+		return 0
+	}
+	return int32(abs)
+}
+
+// encodeState is a one-word state's value: 8 bytes, big-endian. Only
+// fixed windows have two-word (wide) states, and they are counts.
+func encodeState(st store.State) []byte { return binary.BigEndian.AppendUint64(nil, st.Word) }
+
+func decodeState(v []byte) (store.State, error) {
+	if len(v) != 8 {
+		return store.State{}, fmt.Errorf("a state of %d bytes, want 8", len(v))
+	}
+	return store.State{Word: binary.BigEndian.Uint64(v)}, nil
+}
+
+// maxKeyLen is memcached's longest key.
+const maxKeyLen = 250
+
+// key is the memcached key of a Sluice key: the prefix, the key and, for
+// a fixed window, "@" and the window's end (end > 0). A key too long for
+// memcached, holding bytes it refuses (spaces, control characters) or
+// starting with "#" becomes "#" and its SHA-256 in hex instead.
+func (s *Store) key(k string, end uint64) string {
+	suffix := ""
+	if end > 0 {
+		suffix = "@" + strconv.FormatUint(end, 10)
+	}
+	if legal(k) && len(s.opt.KeyPrefix)+len(k)+len(suffix) <= maxKeyLen {
+		return s.opt.KeyPrefix + k + suffix
+	}
+	sum := sha256.Sum256([]byte(k))
+	return s.opt.KeyPrefix + "#" + hex.EncodeToString(sum[:]) + suffix
+}
+
+func legal(k string) bool {
+	if k == "" || k[0] == '#' {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
