@@ -86,7 +86,7 @@ func TestRedisDeployment_NoCredentials(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		for _, s := range redisDeployment(fs) {
+		for _, s := range redisDeployment(fs, "redis") {
 			if strings.Contains(s.Value, "hunter2") {
 				t.Errorf("%q: %s = %q", args, s.Name, s.Value)
 			}
