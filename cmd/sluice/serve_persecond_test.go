@@ -1,0 +1,152 @@
+package main
+
+import (
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice/store/redis/redistest"
+)
+
+// perSecondConfig has limits of unit second (tb: a token bucket that
+// refills one token per 50 s, so that its count holds still for a test;
+// fw: a plain per-second window, the reference's kind) and limits of an
+// hour.
+const perSecondConfig = `domain: ps
+descriptors:
+  - key: tb
+    rate_limit: {unit: second, unit_multiplier: 50, requests_per_unit: 1, algorithm: token_bucket, burst: 3}
+  - key: fw
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: hour
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: hour5
+    rate_limit: {unit: hour, requests_per_unit: 5}
+`
+
+// psAsk sends one request of descriptors (each a key and its value) and
+// returns the overall code and each descriptor's remaining.
+func psAsk(t *testing.T, rls rlspb.RateLimitServiceClient, kv ...string) (rlspb.RateLimitResponse_Code, []uint32) {
+	t.Helper()
+	req := &rlspb.RateLimitRequest{Domain: "ps"}
+	for i := 0; i+1 < len(kv); i += 2 {
+		req.Descriptors = append(req.Descriptors, &ratelimitpb.RateLimitDescriptor{
+			Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}}})
+	}
+	resp, err := rls.ShouldRateLimit(testCtx(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rem []uint32
+	for _, s := range resp.Statuses {
+		rem = append(rem, s.LimitRemaining)
+	}
+	return resp.OverallCode, rem
+}
+
+// metricValue is the value of the series line (name and labels) in a
+// /metrics page, -1 when it is missing.
+func metricValue(page, series string) float64 {
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(page)
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// TestServeRedis_PerSecond: with --redis-persecond-url, the limits of unit
+// second live in the second Redis only, the others in the first; a
+// request on both is all-or-nothing across them; the second Redis down
+// answers by the failure mode the requests that need it, and only those.
+func TestServeRedis_PerSecond(t *testing.T) {
+	main, ps := redistest.Start(t), redistest.Start(t)
+	grpcAddr, httpAddr, _ := startServe(t, nil, "--config", writeConfig(t, perSecondConfig), "--store", "redis", "--rlqs=false",
+		"--redis-url", "redis://"+main.Addr, "--redis-persecond-url", "redis://"+ps.Addr, "--redis-key-prefix", "p:",
+		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", "2s", "--redis-persecond-timeout", "300ms")
+	rls, hc := dialRLS(t, grpcAddr)
+	calls := func() (mainCalls, psCalls float64) {
+		page := httpGet(t, "http://"+httpAddr+"/metrics")
+		return metricValue(page, `sluice_redis_call_duration_seconds_count{result="ok"}`),
+			metricValue(page, `sluice_redis_persecond_call_duration_seconds_count{result="ok"}`)
+	}
+	step := func(name string, wantCode rlspb.RateLimitResponse_Code, wantRem []uint32, kv ...string) {
+		t.Helper()
+		code, rem := psAsk(t, rls, kv...)
+		if code != wantCode || !slices.Equal(rem, wantRem) {
+			t.Fatalf("%s: %v %v, want %v %v", name, code, rem, wantCode, wantRem)
+		}
+	}
+
+	// Each request goes to the Redis of its limit's unit.
+	step("fw", rlspb.RateLimitResponse_OK, []uint32{99}, "fw", "a")
+	if m, p := calls(); m > 0 || p != 1 {
+		t.Errorf("after a per-second request: %v calls to the main Redis, %v to the per-second one; want 0 and 1", m, p)
+	}
+	step("tb", rlspb.RateLimitResponse_OK, []uint32{2}, "tb", "a")
+	step("hour", rlspb.RateLimitResponse_OK, []uint32{0}, "hour", "a")
+	if m, p := calls(); m != 1 || p != 2 {
+		t.Errorf("%v calls to the main Redis, %v to the per-second one; want 1 and 2", m, p)
+	}
+	if got := main.CLI("keys", "*"); got != "p:ps|hour=a|fw:3600s" {
+		t.Errorf("main Redis's keys: %q, want the hour's alone", got)
+	}
+	// The per-second window's key may have expired already.
+	if got := ps.CLI("keys", "p:ps|tb*"); got != "p:ps|tb=a|tb:1/50s:3" {
+		t.Errorf("per-second Redis's keys: %q, want the token bucket's", got)
+	}
+	if got := ps.CLI("keys", "p:ps|hour*"); got != "" {
+		t.Errorf("per-second Redis holds %q", got)
+	}
+
+	// All-or-nothing across the two: the hour (main) denies, the token
+	// bucket's take (per-second) is given back; then the token bucket
+	// denies and the take of hour5 is given back.
+	step("tb with a spent hour", rlspb.RateLimitResponse_OVER_LIMIT, []uint32{2, 0}, "tb", "a", "hour", "a")
+	step("tb alone", rlspb.RateLimitResponse_OK, []uint32{1}, "tb", "a")
+	step("tb alone", rlspb.RateLimitResponse_OK, []uint32{0}, "tb", "a")
+	step("hour5 with a spent tb", rlspb.RateLimitResponse_OVER_LIMIT, []uint32{0, 5}, "tb", "a", "hour5", "a")
+	step("hour5 alone", rlspb.RateLimitResponse_OK, []uint32{4}, "hour5", "a")
+
+	// The per-second Redis down: its requests get the failure mode
+	// (deny), the others are served, and a request on both takes nothing
+	// from the main Redis.
+	ps.Kill()
+	for i := range 3 {
+		step("tb with the per-second Redis down "+strconv.Itoa(i), rlspb.RateLimitResponse_OVER_LIMIT, []uint32{0}, "tb", "b")
+		step("tb and hour5 with the per-second Redis down "+strconv.Itoa(i), rlspb.RateLimitResponse_OVER_LIMIT, []uint32{0, 0}, "tb", "b", "hour5", "a")
+	}
+	step("hour5 with the per-second Redis down", rlspb.RateLimitResponse_OK, []uint32{3}, "hour5", "a")
+	serving := func() bool {
+		r, err := hc.Check(testCtx(t), &healthpb.HealthCheckRequest{})
+		return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
+	}
+	waitUntil(t, 5*time.Second, "NOT_SERVING with the per-second Redis down", func() bool { return !serving() })
+	page := httpGet(t, "http://"+httpAddr+"/metrics")
+	if up, psUp := metricValue(page, "sluice_redis_up"), metricValue(page, "sluice_redis_persecond_up"); up != 1 || psUp != 0 {
+		t.Errorf("sluice_redis_up %v, sluice_redis_persecond_up %v; want 1 and 0", up, psUp)
+	}
+	if f := metricValue(page, "sluice_redis_persecond_failed_takes_total"); f < 1 {
+		t.Errorf("sluice_redis_persecond_failed_takes_total %v", f)
+	}
+	if f := metricValue(page, "sluice_redis_persecond_split_refund_failures_total"); f != 0 {
+		t.Errorf("sluice_redis_persecond_split_refund_failures_total %v", f)
+	}
+	ov := httpGet(t, "http://"+httpAddr+"/ui/api/overview")
+	for _, want := range []string{`"healthy":false`, `"per-second deployment"`, `"per-second state","value":"down"`, `"state","value":"up"`, ps.Addr} {
+		if !strings.Contains(ov, want) {
+			t.Errorf("status page's overview lacks %s:\n%s", want, ov)
+		}
+	}
+
+	ps.Restart()
+	waitUntil(t, 5*time.Second, "SERVING with the per-second Redis back", serving)
+	step("tb after the per-second Redis is back", rlspb.RateLimitResponse_OK, []uint32{2}, "tb", "b")
+}
