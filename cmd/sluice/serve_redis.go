@@ -466,7 +466,9 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_PERSECOND_URL", when: onPerSecond, apply: refApply{
 		doc: "as `REDIS_URL`, by `REDIS_PERSECOND_TYPE`, `REDIS_PERSECOND_SOCKET_TYPE` and `REDIS_PERSECOND_TLS`: " +
 			"`--redis-persecond-url`, `--redis-persecond-sentinel-master` and `--redis-persecond-sentinel`, or `--redis-persecond-cluster`",
-		fn: func(e *refEnv, url string) error { return redisURLFromRef(e, "REDIS_PERSECOND_", "redis-persecond-", url) }}},
+		fn: func(e *refEnv, url string) error {
+			return redisURLFromRef(e, "REDIS_PERSECOND_", "redis-persecond-", url)
+		}}},
 	{name: "REDIS_PERSECOND_POOL_SIZE", when: onPerSecond, ignore: "every Redis call is pipelined on a few shared connections"},
 	{name: "REDIS_PERSECOND_AUTH", when: onPerSecond, apply: redisAuthFromRef("redis-persecond-")},
 	{name: "REDIS_PERSECOND_TLS", boolean: true, when: onPerSecond, flag: "redis-persecond-tls"},

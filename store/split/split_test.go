@@ -65,7 +65,9 @@ func rules(t *testing.T) (perSecond, perMinute *store.Rule) {
 	return storetest.Window(t, 2, time.Second), storetest.Window(t, 3, time.Minute)
 }
 
-func hit(key string, r *store.Rule) store.Hit { return store.Hit{Key: key, Rule: r, Cost: 1, Veto: true} }
+func hit(key string, r *store.Rule) store.Hit {
+	return store.Hit{Key: key, Rule: r, Cost: 1, Veto: true}
+}
 
 func take(t *testing.T, st store.Store, hits ...store.Hit) ([]store.Decision, error) {
 	t.Helper()
