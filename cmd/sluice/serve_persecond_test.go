@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -149,4 +152,118 @@ func TestServeRedis_PerSecond(t *testing.T) {
 	ps.Restart()
 	waitUntil(t, 5*time.Second, "SERVING with the per-second Redis back", serving)
 	step("tb after the per-second Redis is back", rlspb.RateLimitResponse_OK, []uint32{2}, "tb", "b")
+}
+
+// TestBinary_RedisPerSecondEnv starts the binary with the reference's
+// REDIS_PERSECOND and each REDIS_PERSECOND_* variable (with a per-second
+// Redis of each kind: TCP, unix socket, password, Sentinel, Cluster, TLS)
+// and checks that a limit of unit second is counted in that Redis and one
+// of an hour in the main one.
+func TestBinary_RedisPerSecondEnv(t *testing.T) {
+	main := redistest.Start(t)
+	sockDir, err := os.MkdirTemp("", "ps") // a short path: a socket's is at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "ps.sock")
+
+	ca, certDir := testcert.NewCA(t), t.TempDir()
+	caFile := ca.WriteFile(t, certDir)
+	clientCert, clientKey := ca.Client(t).WriteFiles(t, certDir, "client")
+	// A certificate for another name than the address Sluice dials.
+	otherCert, otherKey := ca.Server(t, "redis.elsewhere.example").WriteFiles(t, certDir, "other")
+
+	cases := []struct {
+		name  string
+		start func(t *testing.T) (env map[string]string, keys func() string)
+	}{
+		{"single", func(t *testing.T) (map[string]string, func() string) {
+			ps := redistest.Start(t)
+			return map[string]string{"REDIS_PERSECOND_URL": ps.Addr, "REDIS_PERSECOND_SOCKET_TYPE": "tcp", "REDIS_PERSECOND_TYPE": "single",
+				"REDIS_PERSECOND_POOL_SIZE": "5", "REDIS_PERSECOND_TIMEOUT": "3s", "REDIS_PERSECOND_PIPELINE_WINDOW": "100us",
+				"REDIS_PERSECOND_PIPELINE_LIMIT": "8", "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM": "2",
+				"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR": "ERROR"}, func() string { return ps.CLI("keys", "*") }
+		}},
+		{"unix", func(t *testing.T) (map[string]string, func() string) {
+			ps := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
+			return map[string]string{"REDIS_PERSECOND_SOCKET_TYPE": "unix", "REDIS_PERSECOND_URL": sock}, func() string { return ps.CLI("keys", "*") }
+		}},
+		{"auth", func(t *testing.T) (map[string]string, func() string) {
+			ps := redistest.Start(t, "--requirepass", "ps-secret")
+			return map[string]string{"REDIS_PERSECOND_URL": ps.Addr, "REDIS_PERSECOND_AUTH": "ps-secret"},
+				func() string { return ps.CLI("--no-auth-warning", "-a", "ps-secret", "keys", "*") }
+		}},
+		{"sentinel", func(t *testing.T) (map[string]string, func() string) {
+			s := redistest.StartSentinel(t)
+			s.Sentinel.CLI("acl", "setuser", "default", "on", ">sentinel-secret")
+			return map[string]string{"REDIS_PERSECOND_TYPE": "SENTINEL", "REDIS_PERSECOND_URL": s.MasterSet + "," + s.Sentinel.Addr,
+				"REDIS_PERSECOND_SENTINEL_AUTH": "sentinel-secret"}, func() string { return s.Master.CLI("keys", "*") }
+		}},
+		{"cluster", func(t *testing.T) (map[string]string, func() string) {
+			c := redistest.StartCluster(t, 3)
+			return map[string]string{"REDIS_PERSECOND_TYPE": "CLUSTER", "REDIS_PERSECOND_URL": strings.Join(c.Seeds(), ",")},
+				func() string {
+					var keys []string
+					for _, n := range c.Nodes {
+						if k := n.CLI("keys", "*"); k != "" {
+							keys = append(keys, k)
+						}
+					}
+					return strings.Join(keys, "\n")
+				}
+		}},
+		// The reference's one set of TLS files serves its per-second Redis
+		// too; REDIS_TLS_SKIP_HOSTNAME_VERIFICATION accepts a certificate
+		// of another name.
+		{"tls", func(t *testing.T) (map[string]string, func() string) {
+			ps := redistest.StartTLS(t, otherCert, otherKey, caFile)
+			return map[string]string{"REDIS_PERSECOND_URL": ps.Addr, "REDIS_PERSECOND_TLS": "true", "REDIS_TLS_CACERT": caFile,
+				"REDIS_TLS_CLIENT_CERT": clientCert, "REDIS_TLS_CLIENT_KEY": clientKey, "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"}, nil
+		}},
+	}
+	config := writeConfig(t, perSecondConfig)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			env, keys := c.start(t)
+			env["REDIS_URL"], env["REDIS_PERSECOND"] = main.Addr, "true"
+			env["CACHE_KEY_PREFIX"] = c.name + ":"
+			p := startRefEnv(t, env, "--config", config)
+			rls, _ := dialRLS(t, p.grpcAddr)
+			if code, rem := psAsk(t, rls, "tb", "x", "hour", "x"); code != rlspb.RateLimitResponse_OK || !slices.Equal(rem, []uint32{2, 0}) {
+				t.Fatalf("first request: %v %v", code, rem)
+			}
+			page := httpGet(t, "http://"+p.httpAddr+"/metrics")
+			if n := metricValue(page, `sluice_redis_persecond_call_duration_seconds_count{result="ok"}`); n != 1 {
+				t.Errorf("%v calls to the per-second Redis, want 1", n)
+			}
+			if keys != nil {
+				if got, want := keys(), c.name+":ps|tb=x|tb:1/50s:3"; got != want {
+					t.Errorf("per-second Redis's keys: %q, want %q", got, want)
+				}
+			}
+			if got, want := main.CLI("keys", c.name+":ps*"), c.name+":ps|hour=x|fw:3600s"; got != want {
+				t.Errorf("main Redis's keys: %q, want %q", got, want)
+			}
+			if c.name == "tls" && !strings.Contains(p.log(), "tls-skip-hostname-verification") {
+				t.Errorf("no warning about the skipped hostname check:\n%s", p.log())
+			}
+			if c.name == "single" && !strings.Contains(p.log(), `msg="redis store (per-second limits)" deployment=single timeout=3s`) {
+				t.Errorf("REDIS_PERSECOND_TIMEOUT not in force:\n%s", p.log())
+			}
+		})
+	}
+}
+
+// startRefEnv starts the binary with the reference's environment env (and
+// no SLUICE_* but the log's) and args.
+func startRefEnv(t *testing.T, env map[string]string, args ...string) *sluiceProc {
+	t.Helper()
+	args = append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...)
+	cmd := redistest.Command(sluiceBinary(t), args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "SLUICE_LOG_LEVEL=info", "SLUICE_LOG_FORMAT=text"}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	return startCmd(t, cmd)
 }

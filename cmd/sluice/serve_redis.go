@@ -188,7 +188,11 @@ func (c *redisConfig) openOne(ctx context.Context, logger *slog.Logger, clock st
 		}
 		return redisStore{}, err
 	}
-	logger.Info(strings.ReplaceAll(conn.prefix, "-", " ")+" store", "deployment", conn.deployment(), "timeout", opt.Timeout,
+	msg := "redis store"
+	if conn.prefix != "redis" {
+		msg += " (per-second limits)"
+	}
+	logger.Info(msg, "deployment", conn.deployment(), "timeout", opt.Timeout,
 		"clock", c.f.clock, "local_cache", !opt.NoLocalCache, "key_prefix", opt.KeyPrefix)
 	return redisStore{Store: st, conn: conn, calls: calls}, nil
 }
