@@ -267,3 +267,53 @@ func startRefEnv(t *testing.T, env map[string]string, args ...string) *sluicePro
 	}
 	return startCmd(t, cmd)
 }
+
+// TestBinary_RedisTLSSkipHostnameVerification: REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true
+// accepts a Redis certificate of another name than the address, signed by
+// REDIS_TLS_CACERT, with a warning; without it that certificate is
+// refused, and with it a certificate of another CA still is.
+func TestBinary_RedisTLSSkipHostnameVerification(t *testing.T) {
+	ca, dir := testcert.NewCA(t), t.TempDir()
+	caFile := ca.WriteFile(t, dir)
+	clientCert, clientKey := ca.Client(t).WriteFiles(t, dir, "client")
+	otherName, otherNameKey := ca.Server(t, "redis.elsewhere.example").WriteFiles(t, dir, "other-name")
+	stranger := testcert.NewCA(t)
+	strangerCert, strangerKey := stranger.Server(t).WriteFiles(t, t.TempDir(), "stranger")
+	misnamed := redistest.StartTLS(t, otherName, otherNameKey, caFile)
+	foreign := redistest.StartTLS(t, strangerCert, strangerKey, caFile)
+	config := writeConfig(t, perSecondConfig)
+	env := func(addr, skip string) map[string]string {
+		e := map[string]string{"REDIS_URL": addr, "REDIS_TLS": "true", "REDIS_TLS_CACERT": caFile,
+			"REDIS_TLS_CLIENT_CERT": clientCert, "REDIS_TLS_CLIENT_KEY": clientKey, "REDIS_TIMEOUT": "2s"}
+		if skip != "" {
+			e["REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"] = skip
+		}
+		return e
+	}
+
+	p := startRefEnv(t, env(misnamed.Addr, "true"), "--config", config)
+	rls, _ := dialRLS(t, p.grpcAddr)
+	if code, rem := psAsk(t, rls, "hour", "x"); code != rlspb.RateLimitResponse_OK || !slices.Equal(rem, []uint32{0}) {
+		t.Fatalf("request over TLS to a Redis of another name: %v %v", code, rem)
+	}
+	if !strings.Contains(p.log(), "level=WARN") || !strings.Contains(p.log(), "--redis-tls-skip-hostname-verification") {
+		t.Errorf("no warning at startup:\n%s", p.log())
+	}
+
+	for _, c := range []struct {
+		name, addr, skip, want string
+	}{
+		{"name checked by default", misnamed.Addr, "", "cannot validate certificate for 127.0.0.1"},
+		{"chain checked when the name is not", foreign.Addr, "true", "certificate signed by unknown authority"},
+	} {
+		cmd := redistest.Command(sluiceBinary(t), "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--config", config)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		for k, v := range env(c.addr, c.skip) {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%s: exit %v, want a failure about %q:\n%s", c.name, err, c.want, out)
+		}
+	}
+}
