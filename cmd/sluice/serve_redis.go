@@ -458,7 +458,7 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_CLUSTER_PIPELINE_PARALLELISM", note: "not read: on Cluster a request's hash slots are called in parallel"},
 	{name: "REDIS_PERSECOND", boolean: true, apply: refApply{
 		doc: "`true` reads `REDIS_PERSECOND_URL` (needed) and the other `REDIS_PERSECOND_*`: a second Redis, on `--redis-persecond-*`, " +
-			"holds the limits of unit second (docs/REDIS.md)",
+			"holds the limits of unit second (with `unit_multiplier`, of a period under a minute; docs/REDIS.md)",
 		fn: func(e *refEnv, v string) error {
 			if v == "true" && !e.has("REDIS_PERSECOND_URL") {
 				return errors.New("REDIS_PERSECOND=true needs REDIS_PERSECOND_URL")
