@@ -115,7 +115,18 @@ func (f *redisConn) register(fs *flag.FlagSet, name, usage string) {
 }
 
 func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store.Clock) (openStore, error) {
-	main, err := c.openOne(ctx, logger, clock, &c.f.redisConn)
+	// Every setting is checked before either Redis is asked.
+	mainOpt, err := c.f.options(&c.f.redisConn)
+	if err != nil {
+		return openStore{}, err
+	}
+	var psOpt redis.Options
+	if c.f.perSecond.given() {
+		if psOpt, err = c.f.options(&c.f.perSecond); err != nil {
+			return openStore{}, err
+		}
+	}
+	main, err := c.openOne(ctx, logger, clock, &c.f.redisConn, mainOpt)
 	if err != nil {
 		return openStore{}, err
 	}
@@ -123,7 +134,7 @@ func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store
 		setup := func(x *serveContext) error { return c.setup(x, nil, main) }
 		return openStore{Store: main.Store, closer: main, run: main.Run, setup: setup}, nil
 	}
-	ps, err := c.openOne(ctx, logger, clock, &c.f.perSecond)
+	ps, err := c.openOne(ctx, logger, clock, &c.f.perSecond, psOpt)
 	if err != nil {
 		main.Close()
 		return openStore{}, err
@@ -158,12 +169,8 @@ type redisStore struct {
 // the main Redis, sluice_redis_persecond_* for the per-second one.
 func (r redisConn) subsystem() string { return strings.ReplaceAll(r.prefix, "-", "_") }
 
-// openOne opens the store of one Redis, conn.
-func (c *redisConfig) openOne(ctx context.Context, logger *slog.Logger, clock store.Clock, conn *redisConn) (redisStore, error) {
-	opt, err := c.f.options(conn)
-	if err != nil {
-		return redisStore{}, err
-	}
+// openOne opens the store of one Redis, conn, whose options are opt.
+func (c *redisConfig) openOne(ctx context.Context, logger *slog.Logger, clock store.Clock, conn *redisConn, opt redis.Options) (redisStore, error) {
 	opt.Clock = clock
 	opt.Logger, opt.FailureMode = logger, flagValue(c.fs, "store-failure-mode")
 	calls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: conn.subsystem(),
@@ -343,7 +350,7 @@ func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	default:
 		return o, fmt.Errorf("--redis-clock %q: want script-arg or server", f.clock)
 	}
-	if conn.tls || conn.tlsCA != "" || conn.tlsCert != "" || conn.tlsServerName != "" || conn.tlsSkipHostname {
+	if conn.tls || conn.tlsCA != "" || conn.tlsCert != "" || conn.tlsKey != "" || conn.tlsServerName != "" || conn.tlsSkipHostname {
 		tc, err := conn.tlsConfig()
 		if err != nil {
 			return o, err

@@ -121,7 +121,15 @@ func TestServeRedis_BadSettings(t *testing.T) {
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "-1us"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "1s"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-tls-cert", "c.pem"}, "--redis-tls-cert"},
+		{[]string{"--redis-url", url, "--redis-tls-skip-hostname-verification", "--redis-tls-server-name", "r"}, "give one"},
+		// The per-second Redis's settings are checked too, before either
+		// Redis is asked, and its errors name its flags.
+		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-timeout", "0s"}, "--redis-persecond-timeout"},
+		{[]string{"--redis-url", url, "--redis-persecond-cluster", "127.0.0.1:2", "--redis-persecond-pipeline-window", "1s"}, "--redis-persecond-pipeline-window"},
+		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-tls-key", "k.pem"}, "--redis-persecond-tls-cert and --redis-persecond-tls-key"},
+		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-tls-ca", "/nonexistent.pem"}, "--redis-persecond-tls-ca"},
 		{[]string{"--redis-url", url}, "127.0.0.1:1"},
+		{[]string{"--redis-url", "redis://" + redistest.Start(t).Addr, "--redis-persecond-url", url}, "per-second Redis: "},
 	} {
 		args := append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--store", "redis"}, c.args...)
 		err := serve(testCtx(t), args, serveEnv{}.get, &bytes.Buffer{}, nil)
