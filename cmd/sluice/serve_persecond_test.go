@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	ratelimitpb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -40,8 +39,7 @@ func psAsk(t *testing.T, rls rlspb.RateLimitServiceClient, kv ...string) (rlspb.
 	t.Helper()
 	req := &rlspb.RateLimitRequest{Domain: "ps"}
 	for i := 0; i+1 < len(kv); i += 2 {
-		req.Descriptors = append(req.Descriptors, &ratelimitpb.RateLimitDescriptor{
-			Entries: []*ratelimitpb.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}}})
+		req.Descriptors = append(req.Descriptors, desc(kv[i], kv[i+1]))
 	}
 	resp, err := rls.ShouldRateLimit(testCtx(t), req)
 	if err != nil {
