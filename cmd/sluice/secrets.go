@@ -9,9 +9,9 @@ import "github.com/sluicehq/sluice/internal/redact"
 // URLs without their passwords.
 func flagSecrecy(name string) redact.Kind {
 	switch name {
-	case "redis-password", "redis-sentinel-password", "xds-headers":
+	case "redis-password", "redis-sentinel-password", "redis-persecond-password", "redis-persecond-sentinel-password", "xds-headers":
 		return redact.Secret
-	case "redis-url", "redis-sentinel", "redis-cluster", "xds-server":
+	case "redis-url", "redis-sentinel", "redis-cluster", "redis-persecond-url", "redis-persecond-sentinel", "redis-persecond-cluster", "xds-server":
 		return redact.Address
 	}
 	return redact.Plain

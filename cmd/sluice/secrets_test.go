@@ -78,6 +78,9 @@ func TestRedisDeployment_NoCredentials(t *testing.T) {
 		{"--redis-url", "redis://u:hun%zzter2@r:6379"},
 		{"--redis-cluster", "c1:7000,u:hunter2@c2:7000"},
 		{"--redis-sentinel", "redis://:hunter2@s1:26379,s2:26379", "--redis-sentinel-master", "m"},
+		{"--redis-persecond-url", "redis://u:hunter2@r:6379/0"},
+		{"--redis-persecond-cluster", "c1:7000,u:hunter2@c2:7000"},
+		{"--redis-persecond-sentinel", "redis://:hunter2@s1:26379", "--redis-persecond-sentinel-master", "m"},
 	} {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 		var f serveFlags
@@ -86,7 +89,7 @@ func TestRedisDeployment_NoCredentials(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
-		for _, s := range redisDeployment(fs) {
+		for _, s := range append(redisDeployment(fs, "redis"), redisDeployment(fs, "redis-persecond")...) {
 			if strings.Contains(s.Value, "hunter2") {
 				t.Errorf("%q: %s = %q", args, s.Name, s.Value)
 			}

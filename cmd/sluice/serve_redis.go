@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -17,10 +18,25 @@ import (
 	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/split"
 )
 
-// redisFlags are the redis backend's settings.
+// redisFlags are the redis backend's settings: the Redis of every limit
+// (--redis-*) and, optionally, a second one for the per-second limits
+// (--redis-persecond-*), the reference's REDIS_PERSECOND.
 type redisFlags struct {
+	redisConn
+	perSecond  redisConn
+	health     bool
+	localCache bool
+	keyPrefix  string
+	clock      string
+}
+
+// redisConn are the settings of one Redis deployment and of the
+// connections to it.
+type redisConn struct {
+	prefix           string // of its flags' names: "redis" or "redis-persecond"
 	url              string
 	sentinel         string
 	sentinelMaster   string
@@ -33,12 +49,9 @@ type redisFlags struct {
 	tlsCert          string
 	tlsKey           string
 	tlsServerName    string
+	tlsSkipHostname  bool
 	timeout          time.Duration
 	pipelineWindow   time.Duration
-	health           bool
-	localCache       bool
-	keyPrefix        string
-	clock            string
 }
 
 // The redis backend: counters in Redis (single, Sentinel or Cluster), so
@@ -60,37 +73,105 @@ func newRedisConfig(fs *flag.FlagSet) storeConfig {
 }
 
 func (f *redisFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.url, "redis-url", "", "redis store: `URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
-	fs.StringVar(&f.sentinel, "redis-sentinel", "", "redis store: comma-separated sentinel `addresses` (with --redis-sentinel-master), instead of --redis-url")
-	fs.StringVar(&f.sentinelMaster, "redis-sentinel-master", "", "redis store: `name` of the master the sentinels monitor")
-	fs.StringVar(&f.cluster, "redis-cluster", "", "redis store: comma-separated seed `addresses` of a Redis Cluster, instead of --redis-url")
-	fs.StringVar(&f.username, "redis-username", "", "redis store: ACL user (overrides the URL's)")
-	fs.StringVar(&f.password, "redis-password", "", "redis store: password (overrides the URL's)")
-	fs.StringVar(&f.sentinelPassword, "redis-sentinel-password", "", "redis store: password of the sentinels (default: --redis-password)")
-	fs.BoolVar(&f.tls, "redis-tls", false, "redis store: connect with TLS (implied by rediss://)")
-	fs.StringVar(&f.tlsCA, "redis-tls-ca", "", "redis store: PEM `file` of the CA that signed Redis's certificate (default: system roots)")
-	fs.StringVar(&f.tlsCert, "redis-tls-cert", "", "redis store: PEM `file` of the client certificate")
-	fs.StringVar(&f.tlsKey, "redis-tls-key", "", "redis store: PEM `file` of the client certificate's key")
-	fs.StringVar(&f.tlsServerName, "redis-tls-server-name", "", "redis store: name to verify Redis's certificate against (default: the host)")
-	fs.DurationVar(&f.pipelineWindow, "redis-pipeline-window", 0, "redis store: under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
-	fs.DurationVar(&f.timeout, "redis-timeout", time.Second, "redis store: most time a request waits for Redis, and the wait of callers that state no deadline; a gRPC caller's grpc-timeout (Envoy's filter timeout), or an HTTP caller's Sluice-Timeout header, shortens it, less a margin to answer (a tenth, at most 5ms)")
+	f.redisConn.register(fs, "redis", "redis store: ")
+	f.perSecond.register(fs, "redis-persecond", "redis store, per-second Redis: ")
 	fs.Func("redis-failure-mode", "redis store: same as --store-failure-mode: error | allow | deny", func(v string) error {
 		return fs.Set("store-failure-mode", v)
 	})
-	fs.BoolVar(&f.health, "redis-health", false, "redis store: report NOT_SERVING while Redis is unreachable")
+	fs.BoolVar(&f.health, "redis-health", false, "redis store: report NOT_SERVING while Redis (either, with --redis-persecond-*) is unreachable")
 	fs.BoolVar(&f.localCache, "redis-local-cache", true, "redis store: answer keys known to be over their limit without asking Redis")
 	fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
 	fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
 }
 
+// register adds the flags of one Redis: --NAME-url and so on, with prefix
+// NAME; the per-second one's keep the main one's defaults.
+func (f *redisConn) register(fs *flag.FlagSet, name, usage string) {
+	f.prefix = name
+	p := name + "-"
+	if name == "redis" {
+		fs.StringVar(&f.url, p+"url", "", usage+"`URL` of a single Redis: redis://[user:password@]host:port[/db], rediss:// (TLS), unix:///path.sock")
+	} else {
+		fs.StringVar(&f.url, p+"url", "", usage+"`URL` of a second Redis (as --redis-url) that holds the limits whose period is under a minute (a unit of second), "+
+			"instead of the first (the reference's REDIS_PERSECOND)")
+	}
+	fs.StringVar(&f.sentinel, p+"sentinel", "", usage+"comma-separated sentinel `addresses` (with --"+p+"sentinel-master), instead of --"+p+"url")
+	fs.StringVar(&f.sentinelMaster, p+"sentinel-master", "", usage+"`name` of the master the sentinels monitor")
+	fs.StringVar(&f.cluster, p+"cluster", "", usage+"comma-separated seed `addresses` of a Redis Cluster, instead of --"+p+"url")
+	fs.StringVar(&f.username, p+"username", "", usage+"ACL user (overrides the URL's)")
+	fs.StringVar(&f.password, p+"password", "", usage+"password (overrides the URL's)")
+	fs.StringVar(&f.sentinelPassword, p+"sentinel-password", "", usage+"password of the sentinels (default: --"+p+"password)")
+	fs.BoolVar(&f.tls, p+"tls", false, usage+"connect with TLS (implied by rediss://)")
+	fs.StringVar(&f.tlsCA, p+"tls-ca", "", usage+"PEM `file` of the CA that signed Redis's certificate (default: system roots)")
+	fs.StringVar(&f.tlsCert, p+"tls-cert", "", usage+"PEM `file` of the client certificate")
+	fs.StringVar(&f.tlsKey, p+"tls-key", "", usage+"PEM `file` of the client certificate's key")
+	fs.StringVar(&f.tlsServerName, p+"tls-server-name", "", usage+"name to verify Redis's certificate against (default: the host)")
+	fs.BoolVar(&f.tlsSkipHostname, p+"tls-skip-hostname-verification", false, usage+"accept Redis's certificate whatever names it holds, "+
+		"as long as it chains to --"+p+"tls-ca (or the system roots); prefer --"+p+"tls-server-name")
+	fs.DurationVar(&f.pipelineWindow, p+"pipeline-window", 0, usage+"under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
+	fs.DurationVar(&f.timeout, p+"timeout", time.Second, usage+"most time a request waits for Redis, and the wait of callers that state no deadline; a gRPC caller's grpc-timeout (Envoy's filter timeout), or an HTTP caller's Sluice-Timeout header, shortens it, less a margin to answer (a tenth, at most 5ms)")
+}
+
 func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store.Clock) (openStore, error) {
-	opt, err := c.f.options()
+	// Every setting is checked before either Redis is asked.
+	mainOpt, err := c.f.options(&c.f.redisConn)
 	if err != nil {
 		return openStore{}, err
 	}
+	var psOpt redis.Options
+	if c.f.perSecond.given() {
+		if psOpt, err = c.f.options(&c.f.perSecond); err != nil {
+			return openStore{}, err
+		}
+	}
+	main, err := c.openOne(ctx, logger, clock, &c.f.redisConn, mainOpt)
+	if err != nil {
+		return openStore{}, err
+	}
+	if !c.f.perSecond.given() {
+		setup := func(x *serveContext) error { return c.setup(x, nil, main) }
+		return openStore{Store: main.Store, closer: main, run: main.Run, setup: setup}, nil
+	}
+	ps, err := c.openOne(ctx, logger, clock, &c.f.perSecond, psOpt)
+	if err != nil {
+		main.Close()
+		return openStore{}, err
+	}
+	sp := split.New(main.Store, ps.Store, perSecond, split.Options{})
+	run := func(ctx context.Context) error {
+		done := make(chan error, 1)
+		go func() { done <- ps.Run(ctx) }()
+		return errors.Join(main.Run(ctx), <-done)
+	}
+	setup := func(x *serveContext) error { return c.setup(x, sp, main, ps) }
+	return openStore{Store: sp, closer: closers{main, ps}, run: run, setup: setup}, nil
+}
+
+// perSecond is the route of a split store: the hits whose rule's period
+// (window, refill period) is under a minute go to the per-second Redis.
+// That is the reference's REDIS_PERSECOND rule, limits of unit SECOND,
+// for every limit it can express; with Sluice's unit_multiplier it is a
+// unit of second below 60 of them (60 seconds are a minute, whose counter
+// key a minute's limit shares, so that a key always lives in one Redis).
+func perSecond(h *store.Hit) bool { return h.Rule.Period() < time.Minute }
+
+// redisStore is one Redis store with its latency histogram, which setup
+// registers.
+type redisStore struct {
+	*redis.Store
+	conn  *redisConn
+	calls *prometheus.HistogramVec
+}
+
+// subsystem is the metrics' subsystem of r's store: sluice_redis_* for
+// the main Redis, sluice_redis_persecond_* for the per-second one.
+func (r redisConn) subsystem() string { return strings.ReplaceAll(r.prefix, "-", "_") }
+
+// openOne opens the store of one Redis, conn, whose options are opt.
+func (c *redisConfig) openOne(ctx context.Context, logger *slog.Logger, clock store.Clock, conn *redisConn, opt redis.Options) (redisStore, error) {
 	opt.Clock = clock
 	opt.Logger, opt.FailureMode = logger, flagValue(c.fs, "store-failure-mode")
-	calls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: "redis",
+	calls := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "sluice", Subsystem: conn.subsystem(),
 		Name: "call_duration_seconds", Help: "Redis round trips of a request (one script call, or one per slot on Cluster), by result.",
 		Buckets: observe.LatencyBuckets}, []string{"result"})
 	ok, failed := calls.WithLabelValues("ok"), calls.WithLabelValues("error")
@@ -101,37 +182,70 @@ func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store
 			ok.Observe(d.Seconds())
 		}
 	}
+	if conn.tlsSkipHostname {
+		logger.Warn("redis store: --" + conn.prefix + "-tls-skip-hostname-verification: Redis's certificate is checked against the CA, not against Redis's name: " +
+			"any certificate that CA signed is accepted (prefer --" + conn.prefix + "-tls-server-name)")
+	}
 	st, err := redis.New(ctx, opt)
 	if err != nil {
-		return openStore{}, err
+		if conn.prefix != "redis" {
+			err = fmt.Errorf("per-second Redis: %w", err)
+		}
+		return redisStore{}, err
 	}
-	logger.Info("redis store", "deployment", c.f.deployment(), "timeout", opt.Timeout,
+	msg := "redis store"
+	if conn.prefix != "redis" {
+		msg += " (per-second limits)"
+	}
+	logger.Info(msg, "deployment", conn.deployment(), "timeout", opt.Timeout,
 		"clock", c.f.clock, "local_cache", !opt.NoLocalCache, "key_prefix", opt.KeyPrefix)
-	setup := func(x *serveContext) error { return c.setup(x, st, calls) }
-	return openStore{Store: st, closer: st, run: st.Run, setup: setup}, nil
+	return redisStore{Store: st, conn: conn, calls: calls}, nil
 }
 
-// setup registers the store's metrics; with --redis-health, health
-// follows Redis as well as the config.
-func (c *redisConfig) setup(x *serveContext, st *redis.Store, calls *prometheus.HistogramVec) error {
-	if err := registerRedisMetrics(x.Registry, st); err != nil {
-		return err
+// closers closes each of its closers.
+type closers []io.Closer
+
+func (cs closers) Close() error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, c.Close())
 	}
-	if err := x.Registry.Register(calls); err != nil {
-		return err
+	return errors.Join(errs...)
+}
+
+// setup registers the metrics of stores and of sp, the split store over
+// them when there is a per-second Redis (else nil); with --redis-health, health follows every Redis as well as the
+// config.
+func (c *redisConfig) setup(x *serveContext, sp *split.Store, stores ...redisStore) error {
+	for _, st := range stores {
+		if err := registerRedisMetrics(x.Registry, st.Store, st.conn.subsystem()); err != nil {
+			return err
+		}
+		if err := x.Registry.Register(st.calls); err != nil {
+			return err
+		}
+		if c.f.health {
+			x.Ready = append(x.Ready, st.Healthy)
+			x.Run = append(x.Run, func(ctx context.Context) error {
+				return followHealth(ctx, st.Store, x, 50*time.Millisecond)
+			})
+		}
 	}
-	if c.f.health {
-		x.Ready = append(x.Ready, st.Healthy)
-		x.Run = append(x.Run, func(ctx context.Context) error {
-			return followHealth(ctx, st, x, 50*time.Millisecond)
-		})
+	if sp != nil {
+		err := x.Registry.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "sluice", Subsystem: "redis_persecond",
+			Name: "split_refund_failures_total", Help: "Requests on both Redis whose refund failed (the takes one Redis committed while the other denied or failed): left in place until their keys expire (over-deny)."},
+			func() float64 { return float64(sp.Stats().RefundFailures) }))
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store) error {
+// registerRedisMetrics registers st's metrics, sluice_<subsystem>_*.
+func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store, subsystem string) error {
 	opts := func(name, help string) prometheus.GaugeOpts {
-		return prometheus.GaugeOpts{Namespace: "sluice", Subsystem: "redis", Name: name, Help: help}
+		return prometheus.GaugeOpts{Namespace: "sluice", Subsystem: subsystem, Name: name, Help: help}
 	}
 	up := func() float64 {
 		if st.Stats().Healthy {
@@ -149,24 +263,26 @@ func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store) error {
 			func() float64 { return float64(st.Stats().RefundFailures) })),
 		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("failed_takes_total", "Requests the Redis store failed (answered by the failure mode): breaker open, out of time, Redis unreachable.")),
 			func() float64 { return float64(st.Stats().Failed) })),
-		reg.Register(transitions{st}),
+		reg.Register(transitions{st, prometheus.NewDesc("sluice_"+subsystem+"_transitions_total",
+			"Transitions of the Redis store's state: to=down when the circuit breaker opens (Redis unreachable), to=up when it closes.",
+			[]string{"to"}, nil)}),
 	)
 }
 
-// transitions is sluice_redis_transitions_total{to="down"|"up"}: the
-// circuit breaker's openings and closings.
-type transitions struct{ st *redis.Store }
+// transitions is sluice_redis_transitions_total{to="down"|"up"} (or
+// sluice_redis_persecond_...): the circuit breaker's openings and
+// closings.
+type transitions struct {
+	st   *redis.Store
+	desc *prometheus.Desc
+}
 
-var transitionsDesc = prometheus.NewDesc("sluice_redis_transitions_total",
-	"Transitions of the Redis store's state: to=down when the circuit breaker opens (Redis unreachable), to=up when it closes.",
-	[]string{"to"}, nil)
-
-func (c transitions) Describe(ch chan<- *prometheus.Desc) { ch <- transitionsDesc }
+func (c transitions) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c transitions) Collect(ch chan<- prometheus.Metric) {
 	s := c.st.Stats()
-	ch <- prometheus.MustNewConstMetric(transitionsDesc, prometheus.CounterValue, float64(s.Opens), "down")
-	ch <- prometheus.MustNewConstMetric(transitionsDesc, prometheus.CounterValue, float64(s.Closes), "up")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.Opens), "down")
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.Closes), "up")
 }
 
 // followHealth updates x's health when st's health changes, checking
@@ -191,7 +307,11 @@ func followHealth(ctx context.Context, st interface{ Healthy() bool }, x *serveC
 	}
 }
 
-func (f *redisFlags) deployment() string {
+// given reports whether f names a deployment: always for the main Redis
+// (options says when it does not), for the per-second one when it is used.
+func (f *redisConn) given() bool { return f.url != "" || f.sentinel != "" || f.cluster != "" }
+
+func (f *redisConn) deployment() string {
 	switch {
 	case f.cluster != "":
 		return "cluster"
@@ -201,23 +321,26 @@ func (f *redisFlags) deployment() string {
 	return "single"
 }
 
-func (f *redisFlags) options() (redis.Options, error) {
-	o := redis.Options{URL: f.url, SentinelMaster: f.sentinelMaster, Username: f.username,
-		Password: f.password, SentinelPassword: f.sentinelPassword, Timeout: f.timeout, PipelineWindow: f.pipelineWindow, KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
-	if f.sentinel != "" {
-		o.SentinelAddrs = splitList(f.sentinel)
+// options are the store options of conn, one of f's Redis.
+func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
+	o := redis.Options{URL: conn.url, SentinelMaster: conn.sentinelMaster, Username: conn.username,
+		Password: conn.password, SentinelPassword: conn.sentinelPassword, Timeout: conn.timeout, PipelineWindow: conn.pipelineWindow,
+		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
+	if conn.sentinel != "" {
+		o.SentinelAddrs = splitList(conn.sentinel)
 	}
-	if f.cluster != "" {
-		o.ClusterAddrs = splitList(f.cluster)
+	if conn.cluster != "" {
+		o.ClusterAddrs = splitList(conn.cluster)
 	}
-	if f.url == "" && f.sentinel == "" && f.cluster == "" {
-		return o, errors.New("redis store: give --redis-url, --redis-sentinel or --redis-cluster")
+	p := "--" + conn.prefix + "-"
+	if !conn.given() {
+		return o, fmt.Errorf("redis store: give %surl, %ssentinel or %scluster", p, p, p)
 	}
-	if f.timeout <= 0 {
-		return o, errors.New("--redis-timeout must be positive")
+	if conn.timeout <= 0 {
+		return o, fmt.Errorf("%stimeout must be positive", p)
 	}
-	if f.pipelineWindow < 0 || f.pipelineWindow >= f.timeout {
-		return o, fmt.Errorf("--redis-pipeline-window %v: want 0 or more and less than --redis-timeout (%v)", f.pipelineWindow, f.timeout)
+	if conn.pipelineWindow < 0 || conn.pipelineWindow >= conn.timeout {
+		return o, fmt.Errorf("%spipeline-window %v: want 0 or more and less than %stimeout (%v)", p, conn.pipelineWindow, p, conn.timeout)
 	}
 	switch f.clock {
 	case "script-arg":
@@ -226,8 +349,8 @@ func (f *redisFlags) options() (redis.Options, error) {
 	default:
 		return o, fmt.Errorf("--redis-clock %q: want script-arg or server", f.clock)
 	}
-	if f.tls || f.tlsCA != "" || f.tlsCert != "" || f.tlsServerName != "" {
-		tc, err := f.tlsConfig()
+	if conn.tls || conn.tlsCA != "" || conn.tlsCert != "" || conn.tlsKey != "" || conn.tlsServerName != "" || conn.tlsSkipHostname {
+		tc, err := conn.tlsConfig()
 		if err != nil {
 			return o, err
 		}
@@ -236,8 +359,19 @@ func (f *redisFlags) options() (redis.Options, error) {
 	return o, nil
 }
 
-func (f *redisFlags) tlsConfig() (*tls.Config, error) {
-	return clientTLS("redis-", f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+func (f *redisConn) tlsConfig() (*tls.Config, error) {
+	tc, err := clientTLS(f.prefix+"-", f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+	if err != nil {
+		return nil, err
+	}
+	if f.tlsSkipHostname {
+		if f.tlsServerName != "" {
+			p := "--" + f.prefix + "-"
+			return nil, fmt.Errorf("%stls-skip-hostname-verification and %stls-server-name: give one", p, p)
+		}
+		verifyChainOnly(tc)
+	}
+	return tc, nil
 }
 
 func splitList(s string) []string {
@@ -250,8 +384,9 @@ func splitList(s string) []string {
 	return out
 }
 
-// redisRefVars are envoyproxy/ratelimit's Redis variables. A separate
-// per-second Redis (REDIS_PERSECOND) is refused.
+// redisRefVars are envoyproxy/ratelimit's Redis variables: the Redis of
+// every limit, and with REDIS_PERSECOND=true a second one for the limits
+// of unit second (--redis-persecond-*).
 var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_SOCKET_TYPE", with: "REDIS_URL"},
 	{name: "REDIS_TYPE", with: "REDIS_URL"},
@@ -260,37 +395,63 @@ var redisRefVars = slices.Concat([]refVar{
 			"`rediss://` with `REDIS_TLS=true`, `unix://` with `REDIS_SOCKET_TYPE=unix`; a URL with a scheme as given); " +
 			"`SENTINEL`, `--redis-sentinel-master` and `--redis-sentinel` from `master,host:port[,host:port...]`; " +
 			"`CLUSTER`, `--redis-cluster`; other types refused. With `BACKEND_TYPE` unset, `--store redis` (the reference's default)",
-		fn: redisURLFromRef}},
+		fn: func(e *refEnv, url string) error {
+			if !e.has("BACKEND_TYPE") {
+				// The reference's default backend is Redis: its manifests
+				// set REDIS_URL alone.
+				e.set("store", "redis")
+			}
+			return redisURLFromRef(e, "REDIS_", "redis-", url)
+		}}},
 	{name: "REDIS_POOL_SIZE", ignore: "every Redis call is pipelined on a few shared connections"},
-	{name: "REDIS_AUTH", apply: refApply{
-		doc: "`--redis-password`, or `--redis-username` and `--redis-password` from `user:password`",
-		fn: func(e *refEnv, auth string) error {
-			if user, pass, ok := strings.Cut(auth, ":"); ok {
-				e.set("redis-username", user)
-				e.set("redis-password", pass)
-			} else {
-				e.set("redis-password", auth)
+	{name: "REDIS_AUTH", apply: redisAuthFromRef("redis-")},
+	{name: "REDIS_TLS", boolean: true, flag: "redis-tls"},
+	{name: "REDIS_TLS_CLIENT_CERT", when: onAnyRedisTLS, apply: redisTLSFromRef("tls-cert")},
+	{name: "REDIS_TLS_CLIENT_KEY", when: onAnyRedisTLS, apply: redisTLSFromRef("tls-key")},
+	{name: "REDIS_TLS_CACERT", when: onAnyRedisTLS, apply: redisTLSFromRef("tls-ca")},
+	{name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", boolean: true, when: onAnyRedisTLS, apply: refApply{
+		doc: "`true`: `--redis-tls-skip-hostname-verification` (and `--redis-persecond-...` with `REDIS_PERSECOND_TLS=true`): " +
+			"Redis's certificate must chain to `REDIS_TLS_CACERT` (or the system roots), whatever name it holds, as in the reference; " +
+			"logged as a warning at startup (`--redis-tls-server-name` is the safer way)",
+		fn: func(e *refEnv, v string) error {
+			if v == "true" {
+				redisTLSSet(e, "tls-skip-hostname-verification", v)
 			}
 			return nil
 		}}},
-	{name: "REDIS_TLS", boolean: true, flag: "redis-tls"},
-	{name: "REDIS_TLS_CLIENT_CERT", when: onRedisTLS, flag: "redis-tls-cert"},
-	{name: "REDIS_TLS_CLIENT_KEY", when: onRedisTLS, flag: "redis-tls-key"},
-	{name: "REDIS_TLS_CACERT", when: onRedisTLS, flag: "redis-tls-ca"},
-	{name: "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", boolean: true, refuse: "set --redis-tls-server-name to the name in Redis's certificate"},
 	{name: "REDIS_PIPELINE_WINDOW", flag: "redis-pipeline-window"},
 	{name: "REDIS_PIPELINE_LIMIT", ignore: "concurrent requests share Redis script calls on their own"},
 	{name: "REDIS_CLUSTER_PIPELINE_PARALLELISM", note: "not read: on Cluster a request's hash slots are called in parallel"},
-	{name: "REDIS_PERSECOND", boolean: true, refuse: "Sluice keeps every limit in one Redis"},
-}, refUnread("only with REDIS_PERSECOND=true, which is refused",
-	"REDIS_PERSECOND_SOCKET_TYPE", "REDIS_PERSECOND_TYPE", "REDIS_PERSECOND_URL", "REDIS_PERSECOND_POOL_SIZE",
-	"REDIS_PERSECOND_AUTH", "REDIS_PERSECOND_TLS", "REDIS_PERSECOND_SENTINEL_AUTH", "REDIS_PERSECOND_PIPELINE_WINDOW",
-	"REDIS_PERSECOND_PIPELINE_LIMIT", "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "REDIS_PERSECOND_TIMEOUT",
-	"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR"), []refVar{
+	{name: "REDIS_PERSECOND", boolean: true, apply: refApply{
+		doc: "`true` reads `REDIS_PERSECOND_URL` (needed) and the other `REDIS_PERSECOND_*`: a second Redis, on `--redis-persecond-*`, " +
+			"holds the limits of unit second (with `unit_multiplier`, of a period under a minute; docs/REDIS.md)",
+		fn: func(e *refEnv, v string) error {
+			if v == "true" && !e.has("REDIS_PERSECOND_URL") {
+				return errors.New("REDIS_PERSECOND=true needs REDIS_PERSECOND_URL")
+			}
+			return nil
+		}}},
+	{name: "REDIS_PERSECOND_SOCKET_TYPE", with: "REDIS_PERSECOND_URL"},
+	{name: "REDIS_PERSECOND_TYPE", with: "REDIS_PERSECOND_URL"},
+	{name: "REDIS_PERSECOND_URL", when: onPerSecond, apply: refApply{
+		doc: "as `REDIS_URL`, by `REDIS_PERSECOND_TYPE`, `REDIS_PERSECOND_SOCKET_TYPE` and `REDIS_PERSECOND_TLS`: " +
+			"`--redis-persecond-url`, `--redis-persecond-sentinel-master` and `--redis-persecond-sentinel`, or `--redis-persecond-cluster`",
+		fn: func(e *refEnv, url string) error {
+			return redisURLFromRef(e, "REDIS_PERSECOND_", "redis-persecond-", url)
+		}}},
+	{name: "REDIS_PERSECOND_POOL_SIZE", when: onPerSecond, ignore: "every Redis call is pipelined on a few shared connections"},
+	{name: "REDIS_PERSECOND_AUTH", when: onPerSecond, apply: redisAuthFromRef("redis-persecond-")},
+	{name: "REDIS_PERSECOND_TLS", boolean: true, when: onPerSecond, flag: "redis-persecond-tls"},
 	{name: "REDIS_SENTINEL_AUTH", flag: "redis-sentinel-password"},
+	{name: "REDIS_PERSECOND_SENTINEL_AUTH", when: onPerSecond, flag: "redis-persecond-sentinel-password"},
+	{name: "REDIS_PERSECOND_PIPELINE_WINDOW", when: onPerSecond, flag: "redis-persecond-pipeline-window"},
+	{name: "REDIS_PERSECOND_PIPELINE_LIMIT", when: onPerSecond, ignore: "concurrent requests share Redis script calls on their own"},
+	{name: "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", note: "not read: on Cluster a request's hash slots are called in parallel"},
 	{name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", boolean: true, flag: "redis-health"},
 	{name: "REDIS_TIMEOUT", flag: "redis-timeout", differs: "unset, 1s (the reference's default: 10s); a caller's `grpc-timeout` shortens the wait"},
+	{name: "REDIS_PERSECOND_TIMEOUT", when: onPerSecond, flag: "redis-persecond-timeout"},
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
+	{name: "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", note: "not read: as `REDIS_POOL_ON_EMPTY_BEHAVIOR`"},
 }, refUnread("serve pings Redis once at startup and stops if it does not answer",
 	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
 	{name: "CACHE_KEY_PREFIX", apply: refApply{doc: "`--redis-key-prefix` and `--memcache-key-prefix`",
@@ -302,41 +463,82 @@ var redisRefVars = slices.Concat([]refVar{
 		differs: "the keys after the prefix are Sluice's (docs/REDIS.md, docs/MEMCACHED.md), not the reference's: counters do not carry over between the two"},
 })
 
-var onRedisTLS = &refCond{doc: "`REDIS_TLS=true`", holds: func(e *refEnv) bool { return e.on("REDIS_TLS") }}
+var (
+	onPerSecond = &refCond{doc: "`REDIS_PERSECOND=true`", holds: func(e *refEnv) bool { return e.on("REDIS_PERSECOND") }}
+	// onAnyRedisTLS: the reference builds one TLS configuration, from
+	// REDIS_TLS_*, for whichever of its Redis has TLS on.
+	onAnyRedisTLS = &refCond{doc: "`REDIS_TLS=true` or `REDIS_PERSECOND_TLS=true`", holds: func(e *refEnv) bool {
+		return e.on("REDIS_TLS") || e.on("REDIS_PERSECOND") && e.on("REDIS_PERSECOND_TLS")
+	}}
+)
 
-// redisURLFromRef maps REDIS_URL by REDIS_TYPE: host:port (a socket path
-// with REDIS_SOCKET_TYPE=unix), "master,host:port,..." for Sentinel, a
-// list of seeds for Cluster.
-func redisURLFromRef(e *refEnv, url string) error {
-	if !e.has("BACKEND_TYPE") {
-		// The reference's default backend is Redis: its manifests set
-		// REDIS_URL alone.
-		e.set("store", "redis")
+// redisTLSFromRef maps a REDIS_TLS_* file onto --redis-NAME and, with a
+// per-second Redis on TLS, --redis-persecond-NAME.
+func redisTLSFromRef(name string) refApply {
+	return refApply{doc: "`--redis-" + name + "` with `REDIS_TLS=true`, `--redis-persecond-" + name + "` with `REDIS_PERSECOND_TLS=true`",
+		fn: func(e *refEnv, v string) error {
+			redisTLSSet(e, name, v)
+			return nil
+		}}
+}
+
+// redisTLSSet sets --redis-NAME to v if the main Redis has TLS on, and
+// --redis-persecond-NAME if the per-second one does.
+func redisTLSSet(e *refEnv, name, v string) {
+	if e.on("REDIS_TLS") {
+		e.set("redis-"+name, v)
 	}
-	switch t := strings.ToUpper(e.getenv("REDIS_TYPE")); t {
+	if e.on("REDIS_PERSECOND") && e.on("REDIS_PERSECOND_TLS") {
+		e.set("redis-persecond-"+name, v)
+	}
+}
+
+// redisAuthFromRef maps REDIS_AUTH (or REDIS_PERSECOND_AUTH) onto the
+// password flag of the Redis whose flags begin with prefix, or its
+// username and password from user:password.
+func redisAuthFromRef(prefix string) refApply {
+	return refApply{
+		doc: "`--" + prefix + "password`, or `--" + prefix + "username` and `--" + prefix + "password` from `user:password`",
+		fn: func(e *refEnv, auth string) error {
+			if user, pass, ok := strings.Cut(auth, ":"); ok {
+				e.set(prefix+"username", user)
+				e.set(prefix+"password", pass)
+			} else {
+				e.set(prefix+"password", auth)
+			}
+			return nil
+		}}
+}
+
+// redisURLFromRef maps url, REDIS_URL (env is "REDIS_", flags "redis-")
+// or REDIS_PERSECOND_URL, by <env>TYPE: host:port (a socket path with
+// <env>SOCKET_TYPE=unix, rediss:// with <env>TLS=true),
+// "master,host:port,..." for Sentinel, a list of seeds for Cluster.
+func redisURLFromRef(e *refEnv, env, flags, url string) error {
+	switch t := strings.ToUpper(e.getenv(env + "TYPE")); t {
 	case "", "SINGLE":
 		switch {
 		case strings.Contains(url, "://"):
 			// Already a URL (redis://, rediss://, unix://): as given.
-			e.set("redis-url", url)
-		case strings.EqualFold(e.getenv("REDIS_SOCKET_TYPE"), "unix"):
-			e.set("redis-url", "unix://"+url)
-		case e.on("REDIS_TLS"):
-			e.set("redis-url", "rediss://"+url)
+			e.set(flags+"url", url)
+		case strings.EqualFold(e.getenv(env+"SOCKET_TYPE"), "unix"):
+			e.set(flags+"url", "unix://"+url)
+		case e.on(env + "TLS"):
+			e.set(flags+"url", "rediss://"+url)
 		default:
-			e.set("redis-url", "redis://"+url)
+			e.set(flags+"url", "redis://"+url)
 		}
 	case "SENTINEL":
 		master, addrs, ok := strings.Cut(url, ",")
 		if !ok {
-			return fmt.Errorf("REDIS_URL=%s: Sentinel wants master,host:port[,host:port...]", redact.Addrs(url))
+			return fmt.Errorf("%sURL=%s: Sentinel wants master,host:port[,host:port...]", env, redact.Addrs(url))
 		}
-		e.set("redis-sentinel-master", master)
-		e.set("redis-sentinel", addrs)
+		e.set(flags+"sentinel-master", master)
+		e.set(flags+"sentinel", addrs)
 	case "CLUSTER":
-		e.set("redis-cluster", url)
+		e.set(flags+"cluster", url)
 	default:
-		return fmt.Errorf("REDIS_TYPE=%s: want SINGLE, SENTINEL or CLUSTER", t)
+		return fmt.Errorf("%sTYPE=%s: want SINGLE, SENTINEL or CLUSTER", env, t)
 	}
 	return nil
 }

@@ -43,6 +43,31 @@ func TestServeRedis_RefEnv(t *testing.T) {
 			map[string]string{"redis-sentinel-master": "mymaster", "redis-sentinel": "s1:26379,s2:26379", "redis-sentinel-password": "sp"}},
 		{serveEnv{"REDIS_TYPE": "CLUSTER", "REDIS_URL": "c1:7000,c2:7000", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"},
 			map[string]string{"redis-cluster": "c1:7000,c2:7000", "redis-health": "true"}},
+		// REDIS_PERSECOND: a second Redis, each of its variables on its
+		// own flag; the TLS files are the reference's one set, for either
+		// Redis on TLS.
+		{serveEnv{"REDIS_URL": "r:6379", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "ps:6379", "REDIS_PERSECOND_AUTH": "u:p",
+			"REDIS_PERSECOND_TIMEOUT": "7ms", "REDIS_PERSECOND_PIPELINE_WINDOW": "50us", "REDIS_PERSECOND_POOL_SIZE": "5"},
+			map[string]string{"redis-url": "redis://r:6379", "redis-persecond-url": "redis://ps:6379", "redis-persecond-username": "u",
+				"redis-persecond-password": "p", "redis-persecond-timeout": "7ms", "redis-persecond-pipeline-window": "50µs", "redis-persecond-tls": "false"}},
+		{serveEnv{"REDIS_URL": "r:6379", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_SOCKET_TYPE": "unix", "REDIS_PERSECOND_URL": "/run/ps.sock"},
+			map[string]string{"redis-persecond-url": "unix:///run/ps.sock"}},
+		{serveEnv{"REDIS_URL": "r:6379", "REDIS_PERSECOND": "1", "REDIS_PERSECOND_TYPE": "sentinel", "REDIS_PERSECOND_URL": "m2,s1:26379",
+			"REDIS_PERSECOND_SENTINEL_AUTH": "sp2", "REDIS_SENTINEL_AUTH": "sp1"},
+			map[string]string{"redis-persecond-sentinel-master": "m2", "redis-persecond-sentinel": "s1:26379",
+				"redis-persecond-sentinel-password": "sp2", "redis-sentinel-password": "sp1"}},
+		{serveEnv{"REDIS_URL": "r:6379", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_TYPE": "Cluster", "REDIS_PERSECOND_URL": "c1:7000,c2:7000"},
+			map[string]string{"redis-persecond-cluster": "c1:7000,c2:7000", "redis-persecond-url": ""}},
+		{serveEnv{"REDIS_URL": "r:6379", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "ps:6380", "REDIS_PERSECOND_TLS": "true",
+			"REDIS_TLS_CACERT": "/ca.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+			map[string]string{"redis-url": "redis://r:6379", "redis-persecond-url": "rediss://ps:6380", "redis-persecond-tls": "true",
+				"redis-persecond-tls-ca": "/ca.pem", "redis-tls-ca": "", "redis-persecond-tls-skip-hostname-verification": "true",
+				"redis-tls-skip-hostname-verification": "false"}},
+		{serveEnv{"REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "t"},
+			map[string]string{"redis-tls-skip-hostname-verification": "true", "redis-persecond-tls-skip-hostname-verification": "false"}},
+		// Without REDIS_PERSECOND=true its variables are not read.
+		{serveEnv{"REDIS_URL": "r:6379", "REDIS_PERSECOND_URL": "ps:6379", "REDIS_PERSECOND_TLS": "true"},
+			map[string]string{"redis-persecond-url": "", "redis-persecond-tls": "false"}},
 	}
 	for i, c := range cases {
 		fs, _, err := parseServe(t, nil, c.env)
@@ -68,13 +93,14 @@ func TestServeRedis_RefEnv(t *testing.T) {
 		t.Errorf("--store-failure-mode = %q after --redis-failure-mode deny", got)
 	}
 	for _, env := range []serveEnv{
-		{"REDIS_PERSECOND": "true"},
+		{"REDIS_PERSECOND": "true"}, // without REDIS_PERSECOND_URL
 		{"REDIS_TYPE": "SENTINEL", "REDIS_URL": "only-master"},
 		{"REDIS_TYPE": "ring", "REDIS_URL": "x:1"},
-		{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+		{"REDIS_PERSECOND": "true", "REDIS_PERSECOND_TYPE": "ring", "REDIS_PERSECOND_URL": "x:1"},
+		{"REDIS_PERSECOND": "true", "REDIS_PERSECOND_TYPE": "SENTINEL", "REDIS_PERSECOND_URL": "only-master"},
 		// The reference reads its booleans with strconv.ParseBool.
-		{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "1"},
-		{"REDIS_PERSECOND": "T"},
+		{"REDIS_TLS": "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "maybe"},
+		{"REDIS_PERSECOND": "yes", "REDIS_PERSECOND_URL": "x:1"},
 		{"REDIS_TLS": "maybe"},
 	} {
 		if _, _, err := parseServe(t, nil, env); err == nil {
@@ -95,7 +121,15 @@ func TestServeRedis_BadSettings(t *testing.T) {
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "-1us"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "1s"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-tls-cert", "c.pem"}, "--redis-tls-cert"},
+		{[]string{"--redis-url", url, "--redis-tls-skip-hostname-verification", "--redis-tls-server-name", "r"}, "give one"},
+		// The per-second Redis's settings are checked too, before either
+		// Redis is asked, and its errors name its flags.
+		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-timeout", "0s"}, "--redis-persecond-timeout"},
+		{[]string{"--redis-url", url, "--redis-persecond-cluster", "127.0.0.1:2", "--redis-persecond-pipeline-window", "1s"}, "--redis-persecond-pipeline-window"},
+		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-tls-key", "k.pem"}, "--redis-persecond-tls-cert and --redis-persecond-tls-key"},
+		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-tls-ca", "/nonexistent.pem"}, "--redis-persecond-tls-ca"},
 		{[]string{"--redis-url", url}, "127.0.0.1:1"},
+		{[]string{"--redis-url", "redis://" + redistest.Start(t).Addr, "--redis-persecond-url", url}, "per-second Redis: "},
 	} {
 		args := append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--store", "redis"}, c.args...)
 		err := serve(testCtx(t), args, serveEnv{}.get, &bytes.Buffer{}, nil)

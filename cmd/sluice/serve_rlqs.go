@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/quota"
 	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/split"
 )
 
 // Envoy's Rate Limit Quota Service on the gRPC port: the quota service,
@@ -95,7 +96,13 @@ func (f *rlqsFlags) setup(_ context.Context, x *serveContext) error {
 	}
 	o.Logger = x.Logger
 	fleet := "none (limits are divided per replica: only the redis store shares them)"
-	if st, ok := x.Store.(*redis.Store); ok {
+	st, ok := x.Store.(*redis.Store)
+	if sp, two := x.Store.(*split.Store); two {
+		// With a per-second Redis, replicas meet in the main one.
+		m, _ := sp.Stores()
+		st, ok = m.(*redis.Store), true
+	}
+	if ok {
 		replica := f.replica
 		if replica == "" {
 			host, _ := os.Hostname()

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/store/memcache"
 	"github.com/sluicehq/sluice/store/memory"
 	"github.com/sluicehq/sluice/store/redis"
+	"github.com/sluicehq/sluice/store/split"
 )
 
 // The status page on the HTTP port (observe/ui). It registers after the
@@ -104,25 +105,18 @@ func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 	case *memory.Store:
 		return ui.MemoryStatus(st)
 	case *redis.Store:
-		where := redisDeployment(fs)
+		return redisStatus(st, redisDeployment(fs, "redis"), "")
+	case *split.Store:
+		// The per-second Redis's rows follow the main one's, named so.
+		m, o := st.Stores()
+		main := redisStatus(m.(*redis.Store), redisDeployment(fs, "redis"), "")
+		other := redisStatus(o.(*redis.Store), redisDeployment(fs, "redis-persecond"), "per-second ")
 		return func() ui.StoreStatus {
-			s, now := st.Stats(), st.Status()
-			stats := append(where[:len(where):len(where)],
-				ui.Stat{Name: "state", Value: string(now.State)},
-				ui.Stat{Name: "breaker", Value: now.Breaker},
-				ui.Stat{Name: "latency", Value: now.LastLatency.Round(time.Microsecond).String()})
-			if !now.OutageStart.IsZero() {
-				stats = append(stats, ui.Stat{Name: "down since", Value: now.OutageStart.UTC().Format(time.RFC3339)})
-			}
-			if now.LastError != "" {
-				stats = append(stats, ui.Stat{Name: "last error", Value: now.LastError})
-			}
-			stats = append(stats,
-				ui.Stat{Name: "failed takes", Value: fmt.Sprint(s.Failed)},
-				ui.Stat{Name: "local cache keys", Value: fmt.Sprint(s.LocalKeys)},
-				ui.Stat{Name: "local answers", Value: fmt.Sprint(s.LocalAnswers)},
-				ui.Stat{Name: "refund failures", Value: fmt.Sprint(s.RefundFailures)})
-			return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: stats}
+			s, p := main(), other()
+			s.Healthy = s.Healthy && p.Healthy
+			s.Stats = append(s.Stats, p.Stats...)
+			s.Stats = append(s.Stats, ui.Stat{Name: "per-second refund failures", Value: fmt.Sprint(st.Stats().RefundFailures)})
+			return s
 		}
 	case *memcache.Store:
 		return func() ui.StoreStatus {
@@ -138,19 +132,47 @@ func storeStatus(x *serveContext, fs *flag.FlagSet) func() ui.StoreStatus {
 	return nil
 }
 
-// redisDeployment describes the Redis flags in force without credentials:
-// the deployment and its addresses.
-func redisDeployment(fs *flag.FlagSet) []ui.Stat {
-	get := func(name string) string { return shownValue(name, flagValue(fs, name)) }
+// redisStatus describes st, deployed where, for the page, each row's name
+// after prefix.
+func redisStatus(st *redis.Store, where []ui.Stat, prefix string) func() ui.StoreStatus {
+	for i := range where {
+		where[i].Name = prefix + where[i].Name
+	}
+	return func() ui.StoreStatus {
+		s, now := st.Stats(), st.Status()
+		stats := append(where[:len(where):len(where)],
+			ui.Stat{Name: prefix + "state", Value: string(now.State)},
+			ui.Stat{Name: prefix + "breaker", Value: now.Breaker},
+			ui.Stat{Name: prefix + "latency", Value: now.LastLatency.Round(time.Microsecond).String()})
+		if !now.OutageStart.IsZero() {
+			stats = append(stats, ui.Stat{Name: prefix + "down since", Value: now.OutageStart.UTC().Format(time.RFC3339)})
+		}
+		if now.LastError != "" {
+			stats = append(stats, ui.Stat{Name: prefix + "last error", Value: now.LastError})
+		}
+		stats = append(stats,
+			ui.Stat{Name: prefix + "failed takes", Value: fmt.Sprint(s.Failed)},
+			ui.Stat{Name: prefix + "local cache keys", Value: fmt.Sprint(s.LocalKeys)},
+			ui.Stat{Name: prefix + "local answers", Value: fmt.Sprint(s.LocalAnswers)},
+			ui.Stat{Name: prefix + "refund failures", Value: fmt.Sprint(s.RefundFailures)})
+		return ui.StoreStatus{Kind: "redis", Healthy: s.Healthy, Stats: stats}
+	}
+}
+
+// redisDeployment describes the Redis flags in force without credentials,
+// those of the Redis whose flags begin with prefix ("redis",
+// "redis-persecond"): the deployment and its addresses.
+func redisDeployment(fs *flag.FlagSet, prefix string) []ui.Stat {
+	get := func(name string) string { return shownValue(prefix+name, flagValue(fs, prefix+name)) }
 	switch {
-	case get("redis-cluster") != "":
-		return []ui.Stat{{Name: "deployment", Value: "cluster"}, {Name: "seeds", Value: get("redis-cluster")}}
-	case get("redis-sentinel") != "":
-		return []ui.Stat{{Name: "deployment", Value: "sentinel"}, {Name: "master", Value: get("redis-sentinel-master")},
-			{Name: "sentinels", Value: get("redis-sentinel")}}
+	case get("-cluster") != "":
+		return []ui.Stat{{Name: "deployment", Value: "cluster"}, {Name: "seeds", Value: get("-cluster")}}
+	case get("-sentinel") != "":
+		return []ui.Stat{{Name: "deployment", Value: "sentinel"}, {Name: "master", Value: get("-sentinel-master")},
+			{Name: "sentinels", Value: get("-sentinel")}}
 	}
 	addr := "?"
-	if u, err := url.Parse(flagValue(fs, "redis-url")); err == nil {
+	if u, err := url.Parse(flagValue(fs, prefix+"-url")); err == nil {
 		addr = u.Scheme + "://" + u.Host + u.Path // no user or password
 	}
 	return []ui.Stat{{Name: "deployment", Value: "single"}, {Name: "address", Value: addr}}
