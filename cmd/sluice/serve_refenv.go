@@ -28,9 +28,12 @@ var refServer = []refVar{
 	{name: "PORT", flag: "http-addr", conv: hostPortOf("HOST")},
 	{name: "DEBUG_HOST", with: "DEBUG_PORT"},
 	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST")},
-	{name: "GRPC_UDS", refuse: "serve gRPC on TCP with --grpc-addr"},
 	{name: "GRPC_HOST", with: "GRPC_PORT"},
 	{name: "GRPC_PORT", flag: "grpc-addr", conv: hostPortOf("GRPC_HOST")},
+	// After GRPC_PORT, which it overrides, as in the reference.
+	{name: "GRPC_UDS", flag: "grpc-addr", conv: refConv{
+		doc: "as `unix://GRPC_UDS`, instead of `GRPC_HOST:GRPC_PORT`; a stale socket file is replaced, the socket removed at exit",
+		fn:  func(_ *refEnv, path string) (string, error) { return "unix://" + path, nil }}},
 	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age"},
 	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace"},
 	{name: "GRPC_SERVER_USE_TLS", boolean: true, apply: refApply{
@@ -49,7 +52,16 @@ var refServer = []refVar{
 	{name: "GRPC_SERVER_TLS_CERT", when: onGRPCTLS, flag: "tls-cert"},
 	{name: "GRPC_SERVER_TLS_KEY", when: onGRPCTLS, flag: "tls-key"},
 	{name: "GRPC_CLIENT_TLS_CACERT", when: onGRPCTLS, flag: "tls-client-ca"},
-	{name: "GRPC_CLIENT_TLS_SAN", refuse: "Sluice checks client certificates against --tls-client-ca only"},
+	{name: "GRPC_CLIENT_TLS_SAN", when: onGRPCTLS, flag: "tls-client-san", conv: refConv{
+		doc: "with `GRPC_CLIENT_TLS_CACERT` (else ignored with a warning, as the reference ignores it): the client certificate must be valid " +
+			"for this DNS name or IP address, as the reference checks it",
+		fn: func(e *refEnv, v string) (string, error) {
+			if !e.has("GRPC_CLIENT_TLS_CACERT") {
+				e.warn("GRPC_CLIENT_TLS_SAN=%s is ignored (as by envoyproxy/ratelimit): without GRPC_CLIENT_TLS_CACERT no client certificate is asked for", v)
+				return "", nil
+			}
+			return v, nil
+		}}},
 	{name: "GRPC_SERVER_TLS_CA_CERT", extra: "Envoy Gateway sets it", when: onGRPCTLS, apply: refApply{
 		doc: "ignored with a warning, as the reference ignores it: clients are not asked for certificates " +
 			"(`GRPC_CLIENT_TLS_CACERT` turns mTLS on)",
