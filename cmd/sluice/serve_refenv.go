@@ -6,6 +6,8 @@ import (
 	"net"
 	"slices"
 	"strings"
+
+	"github.com/sluicehq/sluice/observe"
 )
 
 // refTable is every environment variable of envoyproxy/ratelimit's
@@ -114,8 +116,37 @@ func hostPort(host, port string) string {
 // series (USE_PROMETHEUS), both from observe.RefStats. The reference
 // refuses to run both; Sluice runs both.
 var refStats = []refVar{
-	{name: "USE_DOG_STATSD", boolean: true, refuse: "Sluice sends plain statsd (USE_STATSD=true) or serves the reference's Prometheus series (USE_PROMETHEUS=true)"},
-	{name: "USE_DOG_STATSD_MOGRIFIERS", ignore: "DogStatsD is not supported"},
+	{name: "USE_DOG_STATSD", boolean: true, when: onStats, flag: "statsd-dogstatsd", conv: refConv{
+		doc: "`true`: DogStatsD over UDP to `STATSD_HOST:STATSD_PORT` (`localhost:8125` when unset), named and tagged as the reference names them; " +
+			"refused with `USE_STATSD=true`, as the reference refuses it (it needs `USE_STATSD=false`; here unset is enough). " +
+			"With `USE_PROMETHEUS=true`, which the reference refuses too, both run",
+		fn: func(e *refEnv, v string) (string, error) {
+			if v != "true" {
+				return "", nil
+			}
+			if e.has("USE_STATSD") && e.on("USE_STATSD") {
+				return "", errors.New("USE_DOG_STATSD=true with USE_STATSD=true: one statsd sink at a time, as in envoyproxy/ratelimit; set USE_STATSD=false")
+			}
+			return v, nil
+		}}},
+	{name: "USE_DOG_STATSD_MOGRIFIERS", when: onDogStatsd, apply: refApply{
+		doc: "`NAME,...`: for each NAME, `DOG_STATSD_MOGRIFIER_NAME_PATTERN`, `_NAME` and `_TAGS` (NAME upper-cased) become a `--statsd-mogrifier`, " +
+			"in this order; checked as the reference checks them (a pattern and a name needed, tags `key:value,...`). Tags in the reference's " +
+			"order are a map's; here they are sorted by key",
+		fn: func(e *refEnv, v string) error {
+			for _, n := range strings.Split(v, ",") {
+				if n = strings.TrimSpace(n); n == "" {
+					continue
+				}
+				p := "DOG_STATSD_MOGRIFIER_" + strings.ToUpper(n) + "_"
+				m, err := observe.NewMogrifier(e.getenv(p+"PATTERN"), e.getenv(p+"NAME"), e.getenv(p+"TAGS"))
+				if err != nil {
+					return fmt.Errorf("USE_DOG_STATSD_MOGRIFIERS: %s: %w (from %sPATTERN, %sNAME, %sTAGS)", n, err, p, p, p)
+				}
+				e.set("statsd-mogrifier", m.String())
+			}
+			return nil
+		}}},
 	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on (the reference's default is true)"},
 	{name: "STATSD_HOST", with: "STATSD_PORT"},
 	{name: "STATSD_PORT", when: onStatsd, flag: "statsd-addr", def: "8125", conv: refConv{
@@ -127,8 +158,23 @@ var refStats = []refVar{
 			}
 			return net.JoinHostPort(host, port), nil
 		}}},
-	{name: "STATSD_PROTOCOL", extra: "read by gostats, the reference's stats library", accept: "udp",
-		refuse: "Sluice sends statsd over UDP (which statsd_exporter and StatsD also listen on)"},
+	{name: "STATSD_PROTOCOL", extra: "read by gostats, the reference's stats library", when: onStatsd, flag: "statsd-protocol", def: "tcp", conv: refConv{
+		doc: "`udp` or `tcp` (`udp4`/`udp6`, `tcp4`/`tcp6` as these); not read with `USE_DOG_STATSD=true`, which is UDP, as in the reference",
+		fn: func(e *refEnv, v string) (string, error) {
+			if e.on("USE_DOG_STATSD") {
+				if e.has("STATSD_PROTOCOL") {
+					e.warn("STATSD_PROTOCOL=%s is ignored with USE_DOG_STATSD=true: DogStatsD goes over UDP, as in envoyproxy/ratelimit", v)
+				}
+				return "", nil
+			}
+			switch v = strings.ToLower(v); v {
+			case "udp", "udp4", "udp6":
+				return "udp", nil
+			case "tcp", "tcp4", "tcp6":
+				return "tcp", nil
+			}
+			return "", fmt.Errorf("STATSD_PROTOCOL=%s: want udp or tcp", v)
+		}}},
 	{name: "EXTRA_TAGS", when: onStats, flag: "stats-tags"},
 	{name: "STATS_FLUSH_INTERVAL", when: onStats, flag: "stats-flush-interval"},
 	{name: "DISABLE_STATS", boolean: true, note: "`true` turns the reference's stats off (statsd and its Prometheus series); Sluice's own `/metrics` stays on"},
@@ -151,13 +197,17 @@ var (
 	onStats = &refCond{doc: "`DISABLE_STATS` not true", holds: func(e *refEnv) bool { return !e.on("DISABLE_STATS") }}
 	// onStatsd: the reference's USE_STATSD defaults to true; its
 	// manifests that want statsd set STATSD_HOST or STATSD_PORT alone.
-	onStatsd = &refCond{within: onStats, doc: "`USE_STATSD=true` (or unset, with `STATSD_HOST` or `STATSD_PORT` set)",
+	onStatsd = &refCond{within: onStats, doc: "`USE_STATSD=true` (or unset, with `STATSD_HOST` or `STATSD_PORT` set) or `USE_DOG_STATSD=true`",
 		holds: func(e *refEnv) bool {
+			if e.on("USE_DOG_STATSD") {
+				return true
+			}
 			if e.has("USE_STATSD") {
 				return e.on("USE_STATSD")
 			}
 			return e.has("STATSD_HOST") || e.has("STATSD_PORT")
 		}}
+	onDogStatsd  = &refCond{within: onStats, doc: "`USE_DOG_STATSD=true`", holds: func(e *refEnv) bool { return e.on("USE_DOG_STATSD") }}
 	onPrometheus = &refCond{within: onStats, doc: "`USE_PROMETHEUS=true`", holds: func(e *refEnv) bool { return e.on("USE_PROMETHEUS") }}
 )
 

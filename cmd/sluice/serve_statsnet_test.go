@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"crypto/tls"
 	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -134,5 +136,122 @@ func TestBinary_GRPCClientTLSSAN(t *testing.T) {
 	}
 	if _, err := dial("someone-else.example.com"); err == nil {
 		t.Error("a client certificate with another SAN was served")
+	}
+}
+
+// TestServe_EnvMogrifiers: USE_DOG_STATSD_MOGRIFIERS and the
+// DOG_STATSD_MOGRIFIER_* of envoyproxy/ratelimit's tests become
+// --statsd-mogrifier flags in order; what it refuses at start is refused.
+func TestServe_EnvMogrifiers(t *testing.T) {
+	const pattern = `^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.(.*)$`
+	env := serveEnv{"USE_DOG_STATSD": "true", "USE_STATSD": "false", "USE_DOG_STATSD_MOGRIFIERS": "specific,WILDCARD",
+		"DOG_STATSD_MOGRIFIER_SPECIFIC_PATTERN": `^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.foo$`,
+		"DOG_STATSD_MOGRIFIER_SPECIFIC_NAME":    "custom.foo",
+		"DOG_STATSD_MOGRIFIER_SPECIFIC_TAGS":    "domain:$1,descriptor:$2",
+		"DOG_STATSD_MOGRIFIER_WILDCARD_PATTERN": pattern,
+		"DOG_STATSD_MOGRIFIER_WILDCARD_NAME":    "ratelimit.service.rate_limit.$3",
+		"DOG_STATSD_MOGRIFIER_WILDCARD_TAGS":    "domain:$1,descriptor:$2",
+	}
+	fs, _, err := parseServe(t, nil, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `custom.foo|domain:$1,descriptor:$2|^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.foo$ ` +
+		`ratelimit.service.rate_limit.$3|domain:$1,descriptor:$2|` + pattern
+	if got := flagValue(fs, "statsd-mogrifier"); got != want {
+		t.Errorf("--statsd-mogrifier = %q, want %q", got, want)
+	}
+	// A --statsd-mogrifier flag replaces the environment's.
+	fs, _, err = parseServe(t, []string{"--statsd-mogrifier", "x||y"}, env)
+	if err != nil || flagValue(fs, "statsd-mogrifier") != "x||y" {
+		t.Errorf("flag over environment: %q %v", flagValue(fs, "statsd-mogrifier"), err)
+	}
+
+	for _, c := range []struct {
+		name string
+		env  serveEnv
+	}{
+		{"no settings", serveEnv{}},
+		{"empty pattern", serveEnv{"DOG_STATSD_MOGRIFIER_TAG_NAME": "ratelimit.service.rate_limit.$3", "DOG_STATSD_MOGRIFIER_TAG_TAGS": "domain:$1,descriptor:$2"}},
+		{"empty name", serveEnv{"DOG_STATSD_MOGRIFIER_TAG_PATTERN": pattern, "DOG_STATSD_MOGRIFIER_TAG_TAGS": "domain:$1,descriptor:$2"}},
+		{"empty tag key", serveEnv{"DOG_STATSD_MOGRIFIER_TAG_PATTERN": pattern, "DOG_STATSD_MOGRIFIER_TAG_NAME": "n", "DOG_STATSD_MOGRIFIER_TAG_TAGS": ":5"}},
+		{"empty tag value", serveEnv{"DOG_STATSD_MOGRIFIER_TAG_PATTERN": pattern, "DOG_STATSD_MOGRIFIER_TAG_NAME": "n", "DOG_STATSD_MOGRIFIER_TAG_TAGS": "domain:$1,descriptor:"}},
+	} {
+		c.env["USE_DOG_STATSD"], c.env["USE_DOG_STATSD_MOGRIFIERS"] = "true", "TAG"
+		if _, _, err := parseServe(t, nil, c.env); err == nil || !strings.Contains(err.Error(), "USE_DOG_STATSD_MOGRIFIERS: TAG") {
+			t.Errorf("%s: %v, want refused", c.name, err)
+		}
+	}
+	// Without USE_DOG_STATSD the mogrifiers are not read.
+	if _, _, err := parseServe(t, nil, serveEnv{"USE_DOG_STATSD_MOGRIFIERS": "TAG"}); err != nil {
+		t.Errorf("mogrifiers without USE_DOG_STATSD: %v", err)
+	}
+}
+
+// TestBinary_DogStatsD: the binary started with USE_DOG_STATSD, a
+// mogrifier and EXTRA_TAGS sends a call's stats as DogStatsD lines, the
+// name shortened and the domain and descriptor as tags, to a real UDP
+// socket.
+func TestBinary_DogStatsD(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	p := startRefEnv(t, "USE_DOG_STATSD=true", "USE_STATSD=false", "STATSD_HOST=127.0.0.1",
+		"STATSD_PORT="+strconv.Itoa(pc.LocalAddr().(*net.UDPAddr).Port), "STATS_FLUSH_INTERVAL=50ms", "EXTRA_TAGS=cluster:c1",
+		"USE_DOG_STATSD_MOGRIFIERS=wildcard",
+		`DOG_STATSD_MOGRIFIER_WILDCARD_PATTERN=^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.(.*)$`,
+		"DOG_STATSD_MOGRIFIER_WILDCARD_NAME=ratelimit.service.rate_limit.$3",
+		"DOG_STATSD_MOGRIFIER_WILDCARD_TAGS=domain:$1,descriptor:$2")
+	rls, _ := dialRLS(t, p.grpcAddr)
+	if _, err := rls.ShouldRateLimit(testCtx(t), rlsRequest("e2e", "path", "/dog")); err != nil {
+		t.Fatal(err)
+	}
+	waitStatsd(t, pc, "ratelimit.service.rate_limit.total_hits:1|c|#cluster:c1,descriptor:path,domain:e2e")
+}
+
+// TestBinary_StatsdTCP: with USE_STATSD and no STATSD_PROTOCOL the binary
+// sends statsd over TCP, gostats' default, to a real TCP listener, and
+// counts dropped lines on /metrics.
+func TestBinary_StatsdTCP(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	lines := make(chan string, 1024)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for sc := bufio.NewScanner(c); sc.Scan(); {
+					lines <- sc.Text()
+				}
+			}()
+		}
+	}()
+	p := startRefEnv(t, "USE_STATSD=true", "STATSD_HOST=127.0.0.1", "STATSD_PORT="+strconv.Itoa(lis.Addr().(*net.TCPAddr).Port),
+		"STATS_FLUSH_INTERVAL=50ms")
+	rls, _ := dialRLS(t, p.grpcAddr)
+	if _, err := rls.ShouldRateLimit(testCtx(t), rlsRequest("e2e", "path", "/tcp")); err != nil {
+		t.Fatal(err)
+	}
+	const want = "ratelimit.service.rate_limit.e2e.path.total_hits:1|c"
+	deadline := time.After(10 * time.Second)
+	for found := false; !found; {
+		select {
+		case l := <-lines:
+			found = l == want
+		case <-deadline:
+			t.Fatalf("no line %q over TCP", want)
+		}
+	}
+	if body := httpGet(t, "http://"+p.httpAddr+"/metrics"); !strings.Contains(body, "sluice_statsd_dropped_lines_total 0") {
+		t.Error("/metrics has no sluice_statsd_dropped_lines_total 0")
 	}
 }
