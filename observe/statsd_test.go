@@ -224,3 +224,66 @@ func TestStatsdSink_TCPBounded(t *testing.T) {
 		t.Error("protocol sctp: no error")
 	}
 }
+
+// BenchmarkStatsdSink_Counter: one counter line, as a flush writes it,
+// over UDP and TCP, plain and as DogStatsD with the reference's example
+// mogrifier (its name and tags worked out once).
+func BenchmarkStatsdSink_Counter(b *testing.B) {
+	m, err := observe.NewMogrifier(`^ratelimit\.service\.rate_limit\.(.*)\.(.*)\.(.*)$`, "ratelimit.service.rate_limit.$3", "domain:$1,descriptor:$2")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pc.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 1<<16)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	for _, c := range []struct {
+		name string
+		addr string
+		o    observe.StatsdOptions
+	}{
+		{"udp", pc.LocalAddr().String(), observe.StatsdOptions{}},
+		{"tcp", lis.Addr().String(), observe.StatsdOptions{Protocol: "tcp"}},
+		{"udp-dogstatsd", pc.LocalAddr().String(), observe.StatsdOptions{DogStatsD: true, Mogrifiers: []observe.Mogrifier{m}}},
+		{"tcp-dogstatsd", lis.Addr().String(), observe.StatsdOptions{Protocol: "tcp", DogStatsD: true, Mogrifiers: []observe.Mogrifier{m}}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			sink, err := observe.NewStatsdSink(c.addr, c.o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sink.Start()
+			defer sink.Close()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				sink.Counter("ratelimit.service.rate_limit.web.path.total_hits.__cluster=c1", 3)
+				if i%1000 == 999 {
+					sink.Flush()
+				}
+			}
+		})
+	}
+}

@@ -27,6 +27,7 @@ type tcpSender struct {
 
 	mu      sync.Mutex
 	buf     []byte // whole lines, each ending in '\n'
+	spare   []byte // a written batch's array, for buf to reuse
 	started bool
 	closed  bool
 
@@ -50,6 +51,9 @@ func (s *tcpSender) Send(data []byte) (int, error) {
 		s.mu.Unlock()
 		s.dropped.Add(1)
 		return len(data), nil
+	}
+	if s.buf == nil {
+		s.buf = make([]byte, 0, 2*tcpWakeBytes)
 	}
 	s.buf = append(append(s.buf, data...), '\n')
 	full := len(s.buf) >= tcpWakeBytes
@@ -123,9 +127,10 @@ func (s *tcpSender) run() {
 func (s *tcpSender) write(conn net.Conn) net.Conn {
 	s.mu.Lock()
 	batch := s.buf
-	s.buf = nil
+	s.buf, s.spare = s.spare, nil
 	s.mu.Unlock()
 	if len(batch) == 0 {
+		s.recycle(batch)
 		return conn
 	}
 	if conn != nil && peerClosed(conn) {
@@ -143,6 +148,7 @@ func (s *tcpSender) write(conn net.Conn) net.Conn {
 	conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
 	n, err := conn.Write(batch)
 	if err == nil {
+		s.recycle(batch)
 		return conn
 	}
 	conn.Close()
@@ -165,6 +171,21 @@ func (s *tcpSender) requeue(batch []byte) {
 		s.dropped.Add(1)
 	}
 	s.buf = append(batch, s.buf...)
+}
+
+// recycle keeps batch's array, once written, for the next lines, unless
+// it grew past 1 MiB (a backlog) or buf and spare have one.
+func (s *tcpSender) recycle(batch []byte) {
+	if batch == nil || cap(batch) > 1<<20 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.buf == nil {
+		s.buf = batch[:0]
+	} else if s.spare == nil {
+		s.spare = batch[:0]
+	}
 }
 
 func (s *tcpSender) waiting() bool {
