@@ -51,10 +51,10 @@ func (f *refStatsFlags) register(fs *flag.FlagSet) {
 // setup starts the stats flusher when --statsd-addr or
 // --ref-prometheus-addr asks for it.
 func (f *refStatsFlags) setup(x *serveContext, rules *observe.Rules, gm *observe.GRPCMetrics) error {
+	if f.statsdAddr == "" && (f.dogStatsD || len(f.mogrifiers) > 0) {
+		return errors.New("--statsd-dogstatsd and --statsd-mogrifier need --statsd-addr")
+	}
 	if f.statsdAddr == "" && f.promAddr == "" {
-		if f.dogStatsD || len(f.mogrifiers) > 0 {
-			return errors.New("--statsd-dogstatsd and --statsd-mogrifier need --statsd-addr")
-		}
 		return nil
 	}
 	if f.interval <= 0 {
@@ -104,6 +104,9 @@ func (f *refStatsFlags) setup(x *serveContext, rules *observe.Rules, gm *observe
 func (f *refStatsFlags) statsdSink(x *serveContext) (*observe.StatsdSink, error) {
 	if len(f.mogrifiers) > 0 && !f.dogStatsD {
 		return nil, errors.New("--statsd-mogrifier needs --statsd-dogstatsd")
+	}
+	if f.statsdProto != "udp" && f.statsdProto != "tcp" {
+		return nil, fmt.Errorf("--statsd-protocol %q: want udp or tcp", f.statsdProto)
 	}
 	sink, err := observe.NewStatsdSink(f.statsdAddr, observe.StatsdOptions{Protocol: f.statsdProto, DogStatsD: f.dogStatsD, Mogrifiers: f.mogrifiers})
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"crypto/tls"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -253,5 +254,30 @@ func TestBinary_StatsdTCP(t *testing.T) {
 	}
 	if body := httpGet(t, "http://"+p.httpAddr+"/metrics"); !strings.Contains(body, "sluice_statsd_dropped_lines_total 0") {
 		t.Error("/metrics has no sluice_statsd_dropped_lines_total 0")
+	}
+}
+
+// TestServe_StatsNetFlags: the new flags' misuses stop serve with the
+// flag's name.
+func TestServe_StatsNetFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--statsd-addr", "127.0.0.1:9", "--statsd-protocol", "quic"}, "--statsd-protocol"},
+		{[]string{"--statsd-addr", "127.0.0.1:9", "--statsd-mogrifier", "n||x"}, "--statsd-mogrifier needs --statsd-dogstatsd"},
+		{[]string{"--statsd-dogstatsd"}, "need --statsd-addr"},
+		{[]string{"--statsd-addr", "127.0.0.1:9", "--statsd-dogstatsd", "--statsd-mogrifier", "no-pattern"}, "statsd-mogrifier"},
+		{[]string{"--statsd-addr", "127.0.0.1:9", "--statsd-dogstatsd", "--statsd-mogrifier", "n||("}, "statsd-mogrifier"},
+		{[]string{"--tls-client-san", "envoy"}, "--tls-client-san needs --tls-client-ca"},
+		{[]string{"--grpc-socket-mode", "0600"}, "--grpc-socket-mode needs --grpc-addr unix:///path"},
+		{[]string{"--grpc-addr", "unix://", "--grpc-socket-mode", "999"}, "grpc-socket-mode"},
+		{[]string{"--grpc-addr", "unix://"}, "no socket path"},
+	} {
+		args := append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, c.args...)
+		err := serve(testCtx(t), args, serveEnv{}.get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error with %q", c.args, err, c.want)
+		}
 	}
 }
