@@ -281,3 +281,15 @@ func TestServe_StatsNetFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestBinary_GRPCUDSGrpcurl: grpcurl's health check over the unix socket,
+// as a probe in a sidecar would run it.
+func TestBinary_GRPCUDSGrpcurl(t *testing.T) {
+	grpcurl := grpcurlPath(t)
+	sock := filepath.Join(t.TempDir(), "rls.sock")
+	startBinary(t, "--config", "testdata/serve", "--grpc-addr", "unix://"+sock)
+	out, err := exec.Command(grpcurl, "-plaintext", "-unix", sock, "grpc.health.v1.Health/Check").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), `"SERVING"`) {
+		t.Errorf("grpcurl health check over the socket: %v\n%s", err, out)
+	}
+}
