@@ -195,15 +195,17 @@ func (s *tcpSender) waiting() bool {
 }
 
 // peerClosed reports whether the server closed conn: a statsd server
-// sends nothing, so a read that does not time out within a millisecond
-// found the end of the stream (or an error). Checking before each write
+// sends nothing, so a read that fails other than by timing out within a
+// millisecond found the end of the stream (or a reset). Checking before each write
 // keeps the lines of a flush from going into a connection the server
 // already closed. (A deadline already past would fail the read before
 // it looks at the socket.)
 func peerClosed(conn net.Conn) bool {
 	conn.SetReadDeadline(time.Now().Add(time.Millisecond))
 	var one [1]byte
-	_, err := conn.Read(one[:])
-	var ne net.Error
-	return !errors.As(err, &ne) || !ne.Timeout()
+	if _, err := conn.Read(one[:]); err != nil {
+		var ne net.Error
+		return !errors.As(err, &ne) || !ne.Timeout()
+	}
+	return false // the server sent something: not a close
 }
