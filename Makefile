@@ -131,24 +131,48 @@ image-deps: ## install podman and buildah (image targets) when missing
 	  echo "installing podman, buildah"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah >/dev/null; }
 
+# The image's platforms: one static binary per platform, cross-compiled on
+# the host (no RUN step, so no emulation), one manifest list.
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
+# podman, else buildah: both take the same build, manifest and push verbs.
+IMAGE_TOOL = $(shell command -v podman >/dev/null && echo podman || echo buildah)
+
 .PHONY: image
-image: image-deps ## build the container image $(IMAGE) (static binary FROM scratch; see Containerfile)
-	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)/rootfs/bin $(IMAGE_DIR)/rootfs/etc/ssl/certs
-	env $(RELEASE_ENV) $(GO) build $(RELEASE_BUILD) -o $(IMAGE_DIR)/rootfs/bin/sluice ./cmd/sluice
-	ln -s sluice $(IMAGE_DIR)/rootfs/bin/ratelimit
-	cp /etc/ssl/certs/ca-certificates.crt $(IMAGE_DIR)/rootfs/etc/ssl/certs/
-	printf 'root:x:0:0:root:/:/sbin/nologin\nsluice:x:65532:65532:sluice:/:/sbin/nologin\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n' > $(IMAGE_DIR)/rootfs/etc/passwd
-	printf 'root:x:0:\nsluice:x:65532:\nnogroup:x:65534:\n' > $(IMAGE_DIR)/rootfs/etc/group
+image: image-deps ## build the multi-arch image $(IMAGE) (a manifest list of IMAGE_PLATFORMS; static binaries FROM scratch; see Containerfile)
+	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)
+	@set -e; for p in $(IMAGE_PLATFORMS); do \
+	  os=$${p%/*}; arch=$${p#*/}; root=$(IMAGE_DIR)/rootfs/$$arch; \
+	  [ "$$os" = linux ] || { echo "image: platform $$p: only linux"; exit 1; }; \
+	  echo "image: $$p"; \
+	  mkdir -p $$root/bin $$root/etc/ssl/certs; \
+	  env $(RELEASE_ENV) GOOS=$$os GOARCH=$$arch $(GO) build $(RELEASE_BUILD) -o $$root/bin/sluice ./cmd/sluice; \
+	  ln -s sluice $$root/bin/ratelimit; \
+	  cp /etc/ssl/certs/ca-certificates.crt $$root/etc/ssl/certs/; \
+	  printf 'root:x:0:0:root:/:/sbin/nologin\nsluice:x:65532:65532:sluice:/:/sbin/nologin\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n' > $$root/etc/passwd; \
+	  printf 'root:x:0:\nsluice:x:65532:\nnogroup:x:65534:\n' > $$root/etc/group; \
+	done
 	cp Containerfile $(IMAGE_DIR)/
-	if command -v podman >/dev/null; then podman build -q $(IMAGE_ARGS) -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); \
-	else buildah bud -q $(IMAGE_ARGS) -f $(IMAGE_DIR)/Containerfile -t $(IMAGE) $(IMAGE_DIR); fi
+	@# Replace the list and its per-platform images whole, leaving no
+	@# untagged image behind (--layers=false: no intermediate ones either).
+	$(IMAGE_TOOL) manifest rm $(IMAGE) >/dev/null 2>&1 || $(IMAGE_TOOL) rmi $(IMAGE) >/dev/null 2>&1 || true
+	@set -e; for p in $(IMAGE_PLATFORMS); do \
+	  arch=$${p#*/}; \
+	  $(IMAGE_TOOL) rmi $(IMAGE)-$$arch >/dev/null 2>&1 || true; \
+	  echo "$(IMAGE_TOOL) build --platform $$p -t $(IMAGE)-$$arch"; \
+	  $(IMAGE_TOOL) build -q --layers=false $(IMAGE_ARGS) --platform $$p -t $(IMAGE)-$$arch -f $(IMAGE_DIR)/Containerfile $(IMAGE_DIR) >/dev/null; \
+	done
+	$(IMAGE_TOOL) manifest create $(IMAGE) >/dev/null
+	@set -e; for p in $(IMAGE_PLATFORMS); do \
+	  echo "$(IMAGE_TOOL) manifest add $(IMAGE) $(IMAGE)-$${p#*/}"; \
+	  $(IMAGE_TOOL) manifest add $(IMAGE) containers-storage:$(IMAGE)-$${p#*/} >/dev/null; \
+	done
 
 .PHONY: image-test
-image-test: image ## export the image, check its config and layout, run its /bin/ratelimit with Envoy Gateway's environment
+image-test: image ## export the image, check each platform's config, binary and layout, run the host's /bin/ratelimit with Envoy Gateway's environment
 	rm -f $(IMAGE_DIR)/image.tar
-	if command -v podman >/dev/null; then podman save --format oci-archive -o $(IMAGE_DIR)/image.tar $(IMAGE); \
-	else buildah push $(IMAGE) oci-archive:$(IMAGE_DIR)/image.tar; fi
-	SLUICE_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_DIR)/image.tar SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
+	$(IMAGE_TOOL) manifest push -q --all --format oci $(IMAGE) oci-archive:$(IMAGE_DIR)/image.tar
+	SLUICE_IMAGE_ARCHIVE=$(CURDIR)/$(IMAGE_DIR)/image.tar SLUICE_IMAGE_PLATFORMS="$(IMAGE_PLATFORMS)" \
+	  SLUICE_IMAGE_VERSION=$(VERSION) SLUICE_IMAGE_REVISION=$(COMMIT) \
 	  SLUICE_IMAGE_CREATED=$(CREATED) $(GO) test -count=1 -run TestImage ./deploy/
 
 RELEASE_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64

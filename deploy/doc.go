@@ -2,6 +2,7 @@
 // files. kubernetes/ has plain manifests (Namespace, ConfigMap with the
 // limits, Deployment, Service, PodDisruptionBudget, kustomization.yaml),
 // checked by decoding each object strictly into its k8s.io/api type; the
-// image that the Containerfile at the repository's root builds is checked
-// by TestImage when `make image-test` exports it.
+// multi-arch image that the Containerfile at the repository's root builds
+// (one manifest list: linux/amd64 and linux/arm64) is checked by TestImage
+// when `make image-test` exports it.
 package deploy

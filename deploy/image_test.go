@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/tls"
+	"debug/buildinfo"
 	"debug/elf"
 	"encoding/json"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -41,11 +43,15 @@ type ociFile struct {
 	data []byte
 }
 
-// ociImage is an image read from an OCI archive: its config and its
-// layers applied in order.
+// ociImage is one platform's image read from an OCI archive: the
+// platform its index entry names, its config and its layers applied in
+// order.
 type ociImage struct {
-	config struct {
-		Config struct {
+	platform string // os/architecture in the index
+	config   struct {
+		OS           string `json:"os"`
+		Architecture string `json:"architecture"`
+		Config       struct {
 			User       string
 			Entrypoint []string
 			Cmd        []string
@@ -55,9 +61,20 @@ type ociImage struct {
 	files map[string]ociFile
 }
 
-// readOCI reads the one image of an OCI archive (podman save --format
-// oci-archive).
-func readOCI(t *testing.T, archive string) *ociImage {
+// ociDesc is an OCI content descriptor.
+type ociDesc struct {
+	MediaType string
+	Digest    string
+	Platform  *struct {
+		OS           string `json:"os"`
+		Architecture string `json:"architecture"`
+	}
+}
+
+// readOCI reads the one manifest list of an OCI archive (`podman
+// manifest push --all --format oci ... oci-archive:`) and the image of
+// each of its platforms, in the list's order.
+func readOCI(t *testing.T, archive string) []*ociImage {
 	t.Helper()
 	f, err := os.Open(archive)
 	if err != nil {
@@ -65,21 +82,7 @@ func readOCI(t *testing.T, archive string) *ociImage {
 	}
 	defer f.Close()
 	blobs := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		blobs[strings.TrimPrefix(h.Name, "./")] = b
-	}
+	readTar(t, f, func(h *tar.Header, b []byte) { blobs[strings.TrimPrefix(h.Name, "./")] = b })
 	blob := func(digest string) []byte {
 		b, ok := blobs["blobs/"+strings.Replace(digest, ":", "/", 1)]
 		if !ok {
@@ -87,64 +90,127 @@ func readOCI(t *testing.T, archive string) *ociImage {
 		}
 		return b
 	}
-	type desc struct{ MediaType, Digest string }
-	var index struct{ Manifests []desc }
-	if err := json.Unmarshal(blobs["index.json"], &index); err != nil || len(index.Manifests) != 1 {
-		t.Fatalf("index.json: %v, %d manifests, want 1", err, len(index.Manifests))
+	var top struct{ Manifests []ociDesc }
+	if err := json.Unmarshal(blobs["index.json"], &top); err != nil || len(top.Manifests) != 1 {
+		t.Fatalf("index.json: %v, %d manifests, want 1", err, len(top.Manifests))
 	}
-	var manifest struct {
-		Config desc
-		Layers []desc
+	if mt := top.Manifests[0].MediaType; mt != "application/vnd.oci.image.index.v1+json" {
+		t.Fatalf("index.json names a %s, want a manifest list (application/vnd.oci.image.index.v1+json)", mt)
 	}
-	if err := json.Unmarshal(blob(index.Manifests[0].Digest), &manifest); err != nil {
+	var list struct{ Manifests []ociDesc }
+	if err := json.Unmarshal(blob(top.Manifests[0].Digest), &list); err != nil {
 		t.Fatal(err)
 	}
-	img := &ociImage{files: map[string]ociFile{}}
-	if err := json.Unmarshal(blob(manifest.Config.Digest), &img.config); err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range manifest.Layers {
-		var r io.Reader = bytes.NewReader(blob(l.Digest))
-		if strings.HasSuffix(l.MediaType, "gzip") {
-			if r, err = gzip.NewReader(r); err != nil {
-				t.Fatal(err)
-			}
+	var imgs []*ociImage
+	for _, m := range list.Manifests {
+		if m.Platform == nil {
+			t.Fatalf("manifest list entry %s names no platform", m.Digest)
 		}
-		lt := tar.NewReader(r)
-		for {
-			h, err := lt.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			data, err := io.ReadAll(lt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			name := "/" + strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")
-			img.files[name] = ociFile{typ: h.Typeflag, mode: h.Mode, link: h.Linkname, data: data}
+		img := &ociImage{platform: m.Platform.OS + "/" + m.Platform.Architecture, files: map[string]ociFile{}}
+		var manifest struct {
+			Config ociDesc
+			Layers []ociDesc
 		}
+		if err := json.Unmarshal(blob(m.Digest), &manifest); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(blob(manifest.Config.Digest), &img.config); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range manifest.Layers {
+			var r io.Reader = bytes.NewReader(blob(l.Digest))
+			if strings.HasSuffix(l.MediaType, "gzip") {
+				if r, err = gzip.NewReader(r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			readTar(t, r, func(h *tar.Header, data []byte) {
+				name := "/" + strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")
+				img.files[name] = ociFile{typ: h.Typeflag, mode: h.Mode, link: h.Linkname, data: data}
+			})
+		}
+		imgs = append(imgs, img)
 	}
-	return img
+	return imgs
 }
 
-// TestImage checks the image that `make image-test` exports
-// (SLUICE_IMAGE_ARCHIVE): its config (non-root user, the reference's
-// entry point, the OCI labels with the version, commit and commit time
-// that make passes in SLUICE_IMAGE_*, which the binary prints too), its
-// layout (a static /bin/sluice, /bin/ratelimit the same binary, CA
-// certificates, passwd; nothing else), and then runs its
-// /bin/ratelimit on this host, as Envoy Gateway's default Deployment
+// readTar calls fn with each entry of the tar stream r and its content.
+func readTar(t *testing.T, r io.Reader, fn func(h *tar.Header, data []byte)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(h, data)
+	}
+}
+
+// elfMachine is the ELF machine type of each architecture the image is
+// built for.
+var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// TestImage checks the multi-arch image that `make image-test` exports
+// (SLUICE_IMAGE_ARCHIVE): one manifest list naming exactly the platforms
+// of SLUICE_IMAGE_PLATFORMS, and for each platform its config (that
+// os/architecture, non-root user, the reference's entry point, the OCI
+// labels with the version, commit and commit time that make passes in
+// SLUICE_IMAGE_*), its layout (a static /bin/sluice for that ELF machine
+// and built for that GOARCH with the version and commit stamped,
+// /bin/ratelimit the same binary, CA certificates, passwd; nothing else).
+// The image of this host's platform then runs here: its `sluice
+// version`, and its /bin/ratelimit as Envoy Gateway's default Deployment
 // does, with that Deployment's environment against an xDS server and a
-// local Redis.
+// local Redis. Images of other architectures cannot run here (no
+// emulation); their binaries are checked by reading them.
 func TestImage(t *testing.T) {
 	archive := os.Getenv("SLUICE_IMAGE_ARCHIVE")
 	if archive == "" {
 		t.Skip("SLUICE_IMAGE_ARCHIVE is not set: `make image-test` builds, exports and tests the image")
 	}
-	img := readOCI(t, archive)
+	imgs := readOCI(t, archive)
+	var platforms []string
+	for _, img := range imgs {
+		platforms = append(platforms, img.platform)
+	}
+	wantPlatforms := strings.Fields(os.Getenv("SLUICE_IMAGE_PLATFORMS"))
+	slices.Sort(platforms)
+	slices.Sort(wantPlatforms)
+	if len(wantPlatforms) == 0 || !slices.Equal(platforms, wantPlatforms) {
+		t.Fatalf("manifest list platforms %q, want %q (SLUICE_IMAGE_PLATFORMS)", platforms, wantPlatforms)
+	}
+	ran := false
+	for _, img := range imgs {
+		t.Run(img.platform, func(t *testing.T) {
+			bin := checkImage(t, img)
+			if img.platform != runtime.GOOS+"/"+runtime.GOARCH {
+				return
+			}
+			ran = true
+			runImageBinary(t, bin)
+		})
+	}
+	if !ran {
+		t.Errorf("no image for this host's platform %s/%s: none was run", runtime.GOOS, runtime.GOARCH)
+	}
+}
+
+// checkImage checks one platform's config, labels, layout and binary,
+// and returns the binary.
+func checkImage(t *testing.T, img *ociImage) []byte {
+	t.Helper()
+	goos, goarch, _ := strings.Cut(img.platform, "/")
+	if img.config.OS != goos || img.config.Architecture != goarch {
+		t.Errorf("config os/architecture %s/%s, want %s (the manifest list's)", img.config.OS, img.config.Architecture, img.platform)
+	}
 	c := img.config.Config
 	if c.User != "65532:65532" {
 		t.Errorf("user %q, want 65532:65532 (non-root)", c.User)
@@ -188,11 +254,35 @@ func TestImage(t *testing.T) {
 	}
 	e, err := elf.NewFile(bytes.NewReader(bin.data))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("/bin/sluice: %v", err)
+	}
+	if m, ok := elfMachine[goarch]; !ok || e.Machine != m {
+		t.Errorf("/bin/sluice is an ELF for %v, want %v (%s)", e.Machine, elfMachine[goarch], goarch)
 	}
 	for _, p := range e.Progs {
 		if p.Type == elf.PT_INTERP {
 			t.Error("/bin/sluice has an ELF interpreter: not a static binary")
+		}
+	}
+	bi, err := buildinfo.Read(bytes.NewReader(bin.data))
+	if err != nil {
+		t.Fatalf("/bin/sluice build info: %v", err)
+	}
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	for k, want := range map[string]string{"GOOS": goos, "GOARCH": goarch, "CGO_ENABLED": "0", "-trimpath": "true"} {
+		if settings[k] != want {
+			t.Errorf("/bin/sluice build setting %s=%q, want %q", k, settings[k], want)
+		}
+	}
+	// The binary's stamp, read without running it (which only this
+	// host's platform can): -trimpath leaves -ldflags out of the build
+	// info, so look for the stamped strings themselves.
+	for _, x := range []string{version, revision} {
+		if !bytes.Contains(bin.data, []byte(x)) {
+			t.Errorf("/bin/sluice does not hold %q (the labels' version and revision are stamped into it)", x)
 		}
 	}
 	if !bytes.Contains(img.files["/etc/ssl/certs/ca-certificates.crt"].data, []byte("BEGIN CERTIFICATE")) {
@@ -201,17 +291,24 @@ func TestImage(t *testing.T) {
 	if !bytes.Contains(img.files["/etc/passwd"].data, []byte("sluice:x:65532:65532:")) {
 		t.Error("/etc/passwd has no sluice user")
 	}
+	return bin.data
+}
 
+// runImageBinary lays the image's binary out as in the image and runs
+// it: `sluice version`, then /bin/ratelimit with Envoy Gateway's
+// default Deployment's environment.
+func runImageBinary(t *testing.T, bin []byte) {
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "bin/sluice"), bin.data, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "bin/sluice"), bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Symlink("sluice", filepath.Join(dir, "bin/ratelimit")); err != nil {
 		t.Fatal(err)
 	}
+	version, revision := os.Getenv("SLUICE_IMAGE_VERSION"), os.Getenv("SLUICE_IMAGE_REVISION")
 	out, err := exec.Command(filepath.Join(dir, "bin/sluice"), "version").CombinedOutput()
 	if want := "sluice " + version + " (commit " + revision + ", "; err != nil || !strings.HasPrefix(string(out), want) {
 		t.Errorf("/bin/sluice version: %v, %q, want %q... (the labels' version and revision)", err, out, want)

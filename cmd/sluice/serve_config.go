@@ -167,7 +167,7 @@ var sourceRefVars = []refVar{
 	// Files starting with a dot are always ignored, and the config
 	// directory is watched with its symlinks (a ConfigMap's ..data swap),
 	// which covers both RUNTIME_WATCH_ROOT values.
-	{name: "RUNTIME_IGNOREDOTFILES", boolean: true, apply: refApply{
+	{name: "RUNTIME_IGNOREDOTFILES", boolean: true, differs: "dot files are always skipped (the reference's default, `false`, loads them)", apply: refApply{
 		doc: "`true` is what Sluice does: files starting with a dot are skipped; `false` is ignored with a warning",
 		fn: func(e *refEnv, v string) error {
 			if v == "false" {
@@ -179,7 +179,8 @@ var sourceRefVars = []refVar{
 	{name: "MERGE_DOMAIN_CONFIG", flag: "merge-domains"},
 	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", flag: "require-domain"},
 	{name: "FORCE_START_WITHOUT_INITIAL_CONFIG", boolean: true, when: onXDS, flag: "start-without-config",
-		unmet: ": it applies to CONFIG_TYPE=GRPC_XDS_SOTW (with files see --allow-empty-config)"},
+		unmet:   ": it applies to CONFIG_TYPE=GRPC_XDS_SOTW (with files see --allow-empty-config)",
+		differs: "unset or `false`, NOT_SERVING until a push compiles (the reference serves with no config and answers errors)"},
 	{name: "CONFIG_GRPC_XDS_SERVER_URL", when: onXDS, flag: "xds-server", def: "localhost:18000"},
 	{name: "CONFIG_GRPC_XDS_NODE_ID", when: onXDS, flag: "xds-node-id"},
 	// The reference skips a metadata entry without '=' (its own settings
@@ -205,8 +206,8 @@ var sourceRefVars = []refVar{
 	{name: "CONFIG_GRPC_XDS_CLIENT_TLS_KEY", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-key"},
 	{name: "CONFIG_GRPC_XDS_SERVER_TLS_CACERT", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-ca"},
 	{name: "CONFIG_GRPC_XDS_SERVER_TLS_SAN", when: onXDSTLS, unmet: xdsNoTLS, flag: "xds-tls-server-name"},
-	{name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", when: onXDS, flag: "xds-backoff-initial"},
-	{name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", when: onXDS, flag: "xds-backoff-max"},
+	{name: "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", when: onXDS, flag: "xds-backoff-initial", differs: "unset, 500ms (the reference's default: 10s)"},
+	{name: "XDS_CLIENT_BACKOFF_MAX_INTERVAL", when: onXDS, flag: "xds-backoff-max", differs: "unset, 30s (the reference's default: 60s)"},
 	{name: "XDS_CLIENT_BACKOFF_RANDOM_FACTOR", when: onXDS, flag: "xds-backoff-jitter"},
 	// After XDS_CLIENT_BACKOFF_RANDOM_FACTOR, which false overrides.
 	{name: "XDS_CLIENT_BACKOFF_JITTER", boolean: true, when: onXDS, flag: "xds-backoff-jitter", conv: refConv{

@@ -76,7 +76,7 @@ func (e *refEnv) warn(format string, args ...any) {
 // refVar is one environment variable of envoyproxy/ratelimit's settings
 // (its src/settings/settings.go) and what serve does with it: one row of
 // refTable, which both drives applyEnv and generates the table in
-// docs/REFERENCE-ENV.md (refDocs, in the tests).
+// docs/ENVOY-GATEWAY.md (refDocs, in the tests).
 //
 // A row is read when its condition holds: a boolean is parsed as the
 // reference parses it (refBool), then the value is refused, mapped onto a
@@ -117,6 +117,11 @@ type refVar struct {
 	// note: nothing to do, and no warning, for this reason (the docs say
 	// it).
 	note string
+
+	// differs, on a row that maps or applies the variable, says how
+	// Sluice's behaviour differs from the reference's with it (its default
+	// when unset included); empty: the same behaviour.
+	differs string
 }
 
 // refConv turns a variable's value into its flag's; "" leaves the flag

@@ -311,11 +311,12 @@ var redisRefVars = slices.Concat([]refVar{
 	"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR"), []refVar{
 	{name: "REDIS_SENTINEL_AUTH", flag: "redis-sentinel-password"},
 	{name: "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", boolean: true, flag: "redis-health"},
-	{name: "REDIS_TIMEOUT", flag: "redis-timeout"},
+	{name: "REDIS_TIMEOUT", flag: "redis-timeout", differs: "unset, 1s (the reference's default: 10s); a caller's `grpc-timeout` shortens the wait"},
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
 }, refUnread("serve pings Redis once at startup and stops if it does not answer",
 	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
-	{name: "CACHE_KEY_PREFIX", flag: "redis-key-prefix"},
+	{name: "CACHE_KEY_PREFIX", flag: "redis-key-prefix",
+		differs: "the keys after the prefix are Sluice's (docs/REDIS.md), not the reference's: counters do not carry over between the two"},
 })
 
 var onRedisTLS = &refCond{doc: "`REDIS_TLS=true`", holds: func(e *refEnv) bool { return e.on("REDIS_TLS") }}

@@ -12,7 +12,7 @@ import (
 
 // refTable is every environment variable of envoyproxy/ratelimit's
 // settings, each once, in the order applyEnv reads them and
-// docs/REFERENCE-ENV.md lists them: the config source's
+// docs/ENVOY-GATEWAY.md lists them: the config source's
 // (serve_config.go), the server's, the stats', the stores' (each
 // backend's in its own file), then the limiter's. Rows are read in order,
 // and the first error stops: one refused variable is reported, not all.
@@ -27,17 +27,20 @@ func refTable() []refVar {
 // The server: listeners, gRPC, TLS, logs.
 var refServer = []refVar{
 	{name: "HOST", with: "PORT"},
-	{name: "PORT", flag: "http-addr", conv: hostPortOf("HOST")},
+	{name: "PORT", flag: "http-addr", conv: hostPortOf("HOST"),
+		differs: "the port also serves Sluice's `/metrics`, API and status page; `POST /json` needs `Content-Type: application/json`"},
 	{name: "DEBUG_HOST", with: "DEBUG_PORT"},
-	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST")},
+	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST"),
+		differs: "unset, no debug server (the reference's listens on `0.0.0.0:6070`); its command line shows secrets as `xxxxx`"},
 	{name: "GRPC_HOST", with: "GRPC_PORT"},
 	{name: "GRPC_PORT", flag: "grpc-addr", conv: hostPortOf("GRPC_HOST")},
 	// After GRPC_PORT, which it overrides, as in the reference.
 	{name: "GRPC_UDS", flag: "grpc-addr", conv: refConv{
-		doc: "as `unix://GRPC_UDS`, instead of `GRPC_HOST:GRPC_PORT`; a stale socket file is replaced, the socket removed at exit",
-		fn:  func(_ *refEnv, path string) (string, error) { return "unix://" + path, nil }}},
-	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age"},
-	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace"},
+		doc: "as `unix://GRPC_UDS`, instead of `GRPC_HOST:GRPC_PORT`; the socket is removed at exit",
+		fn:  func(_ *refEnv, path string) (string, error) { return "unix://" + path, nil }},
+		differs: "a socket file left by a killed process is replaced (the reference fails to listen); `--grpc-socket-mode` can set its permissions"},
+	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age", differs: "unset, connections are never closed for age (the reference's default: 24h)"},
+	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace", differs: "unset, no limit (the reference's default: 1h)"},
 	{name: "GRPC_SERVER_USE_TLS", boolean: true, apply: refApply{
 		doc: "`true`: gRPC over TLS with `GRPC_SERVER_TLS_CERT` and `GRPC_SERVER_TLS_KEY` (both needed), and `--tls-http=false`: " +
 			"as in the reference, the HTTP port (`/healthcheck`, the probes') stays plain",
@@ -85,7 +88,8 @@ var refServer = []refVar{
 				return "error", nil
 			}
 			return v, nil
-		}}},
+		}},
+		differs: "unset, `info` (the reference's default: `WARN`); the log lines are Sluice's own"},
 	{name: "LOG_FORMAT", flag: "log-format", conv: refConv{doc: "in any case",
 		fn: func(_ *refEnv, v string) (string, error) { return strings.ToLower(v), nil }}},
 }
@@ -118,8 +122,7 @@ func hostPort(host, port string) string {
 var refStats = []refVar{
 	{name: "USE_DOG_STATSD", boolean: true, when: onStats, flag: "statsd-dogstatsd", conv: refConv{
 		doc: "`true`: DogStatsD over UDP to `STATSD_HOST:STATSD_PORT` (`localhost:8125` when unset), named and tagged as the reference names them; " +
-			"refused with `USE_STATSD=true`, as the reference refuses it (it needs `USE_STATSD=false`; here unset is enough). " +
-			"With `USE_PROMETHEUS=true`, which the reference refuses too, both run",
+			"refused with `USE_STATSD=true`, as the reference refuses it",
 		fn: func(e *refEnv, v string) (string, error) {
 			if v != "true" {
 				return "", nil
@@ -128,11 +131,11 @@ var refStats = []refVar{
 				return "", errors.New("USE_DOG_STATSD=true with USE_STATSD=true: one statsd sink at a time, as in envoyproxy/ratelimit; set USE_STATSD=false")
 			}
 			return v, nil
-		}}},
+		}},
+		differs: "`USE_STATSD` unset is enough (the reference refuses its default `true`), and `USE_PROMETHEUS=true` may run too"},
 	{name: "USE_DOG_STATSD_MOGRIFIERS", when: onDogStatsd, apply: refApply{
 		doc: "`NAME,...`: for each NAME, `DOG_STATSD_MOGRIFIER_NAME_PATTERN`, `_NAME` and `_TAGS` (NAME upper-cased) become a `--statsd-mogrifier`, " +
-			"in this order; checked as the reference checks them (a pattern and a name needed, tags `key:value,...`). Tags in the reference's " +
-			"order are a map's; here they are sorted by key",
+			"in this order; checked as the reference checks them (a pattern and a name needed, tags `key:value,...`)",
 		fn: func(e *refEnv, v string) error {
 			for _, n := range strings.Split(v, ",") {
 				if n = strings.TrimSpace(n); n == "" {
@@ -146,8 +149,10 @@ var refStats = []refVar{
 				e.set("statsd-mogrifier", m.String())
 			}
 			return nil
-		}}},
-	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on (the reference's default is true)"},
+		}},
+		differs: "a mogrifier's tags come sorted by key (the reference's in a Go map's order); a `,` caught into a tag value becomes `_`"},
+	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on",
+		differs: "unset and without `STATSD_HOST` or `STATSD_PORT`, no statsd (the reference's default is true)"},
 	{name: "STATSD_HOST", with: "STATSD_PORT"},
 	{name: "STATSD_PORT", when: onStatsd, flag: "statsd-addr", def: "8125", conv: refConv{
 		doc: "as `STATSD_HOST:STATSD_PORT` (`localhost` when unset)",
@@ -226,7 +231,8 @@ var refStores = slices.Concat([]refVar{
 				}
 			}
 			return v, nil
-		}}},
+		}},
+		differs: "unset, the memory store, which counts per replica (the reference's default: `redis`)"},
 }, refUnread("only with BACKEND_TYPE=memcache, which is refused: Sluice has no memcached store",
 	"MEMCACHE_HOST_PORT", "MEMCACHE_MAX_IDLE_CONNS", "MEMCACHE_SRV", "MEMCACHE_SRV_REFRESH", "MEMCACHE_TLS",
 	"MEMCACHE_TLS_CLIENT_CERT", "MEMCACHE_TLS_CLIENT_KEY", "MEMCACHE_TLS_CACERT", "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION"))
