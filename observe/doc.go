@@ -11,4 +11,10 @@
 // is bounded by the config in force: a rule that leaves it is dropped at
 // the reload, and one that stays (same domain and path) keeps its counts
 // and its values' cap. docs/METRICS.md lists every metric.
+//
+// RefStats writes envoyproxy/ratelimit's stats to Sinks: StatsdSink
+// (statsd or DogStatsD lines, over UDP or TCP; over TCP a goroutine of its
+// own, run by Start and stopped by Close, writes a bounded buffer so that
+// a flush never waits for the network) and MappedSink (the reference's
+// Prometheus series).
 package observe

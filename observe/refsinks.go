@@ -2,11 +2,14 @@ package observe
 
 import (
 	_ "embed" // the default statsd mapping
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,25 +21,94 @@ import (
 	"github.com/prometheus/statsd_exporter/pkg/registry"
 )
 
-// StatsdSink sends RefStats's stats to a statsd server over UDP, in
-// statsd's line format ("name:3|c", "name:2|ms"), several lines a
-// datagram. Safe for concurrent use.
+// StatsdSink sends RefStats's stats to a statsd server in statsd's line
+// format ("name:3|c", "name:2|ms"): over UDP, several lines a datagram,
+// or over TCP, newline-terminated (StatsdOptions.Protocol). With
+// StatsdOptions.DogStatsD the lines are DogStatsD's, with tags
+// ("name:3|c|#key:value,..."), named as envoyproxy/ratelimit's
+// USE_DOG_STATSD names them (see dogName). Safe for concurrent use.
 type StatsdSink struct {
-	c statsd.Statter
+	c          statsd.Statter
+	tcp        *tcpSender // nil over UDP
+	dog        bool
+	mogrifiers []Mogrifier
 
-	mu  sync.Mutex
-	err error // the first send error since the last Flush
+	mu       sync.Mutex
+	err      error              // the first send error since the last Flush
+	dogNames map[string]dogStat // DogStatsD's name and tags of each stat name sent
+	reported uint64             // lines dropped, as the last Flush reported them
 }
 
-// NewStatsdSink sends to addr (host:port). A host name is resolved again
-// every 30 seconds, so a statsd server that moves is followed.
-func NewStatsdSink(addr string) (*StatsdSink, error) {
-	c, err := statsd.NewClientWithConfig(&statsd.ClientConfig{Address: addr, UseBuffered: true,
-		FlushInterval: 100 * time.Millisecond, ResInterval: 30 * time.Second})
+// dogStat is a stat's DogStatsD name and tags.
+type dogStat struct {
+	name string
+	tags []statsd.Tag
+}
+
+// StatsdOptions configure a StatsdSink. The zero value means defaults.
+type StatsdOptions struct {
+	// Protocol is "udp" (the default) or "tcp".
+	Protocol string
+	// DogStatsD sends DogStatsD lines, with tags.
+	DogStatsD bool
+	// Mogrifiers rename stats into a name and tags (DogStatsD only):
+	// the first whose pattern matches applies.
+	Mogrifiers []Mogrifier
+	// MaxBuffered bounds, over TCP, the bytes waiting to be written
+	// (default 4 MiB); lines past it are dropped and counted.
+	MaxBuffered int
+	// RetryEvery is, over TCP, how often a lost server is dialled again
+	// while lines wait (default 1s).
+	RetryEvery time.Duration
+}
+
+// NewStatsdSink sends to addr (host:port). Over UDP a host name is
+// resolved again every 30 seconds, so a statsd server that moves is
+// followed; over TCP at each connection. Over TCP, call Start before the
+// first Flush.
+func NewStatsdSink(addr string, o StatsdOptions) (*StatsdSink, error) {
+	s := &StatsdSink{dog: o.DogStatsD, mogrifiers: o.Mogrifiers, dogNames: map[string]dogStat{}}
+	var err error
+	switch o.Protocol {
+	case "", "udp":
+		s.c, err = statsd.NewClientWithConfig(&statsd.ClientConfig{Address: addr, UseBuffered: true,
+			FlushInterval: 100 * time.Millisecond, ResInterval: 30 * time.Second, TagFormat: statsd.SuffixOctothorpe})
+	case "tcp":
+		if _, _, err = net.SplitHostPort(addr); err != nil {
+			break
+		}
+		if o.MaxBuffered <= 0 {
+			o.MaxBuffered = 4 << 20
+		}
+		if o.RetryEvery <= 0 {
+			o.RetryEvery = time.Second
+		}
+		s.tcp = newTCPSender(addr, o.MaxBuffered, o.RetryEvery)
+		s.c, err = statsd.NewClientWithSender(s.tcp, "", statsd.SuffixOctothorpe)
+	default:
+		err = fmt.Errorf("protocol %q: want udp or tcp", o.Protocol)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("observe: statsd %s: %w", addr, err)
 	}
-	return &StatsdSink{c: c}, nil
+	return s, nil
+}
+
+// Start runs, over TCP, the goroutine that writes to the server; Close
+// stops it. Over UDP it does nothing.
+func (s *StatsdSink) Start() {
+	if s.tcp != nil {
+		s.tcp.start()
+	}
+}
+
+// Dropped returns the lines dropped so far because the TCP buffer was
+// full or a connection broke midway (always 0 over UDP).
+func (s *StatsdSink) Dropped() uint64 {
+	if s.tcp == nil {
+		return 0
+	}
+	return s.tcp.dropped.Load()
 }
 
 func (s *StatsdSink) keep(err error) {
@@ -50,9 +122,31 @@ func (s *StatsdSink) keep(err error) {
 	s.mu.Unlock()
 }
 
+// named returns what stat is sent as: itself, or with DogStatsD its
+// name and tags, worked out once per name.
+func (s *StatsdSink) named(stat string) (string, []statsd.Tag) {
+	if !s.dog {
+		return stat, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.dogNames[stat]; ok {
+		return d.name, d.tags
+	}
+	name, tags := dogName(stat, s.mogrifiers)
+	d := dogStat{name: name, tags: make([]statsd.Tag, len(tags))}
+	for i, t := range tags {
+		k, v, _ := strings.Cut(t, ":")
+		d.tags[i] = statsd.Tag{k, v}
+	}
+	s.dogNames[stat] = d
+	return d.name, d.tags
+}
+
 // Counter implements Sink.
 func (s *StatsdSink) Counter(name string, delta uint64) {
-	s.keep(s.c.Inc(name, int64(min(delta, 1<<63-1)), 1))
+	name, tags := s.named(name)
+	s.keep(s.c.Inc(name, int64(min(delta, 1<<63-1)), 1, tags...))
 }
 
 // Timer implements Sink. n calls of the same duration go out as one line
@@ -60,6 +154,7 @@ func (s *StatsdSink) Counter(name string, delta uint64) {
 // server count it 2^k times (an exact power of two, so that no server's
 // rounding of 1/rate loses a call): at most 64 lines, however many calls.
 func (s *StatsdSink) Timer(name string, ms, n uint64) {
+	name, tags := s.named(name)
 	v := strconv.FormatUint(ms, 10)
 	for k := 0; n > 0; k, n = k+1, n>>1 {
 		if n&1 == 0 {
@@ -69,20 +164,38 @@ func (s *StatsdSink) Timer(name string, ms, n uint64) {
 		if k > 0 {
 			line += "|@" + strconv.FormatFloat(1/float64(uint64(1)<<k), 'g', -1, 64)
 		}
-		s.keep(s.c.Raw(name, line, 1))
+		s.keep(s.c.Raw(name, line, 1, tags...))
 	}
 }
 
-// Forget implements Sink: a statsd client keeps nothing per name (the
+// Forget implements Sink: the DogStatsD names of names are dropped (the
 // statsd server drops what is no longer sent, as it is configured to).
-func (s *StatsdSink) Forget([]string) {}
+func (s *StatsdSink) Forget(names []string) {
+	if !s.dog {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range names {
+		delete(s.dogNames, n)
+	}
+}
 
-// Flush implements Sink: the buffered lines go out within 100 ms.
+// Flush implements Sink: the buffered lines go out within 100 ms over
+// UDP, at once over TCP. It reports the lines dropped since the last
+// Flush.
 func (s *StatsdSink) Flush() error {
+	if s.tcp != nil {
+		s.tcp.flush()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err := s.err
 	s.err = nil
+	if d := s.Dropped(); d > s.reported {
+		err = errors.Join(err, fmt.Errorf("observe: statsd: %d lines dropped (server unreachable or slow)", d-s.reported))
+		s.reported = d
+	}
 	return err
 }
 

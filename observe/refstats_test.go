@@ -156,7 +156,7 @@ func TestRefStats_StatsdOverUDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	sink, err := observe.NewStatsdSink(pc.LocalAddr().String())
+	sink, err := observe.NewStatsdSink(pc.LocalAddr().String(), observe.StatsdOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestRefStats_EnvoyGatewayMapping(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
-	sink, err := observe.NewStatsdSink(pc.LocalAddr().String())
+	sink, err := observe.NewStatsdSink(pc.LocalAddr().String(), observe.StatsdOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +386,7 @@ descriptors:
 
 // TestStatsdSink_BadAddress: an address without a port is refused.
 func TestStatsdSink_BadAddress(t *testing.T) {
-	if _, err := observe.NewStatsdSink("no-port"); err == nil {
+	if _, err := observe.NewStatsdSink("no-port", observe.StatsdOptions{}); err == nil {
 		t.Error("NewStatsdSink(no-port): no error")
 	}
 }

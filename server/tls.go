@@ -22,6 +22,7 @@ const recheckEvery = time.Second
 // certificates and is logged. Safe for concurrent use.
 type CertReloader struct {
 	certFile, keyFile, caFile string
+	clientSAN                 string
 	logger                    *slog.Logger
 	now                       func() time.Time
 
@@ -35,10 +36,25 @@ type CertReloader struct {
 // client CA bundle: clients must then present a certificate it signed
 // (mTLS). It fails when the files cannot be loaded.
 func NewCertReloader(certFile, keyFile, caFile string, logger *slog.Logger) (*CertReloader, error) {
+	return NewCertReloaderSAN(certFile, keyFile, caFile, "", logger)
+}
+
+// NewCertReloaderSAN is NewCertReloader that, when clientSAN is not
+// empty, also requires the client certificate to be valid for the name
+// clientSAN, as envoyproxy/ratelimit's GRPC_CLIENT_TLS_SAN does (it
+// verifies the chain again with x509.VerifyOptions.DNSName): a DNS SAN
+// that matches it (a "*." wildcard SAN matches one label, in any case),
+// or an IP SAN equal to it when clientSAN is an IP address. URI SANs
+// (SPIFFE IDs) and the subject's common name are not looked at. A
+// clientSAN needs caFile.
+func NewCertReloaderSAN(certFile, keyFile, caFile, clientSAN string, logger *slog.Logger) (*CertReloader, error) {
+	if clientSAN != "" && caFile == "" {
+		return nil, errors.New("server: tls: a client SAN needs a client CA file")
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	r := &CertReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, logger: logger, now: time.Now}
+	r := &CertReloader{certFile: certFile, keyFile: keyFile, caFile: caFile, clientSAN: clientSAN, logger: logger, now: time.Now}
 	stamp, err := r.stat()
 	if err != nil {
 		return nil, err
@@ -121,6 +137,24 @@ func (r *CertReloader) load() (*tls.Config, error) {
 			return nil, errors.New("server: tls: no certificate in " + r.caFile)
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		if r.clientSAN != "" {
+			cfg.VerifyConnection = verifyClientSAN(r.clientSAN)
+		}
 	}
 	return cfg, nil
+}
+
+// verifyClientSAN fails a handshake whose client certificate is not
+// valid for san. It runs after the chain is verified against the
+// client CAs.
+func verifyClientSAN(san string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("server: tls: no client certificate")
+		}
+		if err := cs.PeerCertificates[0].VerifyHostname(san); err != nil {
+			return fmt.Errorf("server: tls: client certificate: %w", err)
+		}
+		return nil
+	}
 }

@@ -138,6 +138,9 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 			}
 			if env["USE_STATSD"] == "true" {
 				env["STATSD_HOST"], env["STATSD_PORT"] = "127.0.0.1", strconv.Itoa(statsd.LocalAddr().(*net.UDPAddr).Port)
+				// The reference's default is TCP (TestBinary_StatsdTCP);
+				// statsd_exporter listens on both.
+				env["STATSD_PROTOCOL"] = "udp"
 			}
 			if env["PROMETHEUS_ADDR"] != "" {
 				env["PROMETHEUS_ADDR"] = "127.0.0.1:0"

@@ -12,6 +12,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -146,7 +147,7 @@ func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpc
 	if err != nil {
 		return err
 	}
-	if err := srv.listen(f.grpcAddr, f.httpAddr); err != nil {
+	if err := srv.listen(f.grpcAddr, f.httpAddr, f.grpcSocketMode); err != nil {
 		return err
 	}
 	f.followConfig(x)
@@ -232,7 +233,7 @@ func (f *serveFlags) newServers(x *serveContext, lim *limiter.Limiter, waits boo
 	}
 	httpSrv := f.http.server(root, x.Logger, true)
 	if f.tlsCert != "" {
-		certs, err := server.NewCertReloader(f.tlsCert, f.tlsKey, f.tlsClientCA, x.Logger)
+		certs, err := server.NewCertReloaderSAN(f.tlsCert, f.tlsKey, f.tlsClientCA, f.tlsClientSAN, x.Logger)
 		if err != nil {
 			return nil, err
 		}
@@ -249,10 +250,16 @@ func (f *serveFlags) newServers(x *serveContext, lim *limiter.Limiter, waits boo
 	return &servers{grpc: grpcSrv, http: httpSrv}, nil
 }
 
-// listen opens the servers' listeners.
-func (s *servers) listen(grpcAddr, httpAddr string) error {
+// listen opens the servers' listeners: gRPC's on a unix socket when
+// grpcAddr is unix://PATH (see listenUnix), with socketMode.
+func (s *servers) listen(grpcAddr, httpAddr string, socketMode socketMode) error {
 	var err error
-	if s.grpcLis, err = net.Listen("tcp", grpcAddr); err != nil {
+	if path, ok := strings.CutPrefix(grpcAddr, "unix://"); ok {
+		s.grpcLis, err = listenUnix(path, socketMode)
+	} else {
+		s.grpcLis, err = net.Listen("tcp", grpcAddr)
+	}
+	if err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
 	if s.httpLis, err = net.Listen("tcp", httpAddr); err != nil {

@@ -39,6 +39,8 @@ type serveFlags struct {
 	tlsCert          string
 	tlsKey           string
 	tlsClientCA      string
+	tlsClientSAN     string
+	grpcSocketMode   socketMode
 	tlsHTTP          bool
 	drainTimeout     time.Duration
 	maxRecvMsgSize   int
@@ -55,7 +57,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "limits `path`: a YAML file or a directory of them (required)")
 	fs.BoolVar(&f.allowEmptyConfig, "allow-empty-config", false, "start with an empty config directory, NOT_SERVING until a valid config appears in it")
 	fs.BoolVar(&f.mergeDomains, "merge-domains", false, "let several files define the same domain (merged)")
-	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, sluice.v1, health, reflection)")
+	fs.StringVar(&f.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, sluice.v1, health, reflection): host:port, or unix:///path for a unix socket")
+	fs.Var(&f.grpcSocketMode, "grpc-socket-mode", "with --grpc-addr unix:///path, the socket's permission bits in `octal` (e.g. 0660; default: as the umask makes them)")
 	fs.StringVar(&f.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/healthcheck, /json, /v1/check)")
 	fs.StringVar(&f.store, "store", "memory", "counter store: "+strings.Join(backendNames(), "|"))
 	fs.StringVar(&f.logFormat, "log-format", "text", "log format: text|json")
@@ -76,6 +79,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate `file` (reloaded when it changes)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "the TLS private key `file`")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA bundle `file` (mTLS)")
+	fs.StringVar(&f.tlsClientSAN, "tls-client-san", "", "with --tls-client-ca, accept only client certificates valid for this DNS `name` or IP address (a SAN; a *. wildcard SAN matches one label)")
 	fs.BoolVar(&f.tlsHTTP, "tls-http", true, "with --tls-cert, serve --http-addr over TLS too (false: TLS on gRPC only, as envoyproxy/ratelimit)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Second, "on SIGTERM, how long in-flight requests may take before connections are closed")
 	fs.IntVar(&f.maxRecvMsgSize, "max-recv-msg-size", 1<<20, "largest gRPC request in bytes")
@@ -137,6 +141,12 @@ func (f *serveFlags) check() (limiter.Options, backend, error) {
 	}
 	if (f.tlsCert == "") != (f.tlsKey == "") || f.tlsClientCA != "" && f.tlsCert == "" {
 		return lopts, b, errors.New("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)")
+	}
+	if f.grpcSocketMode != 0 && !strings.HasPrefix(f.grpcAddr, "unix://") {
+		return lopts, b, errors.New("--grpc-socket-mode needs --grpc-addr unix:///path")
+	}
+	if f.tlsClientSAN != "" && f.tlsClientCA == "" {
+		return lopts, b, errors.New("--tls-client-san needs --tls-client-ca")
 	}
 	if err := f.http.check(); err != nil {
 		return lopts, b, err

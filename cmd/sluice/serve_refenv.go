@@ -6,6 +6,8 @@ import (
 	"net"
 	"slices"
 	"strings"
+
+	"github.com/sluicehq/sluice/observe"
 )
 
 // refTable is every environment variable of envoyproxy/ratelimit's
@@ -30,9 +32,13 @@ var refServer = []refVar{
 	{name: "DEBUG_HOST", with: "DEBUG_PORT"},
 	{name: "DEBUG_PORT", flag: "debug-addr", conv: hostPortOf("DEBUG_HOST"),
 		differs: "unset, no debug server (the reference's listens on `0.0.0.0:6070`); its command line shows secrets as `xxxxx`"},
-	{name: "GRPC_UDS", refuse: "serve gRPC on TCP with --grpc-addr"},
 	{name: "GRPC_HOST", with: "GRPC_PORT"},
 	{name: "GRPC_PORT", flag: "grpc-addr", conv: hostPortOf("GRPC_HOST")},
+	// After GRPC_PORT, which it overrides, as in the reference.
+	{name: "GRPC_UDS", flag: "grpc-addr", conv: refConv{
+		doc: "as `unix://GRPC_UDS`, instead of `GRPC_HOST:GRPC_PORT`; the socket is removed at exit",
+		fn:  func(_ *refEnv, path string) (string, error) { return "unix://" + path, nil }},
+		differs: "a socket file left by a killed process is replaced (the reference fails to listen); `--grpc-socket-mode` can set its permissions"},
 	{name: "GRPC_MAX_CONNECTION_AGE", flag: "max-connection-age", differs: "unset, connections are never closed for age (the reference's default: 24h)"},
 	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", flag: "max-connection-age-grace", differs: "unset, no limit (the reference's default: 1h)"},
 	{name: "GRPC_SERVER_USE_TLS", boolean: true, apply: refApply{
@@ -51,7 +57,16 @@ var refServer = []refVar{
 	{name: "GRPC_SERVER_TLS_CERT", when: onGRPCTLS, flag: "tls-cert"},
 	{name: "GRPC_SERVER_TLS_KEY", when: onGRPCTLS, flag: "tls-key"},
 	{name: "GRPC_CLIENT_TLS_CACERT", when: onGRPCTLS, flag: "tls-client-ca"},
-	{name: "GRPC_CLIENT_TLS_SAN", refuse: "Sluice checks client certificates against --tls-client-ca only"},
+	{name: "GRPC_CLIENT_TLS_SAN", when: onGRPCTLS, flag: "tls-client-san", conv: refConv{
+		doc: "with `GRPC_CLIENT_TLS_CACERT` (else ignored with a warning, as the reference ignores it): the client certificate must be valid " +
+			"for this DNS name or IP address, as the reference checks it",
+		fn: func(e *refEnv, v string) (string, error) {
+			if !e.has("GRPC_CLIENT_TLS_CACERT") {
+				e.warn("GRPC_CLIENT_TLS_SAN=%s is ignored (as by envoyproxy/ratelimit): without GRPC_CLIENT_TLS_CACERT no client certificate is asked for", v)
+				return "", nil
+			}
+			return v, nil
+		}}},
 	{name: "GRPC_SERVER_TLS_CA_CERT", extra: "Envoy Gateway sets it", when: onGRPCTLS, apply: refApply{
 		doc: "ignored with a warning, as the reference ignores it: clients are not asked for certificates " +
 			"(`GRPC_CLIENT_TLS_CACERT` turns mTLS on)",
@@ -105,8 +120,37 @@ func hostPort(host, port string) string {
 // series (USE_PROMETHEUS), both from observe.RefStats. The reference
 // refuses to run both; Sluice runs both.
 var refStats = []refVar{
-	{name: "USE_DOG_STATSD", boolean: true, refuse: "Sluice sends plain statsd (USE_STATSD=true) or serves the reference's Prometheus series (USE_PROMETHEUS=true)"},
-	{name: "USE_DOG_STATSD_MOGRIFIERS", ignore: "DogStatsD is not supported"},
+	{name: "USE_DOG_STATSD", boolean: true, when: onStats, flag: "statsd-dogstatsd", conv: refConv{
+		doc: "`true`: DogStatsD over UDP to `STATSD_HOST:STATSD_PORT` (`localhost:8125` when unset), named and tagged as the reference names them; " +
+			"refused with `USE_STATSD=true`, as the reference refuses it",
+		fn: func(e *refEnv, v string) (string, error) {
+			if v != "true" {
+				return "", nil
+			}
+			if e.has("USE_STATSD") && e.on("USE_STATSD") {
+				return "", errors.New("USE_DOG_STATSD=true with USE_STATSD=true: one statsd sink at a time, as in envoyproxy/ratelimit; set USE_STATSD=false")
+			}
+			return v, nil
+		}},
+		differs: "`USE_STATSD` unset is enough (the reference refuses its default `true`), and `USE_PROMETHEUS=true` may run too"},
+	{name: "USE_DOG_STATSD_MOGRIFIERS", when: onDogStatsd, apply: refApply{
+		doc: "`NAME,...`: for each NAME, `DOG_STATSD_MOGRIFIER_NAME_PATTERN`, `_NAME` and `_TAGS` (NAME upper-cased) become a `--statsd-mogrifier`, " +
+			"in this order; checked as the reference checks them (a pattern and a name needed, tags `key:value,...`)",
+		fn: func(e *refEnv, v string) error {
+			for _, n := range strings.Split(v, ",") {
+				if n = strings.TrimSpace(n); n == "" {
+					continue
+				}
+				p := "DOG_STATSD_MOGRIFIER_" + strings.ToUpper(n) + "_"
+				m, err := observe.NewMogrifier(e.getenv(p+"PATTERN"), e.getenv(p+"NAME"), e.getenv(p+"TAGS"))
+				if err != nil {
+					return fmt.Errorf("USE_DOG_STATSD_MOGRIFIERS: %s: %w (from %sPATTERN, %sNAME, %sTAGS)", n, err, p, p, p)
+				}
+				e.set("statsd-mogrifier", m.String())
+			}
+			return nil
+		}},
+		differs: "a mogrifier's tags come sorted by key (the reference's in a Go map's order); a `,` caught into a tag value becomes `_`"},
 	{name: "USE_STATSD", boolean: true, note: "turns the statsd stats on; unset, `STATSD_HOST` or `STATSD_PORT` turns them on",
 		differs: "unset and without `STATSD_HOST` or `STATSD_PORT`, no statsd (the reference's default is true)"},
 	{name: "STATSD_HOST", with: "STATSD_PORT"},
@@ -119,8 +163,23 @@ var refStats = []refVar{
 			}
 			return net.JoinHostPort(host, port), nil
 		}}},
-	{name: "STATSD_PROTOCOL", extra: "read by gostats, the reference's stats library", accept: "udp",
-		refuse: "Sluice sends statsd over UDP (which statsd_exporter and StatsD also listen on)"},
+	{name: "STATSD_PROTOCOL", extra: "read by gostats, the reference's stats library", when: onStatsd, flag: "statsd-protocol", def: "tcp", conv: refConv{
+		doc: "`udp` or `tcp` (`udp4`/`udp6`, `tcp4`/`tcp6` as these); not read with `USE_DOG_STATSD=true`, which is UDP, as in the reference",
+		fn: func(e *refEnv, v string) (string, error) {
+			if e.on("USE_DOG_STATSD") {
+				if e.has("STATSD_PROTOCOL") {
+					e.warn("STATSD_PROTOCOL=%s is ignored with USE_DOG_STATSD=true: DogStatsD goes over UDP, as in envoyproxy/ratelimit", v)
+				}
+				return "", nil
+			}
+			switch v = strings.ToLower(v); v {
+			case "udp", "udp4", "udp6":
+				return "udp", nil
+			case "tcp", "tcp4", "tcp6":
+				return "tcp", nil
+			}
+			return "", fmt.Errorf("STATSD_PROTOCOL=%s: want udp or tcp", v)
+		}}},
 	{name: "EXTRA_TAGS", when: onStats, flag: "stats-tags"},
 	{name: "STATS_FLUSH_INTERVAL", when: onStats, flag: "stats-flush-interval"},
 	{name: "DISABLE_STATS", boolean: true, note: "`true` turns the reference's stats off (statsd and its Prometheus series); Sluice's own `/metrics` stays on"},
@@ -143,13 +202,17 @@ var (
 	onStats = &refCond{doc: "`DISABLE_STATS` not true", holds: func(e *refEnv) bool { return !e.on("DISABLE_STATS") }}
 	// onStatsd: the reference's USE_STATSD defaults to true; its
 	// manifests that want statsd set STATSD_HOST or STATSD_PORT alone.
-	onStatsd = &refCond{within: onStats, doc: "`USE_STATSD=true` (or unset, with `STATSD_HOST` or `STATSD_PORT` set)",
+	onStatsd = &refCond{within: onStats, doc: "`USE_STATSD=true` (or unset, with `STATSD_HOST` or `STATSD_PORT` set) or `USE_DOG_STATSD=true`",
 		holds: func(e *refEnv) bool {
+			if e.on("USE_DOG_STATSD") {
+				return true
+			}
 			if e.has("USE_STATSD") {
 				return e.on("USE_STATSD")
 			}
 			return e.has("STATSD_HOST") || e.has("STATSD_PORT")
 		}}
+	onDogStatsd  = &refCond{within: onStats, doc: "`USE_DOG_STATSD=true`", holds: func(e *refEnv) bool { return e.on("USE_DOG_STATSD") }}
 	onPrometheus = &refCond{within: onStats, doc: "`USE_PROMETHEUS=true`", holds: func(e *refEnv) bool { return e.on("USE_PROMETHEUS") }}
 )
 

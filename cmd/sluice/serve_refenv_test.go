@@ -234,8 +234,6 @@ func (r *refVar) behaviour() string {
 // refuse. TestRefTable_Settings fails for a refusing row not listed here
 // and for a listed row that no longer refuses.
 var refusedOnMain = []string{
-	"GRPC_UDS", "GRPC_CLIENT_TLS_SAN",
-	"USE_DOG_STATSD", "STATSD_PROTOCOL",
 	"TRACING_ENABLED",
 }
 

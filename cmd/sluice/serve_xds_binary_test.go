@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -308,9 +309,10 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 }
 
 // statsdExporter is Envoy Gateway's prom/statsd-exporter sidecar in the
-// test: statsd_exporter's own UDP packet handling, line parser, mapper and
-// exporter, with Envoy Gateway's mapping (observe/testdata), on loopback
-// port 9125 as in the pod. Its series are on reg.
+// test: statsd_exporter's own UDP packet and TCP line handling, line
+// parser, mapper and exporter, with Envoy Gateway's mapping
+// (observe/testdata), on loopback port 9125 (UDP and TCP, as
+// statsd_exporter listens) as in the pod. Its series are on reg.
 type statsdExporter struct {
 	port int
 	reg  *prometheus.Registry
@@ -322,12 +324,9 @@ type statsdExporter struct {
 // STATSD_PORT to that port, the one variable it changes.
 func startStatsdExporter(t *testing.T) *statsdExporter {
 	t.Helper()
-	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9125})
-	if err != nil {
-		if conn, err = net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("statsd: 127.0.0.1:9125 is taken; STATSD_PORT=%d instead", conn.LocalAddr().(*net.UDPAddr).Port)
+	conn, tcp := listenStatsdPort(t, 9125)
+	if port := conn.LocalAddr().(*net.UDPAddr).Port; port != 9125 {
+		t.Logf("statsd: 127.0.0.1:9125 is taken; STATSD_PORT=%d instead", port)
 	}
 	mapping, err := os.ReadFile("../../observe/testdata/envoy-gateway-statsd.yaml")
 	if err != nil {
@@ -361,16 +360,56 @@ func startStatsdExporter(t *testing.T) *statsdExporter {
 			l.HandlePacket(buf[:n])
 		}
 	}()
+	tl := &listener.StatsDTCPListener{Conn: tcp, EventHandler: &event.UnbufferedEventHandler{C: events}, Logger: discard,
+		LineParser: line.NewParser(), LinesReceived: counter(), EventsFlushed: counter(), SampleErrors: *vec(), SamplesReceived: counter(),
+		TagErrors: counter(), TagsReceived: counter(), TCPConnections: counter(), TCPErrors: counter(), TCPLineTooLong: counter()}
+	var handlers sync.WaitGroup
+	go func() {
+		for {
+			c, err := tcp.AcceptTCP()
+			if err != nil {
+				return // closed
+			}
+			handlers.Go(func() { tl.HandleConn(c) })
+		}
+	}()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		ex.Listen(events)
 	}()
+	// Registered before the sluice processes start, so run after they
+	// are killed: their TCP connections have ended.
 	t.Cleanup(func() {
+		tcp.Close()
+		handlers.Wait()
 		conn.Close()
 		<-done
 	})
 	return e
+}
+
+// listenStatsdPort listens on UDP and TCP on the same loopback port:
+// port if both are free, else any port free on both.
+func listenStatsdPort(t *testing.T, port int) (*net.UDPConn, *net.TCPListener) {
+	t.Helper()
+	lo := net.IPv4(127, 0, 0, 1)
+	for range 20 {
+		conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: lo, Port: port})
+		if err != nil {
+			port = 0
+			continue
+		}
+		tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: lo, Port: conn.LocalAddr().(*net.UDPAddr).Port})
+		if err != nil {
+			conn.Close()
+			port = 0
+			continue
+		}
+		return conn, tcp
+	}
+	t.Fatal("no loopback port free on both UDP and TCP")
+	return nil, nil
 }
 
 // value is the series' value (a histogram's count), or false while the
