@@ -221,7 +221,7 @@ var refTracing = []refVar{
 	{name: "OTEL_EXPORTER_OTLP_ENDPOINT", extra: otelExtra, note: otelNote + "the collector's base URL (`/v1/traces` is added for HTTP)"},
 	{name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", extra: otelExtra, note: otelNote + "the traces' URL, in place of `OTEL_EXPORTER_OTLP_ENDPOINT`"},
 	{name: "OTEL_EXPORTER_OTLP_HEADERS", extra: otelExtra, note: otelNote + "headers sent with every export, `key=value,...`"},
-	{name: "OTEL_EXPORTER_OTLP_INSECURE", extra: otelExtra, note: otelNote + "`true`: plain text to an endpoint without a scheme (`http://` says so too)"},
+	{name: "OTEL_EXPORTER_OTLP_INSECURE", extra: otelExtra, note: otelNote + "`true`: plain text whatever the endpoint's scheme (an `http://` endpoint is plain text anyway)"},
 }
 
 // onTracing: the reference reads its TRACING_* settings only with

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -79,6 +81,7 @@ type Receiver struct {
 	mu      sync.Mutex
 	spans   []Span
 	exports int
+	header  map[string][]string // of the last export, keys in lower case
 	changed chan struct{}
 }
 
@@ -86,10 +89,14 @@ func newReceiver(lis net.Listener) *Receiver {
 	return &Receiver{Addr: lis.Addr().String(), URL: "http://" + lis.Addr().String(), changed: make(chan struct{})}
 }
 
-func (r *Receiver) add(req *collectorpb.ExportTraceServiceRequest) {
+func (r *Receiver) add(req *collectorpb.ExportTraceServiceRequest, header map[string][]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.exports++
+	r.header = map[string][]string{}
+	for k, v := range header {
+		r.header[strings.ToLower(k)] = v
+	}
 	for _, rs := range req.GetResourceSpans() {
 		res := map[string]string{}
 		for _, kv := range rs.GetResource().GetAttributes() {
@@ -110,6 +117,17 @@ func (r *Receiver) Spans() []Span {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]Span(nil), r.spans...)
+}
+
+// Header returns the first value of the header (HTTP) or metadata (gRPC)
+// key of the last export.
+func (r *Receiver) Header(key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v := r.header[strings.ToLower(key)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // Exports is the number of export requests received.
@@ -163,8 +181,9 @@ type traceService struct {
 	r *Receiver
 }
 
-func (s *traceService) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
-	s.r.add(req)
+func (s *traceService) Export(ctx context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.r.add(req, md)
 	return &collectorpb.ExportTraceServiceResponse{}, nil
 }
 
@@ -198,7 +217,7 @@ func StartHTTP(t testing.TB) *Receiver {
 			http.Error(w, "want an ExportTraceServiceRequest as application/x-protobuf", http.StatusBadRequest)
 			return
 		}
-		r.add(in)
+		r.add(in, req.Header)
 		out, _ := proto.Marshal(&collectorpb.ExportTraceServiceResponse{})
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		w.Write(out)
