@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -216,6 +218,41 @@ func resourceIs(key, want string) func(*testing.T, *tracingtest.Receiver, tracin
 		t.Helper()
 		if got := call.Resource[key]; got != want {
 			t.Errorf("resource %s = %q, want %q", key, got, want)
+		}
+	}
+}
+
+// TestServe_TracingSettings: bad tracing settings stop serve with the
+// flag or variable at fault; the reference's TRACING_* without
+// TRACING_ENABLED=true are warned about, and its sampling rate outside 0
+// to 1 is taken as the reference takes it.
+func TestServe_TracingSettings(t *testing.T) {
+	base := []string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
+	for _, c := range []struct {
+		args []string
+		env  serveEnv
+		want string
+	}{
+		{[]string{"--tracing", "--tracing-protocol", "zipkin"}, nil, "--tracing-protocol"},
+		{[]string{"--tracing", "--tracing-sampling-rate", "1.5"}, nil, "--tracing-sampling-rate"},
+		{[]string{"--tracing", "--tracing-sampling-rate", "-0.1"}, nil, "--tracing-sampling-rate"},
+		{nil, serveEnv{"TRACING_ENABLED": "yes"}, "TRACING_ENABLED"},
+		{nil, serveEnv{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": "half"}, "TRACING_SAMPLING_RATE"},
+		{nil, serveEnv{"TRACING_ENABLED": "true", "TRACING_EXPORTER_PROTOCOL": "thrift"}, "--tracing-protocol"},
+	} {
+		err := serve(testCtx(t), append(slices.Clone(base), c.args...), c.env.get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q %v: %v, want an error naming %s", c.args, c.env, err, c.want)
+		}
+	}
+	fs, warnings, err := parseServe(t, nil, serveEnv{"TRACING_SERVICE_NAME": "rl"})
+	if err != nil || !slices.Contains(warnings, "TRACING_SERVICE_NAME is ignored without TRACING_ENABLED=true") || fs.Lookup("tracing-service-name").Value.String() != "" {
+		t.Errorf("TRACING_SERVICE_NAME alone: warnings %q, err %v, want it ignored with a warning", warnings, err)
+	}
+	for v, want := range map[string]string{"1.0": "1", "0.6": "0.6", "7": "1", "-2": "0"} {
+		fs, _, err := parseServe(t, nil, serveEnv{"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": v})
+		if got := fs.Lookup("tracing-sampling-rate").Value.String(); err != nil || got != want || fs.Lookup("tracing").Value.String() != "true" {
+			t.Errorf("TRACING_SAMPLING_RATE=%s: --tracing-sampling-rate %s (%v), want %s", v, got, err, want)
 		}
 	}
 }
