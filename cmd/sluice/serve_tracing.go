@@ -64,9 +64,9 @@ func (f *tracingFlags) setup(ctx context.Context, x *serveContext) error {
 	for _, kv := range p.Resource.Attributes() {
 		switch kv.Key {
 		case "service.name":
-			service = kv.Value.Emit()
+			service = kv.Value.String()
 		case "service.instance.id":
-			instance = kv.Value.Emit()
+			instance = kv.Value.String()
 		}
 	}
 	x.Logger.Info("tracing", "protocol", strings.ToLower(f.protocol), "service", service, "instance", instance, "sampling_rate", f.samplingRate)

@@ -130,7 +130,7 @@ func TestNew_Resource(t *testing.T) {
 		}
 		got := map[string]string{}
 		for _, kv := range p.Resource.Attributes() {
-			got[string(kv.Key)] = kv.Value.Emit()
+			got[string(kv.Key)] = kv.Value.String()
 		}
 		if got["service.name"] != want || !uuid.MatchString(got["service.instance.id"]) {
 			t.Errorf("OTEL_SERVICE_NAME=%q: resource %v, want service.name %s and a UUID", env, got, want)
