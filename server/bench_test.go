@@ -65,12 +65,14 @@ func TestCall_Allocs(t *testing.T) {
 
 // BenchmarkCall is a gRPC call of Envoy's ShouldRateLimit without the
 // transport: decoding, limiter, memory store, encoding.
-func BenchmarkCall(b *testing.B) {
+func BenchmarkCall(b *testing.B) { benchCall(b, newBenchRLS(b)) }
+
+// benchCall calls rls with benchReq as gRPC would, in parallel.
+func benchCall(b *testing.B, rls *server.RLS) {
 	wire, err := proto.Marshal(benchReq())
 	if err != nil {
 		b.Fatal(err)
 	}
-	rls := newBenchRLS(b)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		call := server.NewCall(rls, wire, nil, func([]byte) {})
@@ -86,26 +88,13 @@ func BenchmarkCall(b *testing.B) {
 // without a trace context: "unsampled" (a non-recording span), "sampled"
 // (both spans recorded, handed to an exporter that discards them).
 func BenchmarkCall_Tracing(b *testing.B) {
-	wire, err := proto.Marshal(benchReq())
-	if err != nil {
-		b.Fatal(err)
-	}
 	for name, sampler := range map[string]sdktrace.Sampler{"unsampled": sdktrace.NeverSample(), "sampled": sdktrace.AlwaysSample()} {
 		b.Run(name, func(b *testing.B) {
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithSyncer(tracetest.NewNoopExporter()))
 			defer tp.Shutdown(context.Background())
 			tracer := tp.Tracer(tracing.Name)
 			lim := limiter.New(tables{loadTable(b)}, tracing.Store(memory.New(memory.Options{}), tracer, "memory"), limiter.Options{})
-			rls := server.NewRLS(lim, server.Options{Tracing: server.Tracing{Tracer: tracer, Propagator: tracing.Propagator()}})
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				call := server.NewCall(rls, wire, nil, func([]byte) {})
-				for pb.Next() {
-					if err := call(); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			benchCall(b, server.NewRLS(lim, server.Options{Tracing: server.Tracing{Tracer: tracer, Propagator: tracing.Propagator()}}))
 		})
 	}
 }
