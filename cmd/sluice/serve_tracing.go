@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/sluicehq/sluice/observe/tracing"
 	"github.com/sluicehq/sluice/server"
 )
@@ -60,6 +62,9 @@ func (f *tracingFlags) setup(ctx context.Context, x *serveContext) error {
 		return err
 	}
 	x.Tracing = server.Tracing{Tracer: p.Tracer, Propagator: tracing.Propagator()}
+	// OpenTelemetry reports failed exports to a process-wide handler; it
+	// would print them in a format of its own.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { x.Logger.Warn("tracing", "err", err) }))
 	var service, instance string
 	for _, kv := range p.Resource.Attributes() {
 		switch kv.Key {

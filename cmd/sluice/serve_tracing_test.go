@@ -256,3 +256,20 @@ func TestServe_TracingSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestServe_TracingCollectorDown: when the collector cannot be reached,
+// calls are answered as ever and the failed export is one warning in
+// serve's log.
+func TestServe_TracingCollectorDown(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9") // the discard port: nothing listens
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "100")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+	logs := &lockedBuffer{}
+	grpcAddr, _ := startServeLogged(t, serveEnv{}, logs, "--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tracing")
+	rls, _ := dialRLS(t, grpcAddr)
+	ctx := metadata.AppendToOutgoingContext(testCtx(t), traceHeaders["traceparent"]...)
+	if r, err := rls.ShouldRateLimit(ctx, rlsRequest("e2e", "remote_address", "10.0.0.8")); err != nil || r.OverallCode != rlspb.RateLimitResponse_OK {
+		t.Fatalf("ShouldRateLimit with the collector down: %v %v", r, err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "level=WARN msg=tracing err=") }, "a warning about the failed export")
+}
