@@ -17,13 +17,15 @@ import (
 // API serves Sluice's own sluice.v1.RateLimiter service.
 type API struct {
 	sluicev1.UnimplementedRateLimiterServer
-	lim   *limiter.Limiter
-	calls sync.Pool
+	lim     *limiter.Limiter
+	calls   sync.Pool
+	tracing Tracing
 }
 
-// NewAPI returns the sluice.v1.RateLimiter service over lim.
-func NewAPI(lim *limiter.Limiter) *API {
-	a := &API{lim: lim}
+// NewAPI returns the sluice.v1.RateLimiter service over lim; of opts it
+// reads Tracing.
+func NewAPI(lim *limiter.Limiter, opts Options) *API {
+	a := &API{lim: lim, tracing: opts.Tracing}
 	a.calls.New = func() any { return new(call) }
 	return a
 }
@@ -44,7 +46,7 @@ func (a *API) check(ctx context.Context, in *sluicev1.CheckRequest) (*sluicev1.C
 	if err := fillCheck(&c.req, in); err != nil {
 		return nil, err
 	}
-	if err := a.lim.Check(ctx, &c.req, &c.resp); err != nil {
+	if err := a.tracing.check(ctx, spanAPICheck, nil, a.lim, &c.req, &c.resp); err != nil {
 		return nil, err
 	}
 	return checkResponse(&c.resp), nil

@@ -6,11 +6,14 @@ import (
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/observe/tracing"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memory"
@@ -62,12 +65,14 @@ func TestCall_Allocs(t *testing.T) {
 
 // BenchmarkCall is a gRPC call of Envoy's ShouldRateLimit without the
 // transport: decoding, limiter, memory store, encoding.
-func BenchmarkCall(b *testing.B) {
+func BenchmarkCall(b *testing.B) { benchCall(b, newBenchRLS(b)) }
+
+// benchCall calls rls with benchReq as gRPC would, in parallel.
+func benchCall(b *testing.B, rls *server.RLS) {
 	wire, err := proto.Marshal(benchReq())
 	if err != nil {
 		b.Fatal(err)
 	}
-	rls := newBenchRLS(b)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		call := server.NewCall(rls, wire, nil, func([]byte) {})
@@ -77,6 +82,21 @@ func BenchmarkCall(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkCall_Tracing is BenchmarkCall with tracing on, the call
+// without a trace context: "unsampled" (a non-recording span), "sampled"
+// (both spans recorded, handed to an exporter that discards them).
+func BenchmarkCall_Tracing(b *testing.B) {
+	for name, sampler := range map[string]sdktrace.Sampler{"unsampled": sdktrace.NeverSample(), "sampled": sdktrace.AlwaysSample()} {
+		b.Run(name, func(b *testing.B) {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithSyncer(tracetest.NewNoopExporter()))
+			defer tp.Shutdown(context.Background())
+			tracer := tp.Tracer(tracing.Name)
+			lim := limiter.New(tables{loadTable(b)}, tracing.Store(memory.New(memory.Options{}), tracer, "memory"), limiter.Options{})
+			benchCall(b, server.NewRLS(lim, server.Options{Tracing: server.Tracing{Tracer: tracer, Propagator: tracing.Propagator()}}))
+		})
+	}
 }
 
 // multiResponse is the answer to the load benchmark's multi workload:

@@ -141,10 +141,10 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	} else {
 		rlspb.RegisterRateLimitServiceServer(s, rls)
 	}
-	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim))
+	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim, o.Options))
 	if o.Quota != nil {
 		rlqs := NewRLQS(o.Quota)
-		rlqs.draining, rlqs.logger = health.draining, logger
+		rlqs.draining, rlqs.logger, rlqs.tracing = health.draining, logger, o.Tracing
 		rlqspb.RegisterRateLimitQuotaServiceServer(s, rlqs)
 	}
 	healthpb.RegisterHealthServer(s, health.service())

@@ -57,7 +57,7 @@ var (
 // NewHTTP returns the HTTP endpoints over lim. Health decides
 // /healthcheck; opts names the RateLimit-* headers of /v1/check.
 func NewHTTP(lim *limiter.Limiter, health *Health, opts Options) *HTTP {
-	h := &HTTP{rls: NewRLS(lim, opts), api: NewAPI(lim), health: health,
+	h := &HTTP{rls: NewRLS(lim, opts), api: NewAPI(lim, opts), health: health,
 		headers: opts.HeaderNames.withDefaults(), ietf: opts.IETFHeaders, maxBody: opts.MaxBodyBytes, mux: http.NewServeMux()}
 	if h.maxBody <= 0 {
 		h.maxBody = DefaultMaxBodyBytes
@@ -98,7 +98,7 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer cancel()
-	if err := h.rls.lim.Check(ctx, &c.req, &c.resp); err != nil {
+	if err := h.rls.opts.Tracing.check(ctx, "POST /json", r.Header, h.rls.lim, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -153,7 +153,7 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		return
 	}
 	defer cancel()
-	if err := h.api.lim.Check(ctx, &c.req, &c.resp); err != nil {
+	if err := h.api.tracing.check(ctx, checkSpan(r), r.Header, h.api.lim, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -179,6 +179,14 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		}
 	}
 	writeProto(w, code, marshalAPI, checkResponse(resp))
+}
+
+// checkSpan names the span of a /v1/check request.
+func checkSpan(r *http.Request) string {
+	if r.Method == http.MethodGet {
+		return "GET /v1/check"
+	}
+	return "POST /v1/check"
 }
 
 // TimeoutHeader states how long an HTTP caller waits for its answer, as

@@ -38,6 +38,9 @@ type RLQS struct {
 	draining context.Context
 	// logger receives the panics recovered in a stream's receiver.
 	logger *slog.Logger
+	// tracing, with a Tracer, makes each report a span, a child of the
+	// trace context in the stream's metadata.
+	tracing Tracing
 }
 
 // NewRLQS returns the RLQS adapter of q.
@@ -91,7 +94,7 @@ func (s *RLQS) receive(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotas
 			done <- endOfStream(err)
 			return
 		}
-		if err := report(st, m); err != nil {
+		if err := s.report(stream.Context(), st, m); err != nil {
 			done <- quotaStatus(err)
 			return
 		}
@@ -122,6 +125,23 @@ func quotaStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// report reports m to st, within a span when tracing is on.
+func (s *RLQS) report(ctx context.Context, st *quota.Stream, m *rlqspb.RateLimitQuotaUsageReports) error {
+	if s.tracing.Tracer == nil {
+		return report(st, m)
+	}
+	_, span := s.tracing.start(ctx, spanRLQSReport, nil)
+	defer span.End()
+	err := report(st, m)
+	if span.IsRecording() {
+		span.SetAttributes(attrDomain.String(m.GetDomain()), attrBuckets.Int(len(m.GetBucketQuotaUsages())))
+		if err != nil {
+			failed(span, err)
+		}
+	}
+	return err
 }
 
 // report hands m's domain and usages to st.

@@ -56,6 +56,9 @@ type Options struct {
 	// MaxBodyBytes bounds the body of an HTTP request (POST /json and
 	// /v1/check): a larger one gets 413. Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Tracing, with a Tracer, starts a span per decision and per RLQS
+	// report.
+	Tracing Tracing
 }
 
 // RLS serves Envoy's envoy.service.ratelimit.v3.RateLimitService. It
@@ -109,7 +112,7 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, in *rlspb.RateLimitRequest) (
 
 // check answers c's request with a message.
 func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, error) {
-	if err := s.lim.Check(ctx, &c.req, &c.resp); err != nil {
+	if err := s.opts.Tracing.check(ctx, spanShouldRateLimit, nil, s.lim, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
 	return s.response(&c.req, &c.resp), nil
@@ -118,7 +121,7 @@ func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, err
 // reply answers c's request with a *reply, the response's wire form,
 // which no longer refers to c.
 func (s *RLS) reply(ctx context.Context, c *call) (any, error) {
-	if err := s.lim.Check(ctx, &c.req, &c.resp); err != nil {
+	if err := s.opts.Tracing.check(ctx, spanShouldRateLimit, nil, s.lim, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
 	r := s.replies.Get().(*reply)

@@ -19,17 +19,17 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
 	"github.com/sluicehq/sluice/internal/testcert"
+	"github.com/sluicehq/sluice/observe/tracing/tracingtest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // egRefused are the Envoy Gateway test deployments Sluice refuses to
 // start, each with a piece of its reason; every other one starts.
 var egRefused = map[string]string{
-	"enable-tracing":              "TRACING_ENABLED=true is not supported",
-	"enable-tracing-custom":       "TRACING_ENABLED=true is not supported",
 	"patch-deployment-containers": "Sentinel wants master,host:port", // REDIS_TYPE=sentinel with one host:port
 }
 
@@ -72,8 +72,9 @@ func egDeployments(t *testing.T) map[string][][2]string {
 // ShouldRateLimit over TLS, reports SERVING over gRPC and on the plain
 // HTTP /healthcheck that the probes read, keeps Sluice's /metrics, and
 // sends the reference's stats where the deployment asks: statsd lines on
-// UDP, and the Prometheus series of Envoy Gateway's mapping on
-// PROMETHEUS_ADDR.
+// UDP, the Prometheus series of Envoy Gateway's mapping on
+// PROMETHEUS_ADDR, and with TRACING_ENABLED=true the span of a call to an
+// OTLP receiver, a child of the traceparent the call sent.
 func TestEnvoyGatewayDeployments(t *testing.T) {
 	root := t.TempDir()
 	ca := testcert.NewCA(t)
@@ -158,10 +159,19 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 				}
 				return
 			}
+			// OpenTelemetry's exporter reads OTEL_* from the process's
+			// environment, not serve's getenv: the test's receiver goes
+			// there.
+			var traces *tracingtest.Receiver
+			if env["TRACING_ENABLED"] == "true" {
+				traces = tracingtest.StartHTTP(t)
+				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", traces.URL)
+				t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+			}
 			logs := &lockedBuffer{}
 			grpcAddr, httpAddr := startServeLogged(t, env, logs, args...)
 			rls, health := dialRLS(t, grpcAddr, grpc.WithTransportCredentials(creds))
-			ctx := testCtx(t)
+			ctx := metadata.AppendToOutgoingContext(testCtx(t), traceHeaders["traceparent"]...)
 			waitFor(t, func() bool { return strings.Contains(logs.String(), "xds: config applied (ACK)") }, "the xDS push")
 			if h, err := health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
 				t.Fatalf("gRPC health: %v %v", h, err)
@@ -177,6 +187,9 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 				if resp.OverallCode != want {
 					t.Fatalf("request %d: %v, want %v", i+1, resp.OverallCode, want)
 				}
+			}
+			if traces != nil {
+				clientChild(t, traces)
 			}
 			if body := httpGet(t, "http://"+httpAddr+"/metrics"); !strings.Contains(body, `sluice_rule_hits_total{domain="eg"`) {
 				t.Error("Sluice's /metrics lost its series")

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/observe/tracing"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
 )
@@ -142,7 +143,7 @@ func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpc
 	if err != nil {
 		return err
 	}
-	lim := buildLimiter(x, lopts)
+	lim := buildLimiter(x, lopts, f.store)
 	srv, err := f.newServers(x, lim, b.waits)
 	if err != nil {
 		return err
@@ -198,12 +199,17 @@ func (c *serveCmd) setup(ctx context.Context, logger *slog.Logger, reloader *con
 	return x, nil
 }
 
-// buildLimiter builds the limiter on x's config and store, telling the
-// extensions' observers about every decision.
-func buildLimiter(x *serveContext, o limiter.Options) *limiter.Limiter {
+// buildLimiter builds the limiter on x's config and store (of kind
+// storeKind, traced with x.Tracing), telling the extensions' observers
+// about every decision.
+func buildLimiter(x *serveContext, o limiter.Options, storeKind string) *limiter.Limiter {
 	o.Observer = observers(x.Observers)
 	o.Clock = x.Clock
-	x.Limiter = limiter.New(x.Config, x.Store, o)
+	st := x.Store
+	if x.Tracing.Tracer != nil {
+		st = tracing.Store(st, x.Tracing.Tracer, storeKind)
+	}
+	x.Limiter = limiter.New(x.Config, st, o)
 	return x.Limiter
 }
 
@@ -219,7 +225,7 @@ type servers struct {
 // HTTP API on x.HTTP. waits is the backend's (blockingWorkers).
 func (f *serveFlags) newServers(x *serveContext, lim *limiter.Limiter, waits bool) (*servers, error) {
 	sopts := server.Options{ResponseHeaders: f.responseHeaders, HeaderNames: f.headers,
-		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody}
+		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody, Tracing: x.Tracing}
 	gopts := server.GRPCOptions{Options: sopts, Logger: x.Logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, MaxConcurrentStreams: uint32(f.maxStreams),

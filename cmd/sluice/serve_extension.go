@@ -71,6 +71,9 @@ type serveContext struct {
 	// Quota, if set, serves Envoy's Rate Limit Quota Service on the gRPC
 	// port.
 	Quota *quota.Service
+	// Tracing, with a Tracer, traces the servers' calls and the
+	// limiter's store calls (--tracing).
+	Tracing server.Tracing
 }
 
 // serving reports whether to serve with config table t: there is one and

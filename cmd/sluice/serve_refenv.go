@@ -3,8 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/sluicehq/sluice/observe"
@@ -263,14 +265,39 @@ var refPolicy = []refVar{
 	{name: "LIMIT_RESET_HEADER", flag: "header-reset"},
 }
 
-// Tracing: Sluice exports no traces.
+// Tracing over OTLP (serve_tracing.go). The exporter reads the
+// OTEL_EXPORTER_OTLP_* variables from the process environment itself.
 var refTracing = []refVar{
-	{name: "TRACING_ENABLED", boolean: true, ignore: "tracing is not implemented",
-		refuse: "Sluice exports no traces; turn tracing off (in Envoy Gateway, remove rateLimit.telemetry.tracing)"},
-	{name: "TRACING_SERVICE_NAME", ignore: "tracing is not implemented"},
-	{name: "TRACING_SERVICE_NAMESPACE", ignore: "tracing is not implemented"},
-	{name: "TRACING_SERVICE_INSTANCE_ID", ignore: "tracing is not implemented"},
-	{name: "TRACING_EXPORTER_PROTOCOL", ignore: "tracing is not implemented"},
-	{name: "TRACING_SAMPLING_RATE", ignore: "tracing is not implemented"},
-	{name: "OTEL_EXPORTER_OTLP_ENDPOINT", extra: "read by OpenTelemetry's exporter", ignore: "tracing is not implemented"},
+	{name: "TRACING_ENABLED", boolean: true, flag: "tracing"},
+	{name: "TRACING_SERVICE_NAME", when: onTracing, unmet: unmetTracing, flag: "tracing-service-name", def: "RateLimit"},
+	{name: "TRACING_SERVICE_NAMESPACE", when: onTracing, unmet: unmetTracing, flag: "tracing-service-namespace"},
+	{name: "TRACING_SERVICE_INSTANCE_ID", when: onTracing, unmet: unmetTracing, flag: "tracing-service-instance-id"},
+	{name: "TRACING_EXPORTER_PROTOCOL", when: onTracing, unmet: unmetTracing, flag: "tracing-protocol", conv: refConv{
+		doc: "in any case (the reference takes `http` and `grpc` only)",
+		fn:  func(_ *refEnv, v string) (string, error) { return strings.ToLower(v), nil }}},
+	{name: "TRACING_SAMPLING_RATE", when: onTracing, unmet: unmetTracing, flag: "tracing-sampling-rate", conv: refConv{
+		doc: "a number; as in the reference, 1 or more samples every trace, 0 or less none",
+		fn: func(_ *refEnv, v string) (string, error) {
+			r, err := strconv.ParseFloat(v, 64)
+			if err != nil || math.IsNaN(r) {
+				return "", fmt.Errorf("TRACING_SAMPLING_RATE=%q: want a number", v)
+			}
+			return strconv.FormatFloat(min(max(r, 0), 1), 'g', -1, 64), nil
+		}}},
+	{name: "OTEL_EXPORTER_OTLP_ENDPOINT", extra: otelExtra, note: otelNote + "the collector's base URL (`/v1/traces` is added for HTTP)"},
+	{name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", extra: otelExtra, note: otelNote + "the traces' URL, in place of `OTEL_EXPORTER_OTLP_ENDPOINT`"},
+	{name: "OTEL_EXPORTER_OTLP_HEADERS", extra: otelExtra, note: otelNote + "headers sent with every export, `key=value,...`"},
+	{name: "OTEL_EXPORTER_OTLP_INSECURE", extra: otelExtra, note: otelNote + "`true`: plain text whatever the endpoint's scheme (an `http://` endpoint is plain text anyway)"},
 }
+
+// onTracing: the reference reads its TRACING_* settings only with
+// TRACING_ENABLED=true.
+var onTracing = &refCond{doc: "`TRACING_ENABLED=true`", holds: func(e *refEnv) bool { return e.on("TRACING_ENABLED") }}
+
+const (
+	unmetTracing = " without TRACING_ENABLED=true"
+	otelExtra    = "read by OpenTelemetry's exporter"
+	// The other OTEL_EXPORTER_OTLP_* (certificates, timeout, compression)
+	// are read the same way; docs/TRACING.md lists them.
+	otelNote = "read by OpenTelemetry's OTLP exporter from the process environment with `TRACING_ENABLED=true`: "
+)

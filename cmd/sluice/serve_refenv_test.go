@@ -208,7 +208,7 @@ const (
 	behaviourSame    = "same"    // mapped (or read), and behaves as the reference
 	behaviourDiffers = "differs" // mapped, with the difference the row states
 	behaviourIgnored = "ignored" // not used, for the reason the row states
-	behaviourRefused = "refused" // serve stops (see refusedOnMain)
+	behaviourRefused = "refused" // serve stops: no row may
 )
 
 // behaviour is the row's behaviour column. A row that is not read
@@ -225,23 +225,12 @@ func (r *refVar) behaviour() string {
 	return behaviourSame
 }
 
-// refusedOnMain are the reference settings that serve still refuses on
-// main (or, for a setting not read, whose reason is a refused one) when
-// the table moved into docs/ENVOY-GATEWAY.md. Sibling branches of issue 24
-// map them (tracing, memcached, REDIS_PERSECOND*, DogStatsD, statsd over
-// TCP, GRPC_UDS, GRPC_CLIENT_TLS_SAN, REDIS_TLS_SKIP_HOSTNAME_VERIFICATION):
-// the lead empties this list as he merges them, and then no row may
-// refuse. TestRefTable_Settings fails for a refusing row not listed here
-// and for a listed row that no longer refuses.
-var refusedOnMain = []string{
-	"TRACING_ENABLED",
-}
-
 // TestRefTable_Settings reads the table of docs/ENVOY-GATEWAY.md as a
 // user would: every variable of the reference's settings has one row
 // whose behaviour column is same, differs (with the difference), ignored
-// (with the reason) or, only for refusedOnMain, refused, and that column
-// is what the code does (refTable's row); no other row refuses.
+// (with the reason), and that column is what the code does (refTable's
+// row); no row refuses (serve stopping on a setting the reference's users
+// set is what issue 24 removed).
 func TestRefTable_Settings(t *testing.T) {
 	doc, i, j := refDocsTable(t)
 	type docRow struct{ behaviour, sluice string }
@@ -265,10 +254,6 @@ func TestRefTable_Settings(t *testing.T) {
 	for _, r := range refTable() {
 		code[r.name] = r
 	}
-	allowed := map[string]bool{}
-	for _, n := range refusedOnMain {
-		allowed[n] = true
-	}
 	settings := referenceSettings(t)
 	for _, n := range settings {
 		row, ok := rows[n]
@@ -291,21 +276,14 @@ func TestRefTable_Settings(t *testing.T) {
 				t.Errorf("%s: ignored, and the table does not say why: %q", n, row.sluice)
 			}
 		case behaviourRefused:
-			if !allowed[n] {
-				t.Errorf("%s: refused; every reference setting is mapped or ignored (with a reason)", n)
-			}
+			t.Errorf("%s: refused; every reference setting is mapped or ignored (with a reason)", n)
 		default:
 			t.Errorf("%s: behaviour %q, want same, differs, ignored or refused", n, row.behaviour)
 		}
 	}
 	for n, row := range rows {
-		if row.behaviour == behaviourRefused && !allowed[n] && !slices.Contains(settings, n) {
+		if row.behaviour == behaviourRefused && !slices.Contains(settings, n) {
 			t.Errorf("%s (not a reference setting): refused", n)
-		}
-	}
-	for _, n := range refusedOnMain {
-		if rows[n].behaviour != behaviourRefused {
-			t.Errorf("%s: no longer refused: remove it from refusedOnMain", n)
 		}
 	}
 }

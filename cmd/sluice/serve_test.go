@@ -127,7 +127,7 @@ func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 		{"USE_DOG_STATSD": "true", "USE_STATSD": "true"},
 		{"USE_STATSD": "yes please"},
 		{"USE_STATSD": "true", "STATSD_PROTOCOL": "quic"},
-		{"TRACING_ENABLED": "true"},
+		{"TRACING_ENABLED": "maybe"}, // mapped (serve_tracing_test.go); a malformed boolean is refused
 	} {
 		if _, _, err := parseServe(t, nil, env); err == nil {
 			t.Errorf("%v: accepted, want refused", env)
