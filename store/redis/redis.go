@@ -141,7 +141,9 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	if !opt.NoLocalCache {
 		s.cache = newOverCache()
 	}
-	if err := s.ping(ctx); err != nil {
+	// The first ping waits as long as a call may (Timeout), not a probe's
+	// ProbeTimeout: a store opened on a busy machine is not a Redis down.
+	if err := s.ping(ctx, opt.Timeout); err != nil {
 		client.Close()
 		return nil, err
 	}
@@ -275,7 +277,7 @@ func (s *Store) Run(ctx context.Context) error {
 		if probe {
 			s.probes.Add(1)
 			lastProbe = time.Now()
-			err := s.ping(ctx)
+			err := s.ping(ctx, s.opt.ProbeTimeout)
 			waited := s.probeWait(lastProbe)
 			switch {
 			case err == nil:
@@ -383,8 +385,10 @@ func (lg *transitionLog) report(s *Store, now time.Time) {
 	}
 }
 
-func (s *Store) ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.opt.ProbeTimeout)
+// ping sends PING to Redis (to every node of a Cluster) and waits at most
+// timeout for each PONG.
+func (s *Store) ping(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if s.cluster {
 		for addr, n := range s.client.Nodes() {
