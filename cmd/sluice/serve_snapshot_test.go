@@ -13,13 +13,22 @@ import (
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice/config"
 )
 
 // hit sends one request of domain snap with key=value and returns the
 // code and the remaining of its limit.
 func hit(t *testing.T, p *sluiceProc, key, value string) (rlspb.RateLimitResponse_Code, uint32) {
 	t.Helper()
-	rls, _ := dialRLS(t, p.grpcAddr)
+	return hitAt(t, p.grpcAddr, key, value)
+}
+
+// hitAt is hit on the server at grpcAddr.
+func hitAt(t *testing.T, grpcAddr, key, value string) (rlspb.RateLimitResponse_Code, uint32) {
+	t.Helper()
+	rls, _ := dialRLS(t, grpcAddr)
 	r, err := rls.ShouldRateLimit(testCtx(t), rlsRequest("snap", key, value))
 	if err != nil {
 		t.Fatal(err)
@@ -192,5 +201,123 @@ func TestBinary_MemorySnapshot_Refused(t *testing.T) {
 		if _, err := os.Stat(c.path); err != nil {
 			t.Errorf("no new snapshot at %s: %v", c.path, err)
 		}
+	}
+}
+
+// A counter keeps its rule across a config change when its key's domain
+// and suffix (the algorithm and the numbers its state depends on) are
+// still a rule's: a fixed window's new limit applies to its count; a
+// token bucket or sliding window with other numbers, or a removed rule,
+// has none (unless another rule of the domain has the same numbers).
+func TestRuleOfKey(t *testing.T) {
+	parse := func(yaml string) *config.Table {
+		t.Helper()
+		tb, err := config.Parse("limits.yaml", []byte(yaml), config.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tb
+	}
+	old := parse(`domain: d|1
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: upload
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}
+  - key: search
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
+  - key: gone
+    rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: alike
+    rate_limit: {unit: second, requests_per_unit: 7}
+  - key: plan
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+`)
+	cur := parse(`domain: d|1
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 3}
+  - key: upload
+    rate_limit: {unit: hour, requests_per_unit: 20, algorithm: token_bucket}
+  - key: search
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
+  - key: plan
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+`)
+	rule := ruleOfKey(cur)
+	for _, c := range []struct {
+		key, value string
+		want       string // the rule found, "" for none
+	}{
+		{"user", "a|b=c", "fixed_window 3 per 24h0m0s"},
+		{"upload", "x", ""},
+		{"search", "x", "sliding_window 10 per 1m0s"},
+		{"gone", "x", ""},
+		// Removed, but another rule of the domain has its numbers: kept,
+		// read again only by a limit override of the same key.
+		{"alike", "x", "fixed_window 20 per 1s"},
+		{"plan", "gold", "fixed_window 20 per 1s"},
+	} {
+		r, key := old.Match("d|1", []config.Entry{{Key: c.key, Value: c.value}}, nil)
+		for _, l := range r.Limits() {
+			k := strings.TrimSuffix(string(key), r.KeySuffix()) + l.KeySuffix()
+			got := ""
+			if lr := rule(k); lr != nil {
+				got = lr.String()
+			}
+			want := c.want
+			if l.Calendar {
+				want = "fixed_window 1000 per calendar month (Europe/Berlin)"
+			}
+			if got != want {
+				t.Errorf("%s: rule %q, want %q", k, got, want)
+			}
+		}
+	}
+	for _, k := range []string{"", "no-separator", "d%7C1|", "other|user=a|fw:86400s"} {
+		if r := rule(k); r != nil {
+			t.Errorf("%q: rule %v, want none", k, r)
+		}
+	}
+}
+
+// A server that starts with no config restores its snapshot against the
+// first config it loads, before it reports SERVING.
+func TestServe_MemorySnapshot_FirstConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "counters.snap")
+	grpcAddr, _, stop := startServe(t, nil, "--config", "testdata/snapshot", "--memory-snapshot", path, "--memory-snapshot-interval", "0")
+	for range 3 {
+		hitAt(t, grpcAddr, "user", "alice")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	grpcAddr, _, _ = startServe(t, nil, "--config", dir, "--allow-empty-config", "--memory-snapshot", path)
+	_, hc := dialRLS(t, grpcAddr)
+	w, err := hc.Watch(testCtx(t), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health with no config: %v, %v", r, err)
+	}
+	limits, err := os.ReadFile("testdata/snapshot/limits.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), limits, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health with a config: %v, %v", r, err)
+	}
+	if code, rem := hitAt(t, grpcAddr, "user", "alice"); code != rlspb.RateLimitResponse_OK || rem != 1 {
+		t.Fatalf("after the restart: %v, remaining %d; want OK, 1 (3 of 5 spent before)", code, rem)
 	}
 }
