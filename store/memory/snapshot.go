@@ -169,13 +169,16 @@ func ReadSnapshot(b []byte) (*Snapshot, error) {
 		Now:  int64(binary.LittleEndian.Uint64(b[len(snapshotMagic)+4:])),
 		Wall: int64(binary.LittleEndian.Uint64(b[len(snapshotMagic)+12:])),
 	}
-	p := body[headerLen:]
+	// One string holds every key: a key is a slice of it until Restore
+	// copies it into the store.
+	keys := string(body)
+	p, off := body[headerLen:], headerLen
 	for {
 		if len(p) == 0 {
 			return nil, fmt.Errorf("%w: truncated after %d entries", ErrSnapshot, len(sn.entries))
 		}
 		kind := p[0]
-		p = p[1:]
+		p, off = p[1:], off+1
 		if kind == kindEnd {
 			break
 		}
@@ -190,16 +193,16 @@ func ReadSnapshot(b []byte) (*Snapshot, error) {
 		if k <= 0 || n > MaxSnapshotKey || uint64(len(p)-k) < n+uint64(8*words) {
 			return nil, fmt.Errorf("%w: entry %d: truncated or overlong key", ErrSnapshot, len(sn.entries))
 		}
-		p = p[k:]
-		e := snapEntry{key: string(p[:n]), wide: kind == kindWide}
-		p = p[n:]
+		p, off = p[k:], off+k
+		e := snapEntry{key: keys[off : off+int(n)], wide: kind == kindWide}
+		p, off = p[n:], off+int(n)
 		e.state.Word = binary.LittleEndian.Uint64(p)
 		if e.wide {
 			e.state.High = binary.LittleEndian.Uint64(p[8:])
 		} else if e.state.Word == store.Tombstone {
 			return nil, fmt.Errorf("%w: entry %d: a removed state", ErrSnapshot, len(sn.entries))
 		}
-		p = p[8*words:]
+		p, off = p[8*words:], off+8*words
 		sn.entries = append(sn.entries, e)
 	}
 	if len(p) != 8 {
