@@ -285,7 +285,7 @@ func TestKubernetesMemoryOverlay(t *testing.T) {
 	}
 	d := m.deployments[0]
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
-		t.Errorf("replicas %d, strategy %q: want 1, Recreate (never two pods on one snapshot)", *d.Spec.Replicas, d.Spec.Strategy.Type)
+		t.Errorf("one replica %v, strategy %q: want true, Recreate (one replica, never two pods on one snapshot)", d.Spec.Replicas != nil && *d.Spec.Replicas == 1, d.Spec.Strategy.Type)
 	}
 	c := d.Spec.Template.Spec.Containers[0]
 	env := map[string]string{}

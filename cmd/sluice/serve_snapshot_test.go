@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +18,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/store"
+	"github.com/sluicehq/sluice/store/memory"
 )
 
 // hit sends one request of domain snap with key=value and returns the
@@ -319,5 +323,45 @@ func TestServe_MemorySnapshot_FirstConfig(t *testing.T) {
 	}
 	if code, rem := hitAt(t, grpcAddr, "user", "alice"); code != rlspb.RateLimitResponse_OK || rem != 1 {
 		t.Fatalf("after the restart: %v, remaining %d; want OK, 1 (3 of 5 spent before)", code, rem)
+	}
+}
+
+// A snapshot taken on a clock an hour ahead of the wall clock (it held
+// still through a backward step) continues that clock: the restored
+// process's store clock does not go back, so a token bucket emptied just
+// before the snapshot is still empty, not an hour refilled.
+func TestSnapshotter_ClockContinues(t *testing.T) {
+	tb, err := config.Parse("limits.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}\n"), config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, key := tb.Match("d", []config.Entry{{Key: "k", Value: "v"}}, nil)
+	wall := time.Now().UnixNano()
+	ahead := wall + int64(time.Hour)
+	old := memory.New(memory.Options{})
+	out := make([]store.Decision, 1)
+	if err := old.Take(context.Background(), ahead, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 10, Veto: true}}, out); err != nil || !out[0].Allowed {
+		t.Fatalf("take: %v %+v", err, out[0])
+	}
+	path := filepath.Join(t.TempDir(), "snap")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.WriteSnapshot(f, ahead, wall); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	clock := store.NewWallClock()
+	st := memory.New(memory.Options{})
+	sn := newSnapshotter(path, 0, st, clock, slog.New(slog.DiscardHandler))
+	sn.restore(tb)
+	now := clock.Now()
+	if now < ahead {
+		t.Fatalf("store clock %v after the restore, behind the snapshot's %v", time.Unix(0, now), time.Unix(0, ahead))
+	}
+	if err := st.Take(context.Background(), now, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 0, Veto: true}}, out); err != nil || out[0].Allowed {
+		t.Fatalf("check after the restore: %v %+v; want denied (no token refilled)", err, out[0])
 	}
 }
