@@ -92,7 +92,7 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 func reportPerCounter(b *testing.B, st SnapshotStats, cpu0 time.Duration) {
 	n := float64(b.N) * float64(st.Counters)
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/counter")
-	b.ReportMetric(float64((cputime.Process() - cpu0).Nanoseconds())/n, "cpu-ns/counter")
+	b.ReportMetric(float64((cputime.Process()-cpu0).Nanoseconds())/n, "cpu-ns/counter")
 	b.ReportMetric(float64(st.Bytes)/float64(st.Counters), "bytes/counter")
 	b.ReportMetric(float64(st.Counters), "counters")
 }
