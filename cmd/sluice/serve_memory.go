@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/sluicehq/sluice/store"
@@ -41,6 +43,11 @@ func (c *memoryConfig) open(_ context.Context, logger *slog.Logger, clock store.
 	}
 	if c.snapshotEvery < 0 {
 		return openStore{}, errors.New("--memory-snapshot-interval must not be negative")
+	}
+	if c.snapshot != "" {
+		if err := writableDir(filepath.Dir(c.snapshot)); err != nil {
+			return openStore{}, fmt.Errorf("--memory-snapshot: %w", err)
+		}
 	}
 	st := memory.New(memory.Options{MaxKeys: c.maxKeys, Clock: clock})
 	sweep := func(ctx context.Context) error {

@@ -124,6 +124,18 @@ func (s *snapshotter) moveAside(reason error) {
 	s.logger.Warn("memory snapshot not restored: moved aside; starting empty", "path", s.path, "moved_to", bad, "reason", reason)
 }
 
+// writableDir fails unless a file can be created in dir: a snapshot's
+// directory is checked at start, not found missing or read-only at the
+// first write.
+func writableDir(dir string) error {
+	f, err := os.CreateTemp(dir, ".sluice-check-*")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
 // removeTemps removes temporary files that a write cut short (SIGKILL)
 // left next to the snapshot.
 func (s *snapshotter) removeTemps() {

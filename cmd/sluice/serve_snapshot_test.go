@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -363,5 +364,29 @@ func TestSnapshotter_ClockContinues(t *testing.T) {
 	}
 	if err := st.Take(context.Background(), now, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 0, Veto: true}}, out); err != nil || out[0].Allowed {
 		t.Fatalf("check after the restore: %v %+v; want denied (no token refilled)", err, out[0])
+	}
+}
+
+// A snapshot's directory that is missing or not writable fails at start,
+// as does a negative interval.
+func TestServe_MemorySnapshotBadFlags(t *testing.T) {
+	dir := t.TempDir()
+	readOnly := filepath.Join(dir, "ro")
+	if err := os.Mkdir(readOnly, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string][]string{
+		"no such file or directory": {"--memory-snapshot", filepath.Join(dir, "missing", "snap")},
+		"must not be negative":      {"--memory-snapshot", filepath.Join(dir, "snap"), "--memory-snapshot-interval", "-1s"},
+	}
+	if os.Geteuid() != 0 { // root writes anywhere
+		cases["permission denied"] = []string{"--memory-snapshot", filepath.Join(readOnly, "snap")}
+	}
+	for want, args := range cases {
+		err := serve(testCtx(t), append([]string{"--config", "testdata/snapshot", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...),
+			serveEnv{}.get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), "--memory-snapshot") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error with %q", args, err, want)
+		}
 	}
 }
