@@ -150,7 +150,8 @@ func (sn *Snapshot) Len() int { return len(sn.entries) }
 // every entry before it returns: any fault (a wrong checksum, a truncated
 // or overlong file, a count that does not match, a narrow state that is
 // a tombstone, an overlong key) returns an error wrapping ErrSnapshot and
-// no snapshot. Its memory is bounded by len(b).
+// no snapshot. It holds a copy of b and 40 bytes per entry (an entry
+// takes at least 10 bytes of b).
 func ReadSnapshot(b []byte) (*Snapshot, error) {
 	if len(b) < headerLen+trailerLen {
 		return nil, fmt.Errorf("%w: truncated: %d bytes", ErrSnapshot, len(b))
