@@ -16,6 +16,7 @@ import (
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	dto "github.com/prometheus/client_model/go"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/config"
@@ -388,5 +389,30 @@ func TestServe_MemorySnapshotBadFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "--memory-snapshot") || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error with %q", args, err, want)
 		}
+	}
+}
+
+// A write that fails (here the rename: the path is a directory) leaves no
+// temporary file and is counted.
+func TestSnapshotter_WriteFails(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "snap")
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sn := newSnapshotter(path, 0, memory.New(memory.Options{}), store.NewWallClock(), slog.New(slog.DiscardHandler))
+	if _, took, err := sn.write(); err != nil || took != -1 {
+		t.Fatalf("write before the restore: %v, %v; want nothing written", took, err)
+	}
+	sn.ready.Store(true)
+	if err := sn.stop(); err == nil {
+		t.Fatal("stop wrote over a directory")
+	}
+	if left, _ := filepath.Glob(path + ".tmp-*"); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	var m dto.Metric
+	if err := sn.writes.WithLabelValues("error").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Errorf("writes_total{result=error} = %v (%v), want 1", m.GetCounter().GetValue(), err)
 	}
 }

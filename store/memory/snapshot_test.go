@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"strings"
 	"sync"
@@ -384,4 +385,31 @@ func FuzzReadSnapshot(f *testing.F) {
 			}
 		}
 	})
+}
+
+// failAfter fails every write after its first n bytes.
+type failAfter struct{ n int }
+
+func (f *failAfter) Write(p []byte) (int, error) {
+	if len(p) > f.n {
+		n := f.n
+		f.n = 0
+		return n, errors.New("disk full")
+	}
+	f.n -= len(p)
+	return len(p), nil
+}
+
+// A write error ends the walk and is returned.
+func TestSnapshot_WriteError(t *testing.T) {
+	w := storetest.Window(t, 10, time.Hour)
+	s := New(Options{})
+	for i := range 20000 {
+		take1(t, s, t0, fmt.Sprintf("key-%d", i), w, 1)
+	}
+	f := &failAfter{n: 100 << 10}
+	st, err := s.WriteSnapshot(f, t0, t0)
+	if err == nil || err.Error() != "disk full" || st.Bytes > 100<<10 {
+		t.Fatalf("WriteSnapshot into a full disk: %+v, %v", st, err)
+	}
 }
