@@ -98,19 +98,34 @@ func (s *snapshotter) restore(t *config.Table) {
 		s.moveAside(err)
 		return
 	}
-	wall := time.Now().UnixNano()
-	if c, ok := s.clock.(interface{ AtLeast(int64) }); ok {
-		c.AtLeast(sn.Now + max(0, wall-sn.Wall))
+	// The snapshot's clock, moved on by the wall-clock time since.
+	wall, now := time.Now().UnixNano(), s.clock.Now()
+	then := sn.Now + max(0, wall-sn.Wall)
+	c, ok := s.clock.(interface{ AtLeast(int64) })
+	advance := ok && then > now && then-now <= int64(maxClockAdvance)
+	if advance {
+		now = then
 	}
-	now := s.clock.Now()
 	st, err := s.st.Restore(sn, now, ruleOfKey(t))
 	if err != nil {
 		s.moveAside(err)
 		return
 	}
+	if advance {
+		c.AtLeast(then)
+	}
 	s.logger.Info("memory snapshot restored", "path", s.path, "restored", st.Restored, "lapsed", st.Lapsed,
-		"no_rule", st.NoRule, "over_max_keys", st.Full, "age", time.Duration(wall-sn.Wall).Round(time.Millisecond))
+		"no_rule", st.NoRule, "over_max_keys", st.Full, "age", time.Duration(wall-sn.Wall).Round(time.Millisecond),
+		"clock_ahead", time.Duration(then-s.clock.Now()).Round(time.Millisecond))
 }
+
+// maxClockAdvance bounds how far a restore moves the store's clock forward
+// to continue the snapshot's. A snapshot from a clock further ahead (a
+// machine whose clock was wrong) is restored at this clock's time, where
+// its states are in the future: they count conservatively (a window keeps
+// counting, a bucket refills from its later instant) until the clock
+// catches up.
+const maxClockAdvance = time.Hour
 
 // moveAside renames a snapshot that was not restored to PATH.bad-<time>,
 // so that the next write does not replace it and an operator can look at

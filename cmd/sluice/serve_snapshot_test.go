@@ -328,18 +328,29 @@ func TestServe_MemorySnapshot_FirstConfig(t *testing.T) {
 	}
 }
 
-// A snapshot taken on a clock an hour ahead of the wall clock (it held
-// still through a backward step) continues that clock: the restored
+// A snapshot taken on a clock half an hour ahead of the wall clock (it
+// held still through a backward step) continues that clock: the restored
 // process's store clock does not go back, so a token bucket emptied just
-// before the snapshot is still empty, not an hour refilled.
+// before the snapshot is still empty, not half an hour refilled. A clock
+// more than an hour ahead is not followed, and the bucket, from the
+// future, stays empty too.
 func TestSnapshotter_ClockContinues(t *testing.T) {
+	for _, c := range []struct {
+		ahead  time.Duration
+		follow bool
+	}{{30 * time.Minute, true}, {3 * time.Hour, false}} {
+		t.Run(c.ahead.String(), func(t *testing.T) { testClockContinues(t, c.ahead, c.follow) })
+	}
+}
+
+func testClockContinues(t *testing.T, by time.Duration, follow bool) {
 	tb, err := config.Parse("limits.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: token_bucket}\n"), config.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r, key := tb.Match("d", []config.Entry{{Key: "k", Value: "v"}}, nil)
 	wall := time.Now().UnixNano()
-	ahead := wall + int64(time.Hour)
+	ahead := wall + int64(by)
 	old := memory.New(memory.Options{})
 	out := make([]store.Decision, 1)
 	if err := old.Take(context.Background(), ahead, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 10, Veto: true}}, out); err != nil || !out[0].Allowed {
@@ -360,8 +371,11 @@ func TestSnapshotter_ClockContinues(t *testing.T) {
 	sn := newSnapshotter(path, 0, st, clock, slog.New(slog.DiscardHandler))
 	sn.restore(tb)
 	now := clock.Now()
-	if now < ahead {
+	if follow && now < ahead {
 		t.Fatalf("store clock %v after the restore, behind the snapshot's %v", time.Unix(0, now), time.Unix(0, ahead))
+	}
+	if !follow && now-wall > int64(time.Minute) {
+		t.Fatalf("store clock %v after the restore, moved to the snapshot's %v", time.Unix(0, now), time.Unix(0, ahead))
 	}
 	if err := st.Take(context.Background(), now, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 0, Veto: true}}, out); err != nil || out[0].Allowed {
 		t.Fatalf("check after the restore: %v %+v; want denied (no token refilled)", err, out[0])
