@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,6 +28,7 @@ type manifests struct {
 	deployments []appsv1.Deployment
 	services    []corev1.Service
 	pdbs        []policyv1.PodDisruptionBudget
+	pvcs        []corev1.PersistentVolumeClaim
 	files       []string // the object files, not kustomization.yaml
 }
 
@@ -61,37 +63,46 @@ func readManifests(t *testing.T) *manifests {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, doc := range strings.Split(string(b), "\n---\n") {
-			var meta metav1.TypeMeta
-			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-				t.Fatalf("%s: document %d: %v", p, i, err)
-			}
-			var dst any
-			switch meta.APIVersion + " " + meta.Kind {
-			case "v1 Namespace":
-				m.namespaces = append(m.namespaces, corev1.Namespace{})
-				dst = &m.namespaces[len(m.namespaces)-1]
-			case "v1 ConfigMap":
-				m.configMaps = append(m.configMaps, corev1.ConfigMap{})
-				dst = &m.configMaps[len(m.configMaps)-1]
-			case "apps/v1 Deployment":
-				m.deployments = append(m.deployments, appsv1.Deployment{})
-				dst = &m.deployments[len(m.deployments)-1]
-			case "v1 Service":
-				m.services = append(m.services, corev1.Service{})
-				dst = &m.services[len(m.services)-1]
-			case "policy/v1 PodDisruptionBudget":
-				m.pdbs = append(m.pdbs, policyv1.PodDisruptionBudget{})
-				dst = &m.pdbs[len(m.pdbs)-1]
-			default:
-				t.Fatalf("%s: document %d: unexpected %s %s", p, i, meta.APIVersion, meta.Kind)
-			}
-			if err := decodeStrict([]byte(doc), dst); err != nil {
-				t.Fatalf("%s: document %d (%s): %v", p, i, meta.Kind, err)
-			}
-		}
+		m.decode(t, p, b)
 	}
 	return m
+}
+
+// decode adds the objects of a YAML stream to m.
+func (m *manifests) decode(t *testing.T, p string, b []byte) {
+	t.Helper()
+	for i, doc := range strings.Split(string(b), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("%s: document %d: %v", p, i, err)
+		}
+		var dst any
+		switch meta.APIVersion + " " + meta.Kind {
+		case "v1 Namespace":
+			m.namespaces = append(m.namespaces, corev1.Namespace{})
+			dst = &m.namespaces[len(m.namespaces)-1]
+		case "v1 ConfigMap":
+			m.configMaps = append(m.configMaps, corev1.ConfigMap{})
+			dst = &m.configMaps[len(m.configMaps)-1]
+		case "apps/v1 Deployment":
+			m.deployments = append(m.deployments, appsv1.Deployment{})
+			dst = &m.deployments[len(m.deployments)-1]
+		case "v1 Service":
+			m.services = append(m.services, corev1.Service{})
+			dst = &m.services[len(m.services)-1]
+		case "policy/v1 PodDisruptionBudget":
+			m.pdbs = append(m.pdbs, policyv1.PodDisruptionBudget{})
+			dst = &m.pdbs[len(m.pdbs)-1]
+		case "v1 PersistentVolumeClaim":
+			m.pvcs = append(m.pvcs, corev1.PersistentVolumeClaim{})
+			dst = &m.pvcs[len(m.pvcs)-1]
+		default:
+			t.Fatalf("%s: document %d: unexpected %s %s", p, i, meta.APIVersion, meta.Kind)
+		}
+		if err := decodeStrict([]byte(doc), dst); err != nil {
+			t.Fatalf("%s: document %d (%s): %v", p, i, meta.Kind, err)
+		}
+	}
 }
 
 // TestKubernetesManifests validates deploy/kubernetes: each object
@@ -251,5 +262,57 @@ func TestKubernetesManifests_Strict(t *testing.T) {
 		if err := decodeStrict([]byte(doc), &d); err == nil {
 			t.Errorf("accepted:\n%s", doc)
 		}
+	}
+}
+
+// TestKubernetesMemoryOverlay renders deploy/kubernetes-memory with
+// kubectl's kustomize and checks the single replica it makes: the memory
+// store, its snapshot on the claimed volume, stopped before its successor
+// starts, and no disruption budget that would block drains.
+func TestKubernetesMemoryOverlay(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not on PATH")
+	}
+	out, err := exec.Command(kubectl, "kustomize", "kubernetes-memory").Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v", err)
+	}
+	m := &manifests{}
+	m.decode(t, "kubernetes-memory", out)
+	if len(m.deployments) != 1 || len(m.pvcs) != 1 || len(m.pdbs) != 0 {
+		t.Fatalf("%d Deployments, %d PersistentVolumeClaims, %d PodDisruptionBudgets; want 1, 1, 0", len(m.deployments), len(m.pvcs), len(m.pdbs))
+	}
+	d := m.deployments[0]
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("one replica %v, strategy %q: want true, Recreate (one replica, never two pods on one snapshot)", d.Spec.Replicas != nil && *d.Spec.Replicas == 1, d.Spec.Strategy.Type)
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["SLUICE_STORE"] != "memory" || env["SLUICE_REDIS_URL"] != "" || env["SLUICE_MEMORY_SNAPSHOT"] == "" {
+		t.Fatalf("env %v: want the memory store with SLUICE_MEMORY_SNAPSHOT and no Redis", env)
+	}
+	var claim string
+	for _, vm := range c.VolumeMounts {
+		if filepath.Dir(env["SLUICE_MEMORY_SNAPSHOT"]) != vm.MountPath || vm.ReadOnly {
+			continue
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == vm.Name && v.PersistentVolumeClaim != nil {
+				claim = v.PersistentVolumeClaim.ClaimName
+			}
+		}
+	}
+	if claim == "" || claim != m.pvcs[0].Name || m.pvcs[0].Namespace != d.Namespace {
+		t.Errorf("the snapshot %s is not on the claim %s/%s", env["SLUICE_MEMORY_SNAPSHOT"], m.pvcs[0].Namespace, m.pvcs[0].Name)
+	}
+	if g := d.Spec.Template.Spec.SecurityContext.FSGroup; g == nil || *g != *d.Spec.Template.Spec.SecurityContext.RunAsGroup {
+		t.Error("the volume is not writable by the container's group (fsGroup)")
+	}
+	if p := d.Spec.Template.Spec.TerminationGracePeriodSeconds; p == nil || *p <= 10 {
+		t.Error("terminationGracePeriodSeconds must exceed --drain-timeout (10s) and leave time for the last write")
 	}
 }

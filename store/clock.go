@@ -52,3 +52,23 @@ func (c *WallClock) Reanchor() {
 		}
 	}
 }
+
+// AtLeast moves the clock forward so that Now returns t or later from now
+// on, counting on from there; if Now already reads t or later it changes
+// nothing (the clock never goes back). A process that restores state
+// saved by an earlier one calls it with the earlier clock's reading at
+// the save plus the wall-clock time elapsed since, so that time continues
+// across the restart even if the earlier clock was ahead of the system's
+// wall clock (it had held still through a backward step).
+func (c *WallClock) AtLeast(t int64) {
+	for {
+		old := c.a.Load()
+		now := time.Now()
+		if old.wall+int64(now.Sub(old.mono)) >= t {
+			return
+		}
+		if c.a.CompareAndSwap(old, &anchor{mono: now, wall: t}) {
+			return
+		}
+	}
+}

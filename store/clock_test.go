@@ -32,3 +32,24 @@ func TestWallClock(t *testing.T) {
 		t.Fatalf("after reanchoring under a backward step Now() = %d, want ≥ %d", n, future)
 	}
 }
+
+func TestWallClock_AtLeast(t *testing.T) {
+	c := NewWallClock()
+	now := c.Now()
+	// Behind the clock: nothing changes.
+	c.AtLeast(now - int64(time.Hour))
+	if n := c.Now(); n < now || n-now > int64(time.Minute) {
+		t.Fatalf("AtLeast(an hour ago) moved the clock: %d, was %d", n, now)
+	}
+	// Ahead: the clock jumps there and counts on; Reanchor keeps it.
+	ahead := c.Now() + int64(time.Hour)
+	c.AtLeast(ahead)
+	a := c.Now()
+	if a < ahead || a-ahead > int64(time.Minute) {
+		t.Fatalf("after AtLeast(+1h) Now() = %d, want just ≥ %d", a, ahead)
+	}
+	c.Reanchor()
+	if b := c.Now(); b < a {
+		t.Fatalf("Reanchor after AtLeast went back: %d < %d", b, a)
+	}
+}

@@ -49,6 +49,9 @@ type openStore struct {
 	// setup, if not nil, runs once serve's context exists, before the
 	// extensions': the store's metrics, and conditions of health.
 	setup func(x *serveContext) error
+	// stop, if not nil, runs once serve has drained and every task has
+	// returned: the memory store writes its snapshot.
+	stop func() error
 }
 
 // blockingWorkers is the gRPC stream workers per CPU for a store that

@@ -120,7 +120,7 @@ func (c *serveCmd) parse(args []string, getenv func(string) string, stderr io.Wr
 
 // run serves until ctx is done, in steps: check the flags, open the
 // config, open the store, set up the extensions, build the limiter and
-// the servers, start them, wait, drain.
+// the servers, start them, wait, drain, stop the store.
 func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpcAddr, httpAddr net.Addr)) error {
 	f := &c.flags
 	lopts, b, err := f.check()
@@ -162,6 +162,7 @@ func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpc
 	srv.drain(x.Health, f.drainTimeout, logger)
 	cancel()
 	t.wg.Wait()
+	st.stopStore(logger)
 	logger.Info("stopped")
 	return runErr
 }
@@ -173,6 +174,17 @@ func (c *serveCmd) openStore(ctx context.Context, logger *slog.Logger, clock sto
 		return openStore{}, fmt.Errorf("store %s: %w", c.flags.store, err)
 	}
 	return st, nil
+}
+
+// stopStore runs the store's last step (openStore.stop), once nothing
+// uses the store any more.
+func (st openStore) stopStore(logger *slog.Logger) {
+	if st.stop == nil {
+		return
+	}
+	if err := st.stop(); err != nil {
+		logger.Error("store stop", "err", err)
+	}
 }
 
 // setup builds the context the store and the extensions extend, and

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/sluicehq/sluice/store"
@@ -20,20 +22,32 @@ func init() {
 
 // memoryConfig is the memory backend's settings.
 type memoryConfig struct {
-	maxKeys    int
-	sweepEvery time.Duration
+	maxKeys       int
+	sweepEvery    time.Duration
+	snapshot      string
+	snapshotEvery time.Duration
 }
 
 func newMemoryConfig(fs *flag.FlagSet) storeConfig {
 	c := &memoryConfig{}
 	fs.IntVar(&c.maxKeys, "memory-max-keys", memory.DefaultMaxKeys, "memory store: most counters held; past it idle counters are dropped, then live ones evicted")
 	fs.DurationVar(&c.sweepEvery, "memory-sweep-interval", 10*time.Second, "memory store: how often idle counters are dropped")
+	fs.StringVar(&c.snapshot, "memory-snapshot", "", "memory store: keep the counters in this file across restarts: restored at start, written every --memory-snapshot-interval and at shutdown (docs/STORE.md)")
+	fs.DurationVar(&c.snapshotEvery, "memory-snapshot-interval", 10*time.Second, "memory store: how often --memory-snapshot is written in the background; 0 writes it only at shutdown (a SIGKILL loses up to one interval of counts)")
 	return c
 }
 
 func (c *memoryConfig) open(_ context.Context, logger *slog.Logger, clock store.Clock) (openStore, error) {
 	if c.maxKeys < 1 || c.sweepEvery <= 0 {
 		return openStore{}, errors.New("--memory-max-keys and --memory-sweep-interval must be positive")
+	}
+	if c.snapshotEvery < 0 {
+		return openStore{}, errors.New("--memory-snapshot-interval must not be negative")
+	}
+	if c.snapshot != "" {
+		if err := writableDir(filepath.Dir(c.snapshot)); err != nil {
+			return openStore{}, fmt.Errorf("--memory-snapshot: %w", err)
+		}
 	}
 	st := memory.New(memory.Options{MaxKeys: c.maxKeys, Clock: clock})
 	sweep := func(ctx context.Context) error {
@@ -52,5 +66,10 @@ func (c *memoryConfig) open(_ context.Context, logger *slog.Logger, clock store.
 			}
 		}
 	}
-	return openStore{Store: st, closer: io.NopCloser(nil), run: sweep}, nil
+	o := openStore{Store: st, closer: io.NopCloser(nil), run: sweep}
+	if c.snapshot != "" {
+		sn := newSnapshotter(c.snapshot, c.snapshotEvery, st, clock, logger)
+		o.setup, o.stop = sn.setup, sn.stop
+	}
+	return o, nil
 }
