@@ -45,7 +45,9 @@ type Counter struct {
 
 // Used is what the counter holds against its limit: the limit (a
 // bucket's capacity) less what remains.
-func (c *Counter) Used() uint64 { return c.Decision.Limit - min(c.Decision.Remaining, c.Decision.Limit) }
+func (c *Counter) Used() uint64 {
+	return c.Decision.Limit - min(c.Decision.Remaining, c.Decision.Limit)
+}
 
 // Counters looks up the counters req's descriptors would count: the rule
 // each matches, as Check matches it (replaces and overrides included),
