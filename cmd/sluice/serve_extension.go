@@ -71,6 +71,8 @@ type serveContext struct {
 	// Quota, if set, serves Envoy's Rate Limit Quota Service on the gRPC
 	// port.
 	Quota *quota.Service
+	// Counters serves /v1/counters (for the status page's lookup form).
+	Counters *server.Counters
 }
 
 // serving reports whether to serve with config table t: there is one and
