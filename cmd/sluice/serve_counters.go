@@ -17,17 +17,17 @@ import (
 // initialise in name order), whose lookup form calls them.
 func init() {
 	registerExtension("counters", func(fs *flag.FlagSet) extensionSetup {
-		f := &countersFlags{}
+		f := &countersServeFlags{}
 		fs.StringVar(&f.tokenFile, "admin-token-file", "", "turn on POST /v1/counters/reset: it needs \"Authorization: Bearer TOKEN\", TOKEN being this `file`'s content (at least 16 bytes, read again when the file changes); off by default")
 		return f.setup
 	})
 }
 
-type countersFlags struct {
+type countersServeFlags struct {
 	tokenFile string
 }
 
-func (f *countersFlags) setup(_ context.Context, x *serveContext) error {
+func (f *countersServeFlags) setup(_ context.Context, x *serveContext) error {
 	resets := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_counter_resets_total",
 		Help: "Counters set back to empty by POST /v1/counters/reset, by domain and rule path (\"override\" for a limit override)."},
 		[]string{"domain", "rule"})
