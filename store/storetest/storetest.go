@@ -127,6 +127,11 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 	t.Run("ConcurrentOneKey/wide_fixed_window", func(t *testing.T) {
 		testConcurrentWide(t, newTester(t, newStore(t)), opts)
 	})
+	for _, alg := range []store.Algorithm{store.FixedWindow, store.TokenBucket, store.SlidingWindow} {
+		t.Run("ConcurrentResets/"+alg.String(), func(t *testing.T) {
+			testConcurrentResets(t, newTester(t, newStore(t)), alg, opts)
+		})
+	}
 }
 
 // tester wraps a store with helpers that name keys uniquely per test (so
@@ -1040,4 +1045,55 @@ func testReset(t *testing.T, x *tester) {
 		t.Fatalf("Reset of no keys: %v", err)
 	}
 	x.expect("a key never hit, after a reset", x.take(now, never[0]), store.View(store.State{}, rules[0].r, now))
+}
+
+// testConcurrentResets: callers take from one key at one instant while
+// another resets it now and then. Each reset lets at most one more budget
+// through (a take lands before or after a reset, never in both states),
+// and once the last reset is done the key is fresh.
+func testConcurrentResets(t *testing.T, x *tester, alg store.Algorithm, o Options) {
+	rs, ok := x.st.(store.Resetter)
+	if !ok {
+		t.Skip("the store does not implement store.Resetter")
+	}
+	r := rule(t, alg, o.Budget)
+	const resets = 5
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	reset := []store.Hit{x.hit("one", r, 0)}
+	wg.Go(func() {
+		for i := 0; i < resets && !done.Load(); i++ {
+			if err := rs.Reset(context.Background(), T0, reset); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	var takers sync.WaitGroup
+	for range o.Goroutines {
+		takers.Go(func() {
+			hits := []store.Hit{x.hit("one", r, 1)}
+			out := make([]store.Decision, 1)
+			for range o.Takes {
+				if err := x.st.Take(context.Background(), T0, hits, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if out[0].Allowed {
+					granted.Add(1)
+				}
+			}
+		})
+	}
+	takers.Wait()
+	done.Store(true)
+	wg.Wait()
+	if g := granted.Load(); g < int64(o.Budget) || g > int64(o.Budget)*(resets+1) {
+		t.Errorf("granted %d with up to %d resets, want between the budget %d and %d", g, resets, o.Budget, o.Budget*(resets+1))
+	}
+	if err := rs.Reset(context.Background(), T0, reset); err != nil {
+		t.Fatal(err)
+	}
+	x.expect("after the last reset", x.take(T0, reset[0]), store.View(store.State{}, r, T0))
 }
