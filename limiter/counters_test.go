@@ -193,3 +193,20 @@ func TestCounters_Errors(t *testing.T) {
 		t.Errorf("no table: %v, want ErrNoConfig", err)
 	}
 }
+
+// BenchmarkCounters is a lookup of a rule of three limits on the memory
+// store: an operator's call, not the hot path, but measured.
+func BenchmarkCounters(b *testing.B) {
+	lim := limiter.New(tables{loadTable(b, multiLimits)}, memory.New(memory.Options{}), limiter.Options{})
+	rq := req(desc("user", "alice"))
+	var resp limiter.Response
+	if err := lim.Check(context.Background(), rq, &resp); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := lim.Counters(context.Background(), rq); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -43,26 +42,9 @@ const goodToken = "s3cret-admin-token-0123456789"
 type countersEnv struct {
 	*env
 	tokenFile string
-	logs      *syncBuffer
+	logs      *lockedBuffer
 	resets    map[string]int
 	mu        sync.Mutex
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // newCountersEnv serves /v1/check and the counter endpoints of one
@@ -80,7 +62,7 @@ func newCountersEnv(t *testing.T, withToken bool) *countersEnv {
 		t.Fatal(err)
 	}
 	e := &countersEnv{env: &env{clock: storetest.NewClock(t0), health: server.NewHealth()},
-		logs: &syncBuffer{}, resets: map[string]int{}}
+		logs: &lockedBuffer{}, resets: map[string]int{}}
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{Clock: e.clock})
 	opts := server.CountersOptions{Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
 		OnReset: func(domain, rule string) {
