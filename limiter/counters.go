@@ -58,7 +58,7 @@ func (c *Counter) Used() uint64 {
 // ErrNoConfig before a table is loaded, a *StoreError when the store
 // failed (whatever the failure mode), or ctx's error.
 func (l *Limiter) Counters(ctx context.Context, req *Request) ([]Lookup, error) {
-	s, out, err := l.lookup(ctx, req)
+	s, out, err := l.lookup(ctx, req, true)
 	if s != nil {
 		defer l.scratch.Put(s)
 	}
@@ -74,7 +74,7 @@ func (l *Limiter) Reset(ctx context.Context, req *Request) ([]Lookup, error) {
 	if !ok {
 		return nil, ErrNoReset
 	}
-	s, _, err := l.lookup(ctx, req)
+	s, _, err := l.lookup(ctx, req, false)
 	if s != nil {
 		defer l.scratch.Put(s)
 	}
@@ -89,10 +89,10 @@ func (l *Limiter) Reset(ctx context.Context, req *Request) ([]Lookup, error) {
 	return l.Counters(ctx, req)
 }
 
-// lookup plans req as Check does and peeks at every kept limit. It
-// returns the scratch (for Reset's hits; the caller puts it back) when it
-// took one.
-func (l *Limiter) lookup(ctx context.Context, req *Request) (*scratch, []Lookup, error) {
+// lookup plans req as Check does and, if peek, peeks at every kept
+// limit. It returns the scratch (for Reset's hits; the caller puts it
+// back) when it took one.
+func (l *Limiter) lookup(ctx context.Context, req *Request, peek bool) (*scratch, []Lookup, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -119,6 +119,9 @@ func (l *Limiter) lookup(ctx context.Context, req *Request) (*scratch, []Lookup,
 		// A peek: cost 0 never writes, on any store. Not vetoing, so
 		// that each limit is judged alone.
 		h.Cost, h.Mode, h.Veto = 0, store.ModeTake, false
+	}
+	if !peek {
+		return s, nil, nil
 	}
 	if len(s.hits) > 0 {
 		if err := l.store.Take(ctx, l.clock.Now(), s.hits, s.out); err != nil {

@@ -245,7 +245,7 @@ func writeCounters(w io.Writer, out *server.CountersResponse) {
 // seconds spells a number of seconds as a duration ("1m30s", "250ms").
 func seconds(s float64) string {
 	d := time.Duration(s * float64(time.Second))
-	if d >= time.Second {
+	if d >= time.Millisecond {
 		d = d.Round(time.Millisecond)
 	}
 	return d.String()

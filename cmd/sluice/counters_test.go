@@ -141,3 +141,25 @@ func TestCountersCommand_ResetsOff(t *testing.T) {
 		}
 	}
 }
+
+// TestServe_AdminTokenFile: SLUICE_ADMIN_TOKEN_FILE turns resets on as
+// the flag does, and a token file that is missing or too short stops
+// serve at start, naming the flag.
+func TestServe_AdminTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte(countersTestToken), 0o600)
+	_, httpAddr, _ := startServe(t, serveEnv{"SLUICE_ADMIN_TOKEN_FILE": tok}, "--config", "testdata/serve")
+	if code, out, errOut := runCountersCmd(t, "reset", "--addr", httpAddr, "--domain", "e2e", "--descriptor", "path=/login", "--token-file", tok); code != 0 || !strings.Contains(out, "0/1") {
+		t.Errorf("reset with SLUICE_ADMIN_TOKEN_FILE: exit %d %q %q", code, out, errOut)
+	}
+	short := filepath.Join(dir, "short")
+	os.WriteFile(short, []byte("tooshort"), 0o600)
+	for _, f := range []string{filepath.Join(dir, "missing"), short} {
+		err := serve(testCtx(t), []string{"--config", "testdata/serve", "--admin-token-file", f, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"},
+			serveEnv{}.get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), "--admin-token-file") {
+			t.Errorf("--admin-token-file %s: %v, want an error naming the flag", f, err)
+		}
+	}
+}
