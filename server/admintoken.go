@@ -8,8 +8,8 @@ import (
 	"sync"
 )
 
-// MinAdminTokenBytes is the shortest admin token accepted: 16 bytes, a
-// guess in 2^128 when random (`openssl rand -hex 32` writes 64).
+// MinAdminTokenBytes is the shortest admin token accepted, in bytes of
+// the file (`openssl rand -hex 32` writes 64: 256 random bits).
 const MinAdminTokenBytes = 16
 
 // AdminToken is the bearer token of the admin endpoints, read from a

@@ -160,6 +160,9 @@ func (c *Counters) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !c.opts.Token.Valid(bearer(r)) {
+		if err := c.opts.Token.Err(); err != nil && c.opts.Logger != nil {
+			c.opts.Logger.Warn("counter reset refused: no admin token is valid", "client", r.RemoteAddr, "err", err)
+		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 		writeJSONError(w, http.StatusUnauthorized, "a reset needs Authorization: Bearer <the admin token>")
 		return

@@ -335,6 +335,9 @@ func TestCounters_TokenFileReread(t *testing.T) {
 	if r := e.reset(t, aliceBody, third); r.code != 401 {
 		t.Errorf("the last token once the file is gone: %d, want 401", r.code)
 	}
+	if l := e.logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "no admin token is valid") || strings.Contains(l, third[:10]) {
+		t.Errorf("a reset refused for the file's sake: log %q, want a WARN without the token", l)
+	}
 	writeToken(t, e.tokenFile, third)
 	if r := e.reset(t, aliceBody, third); r.code != 200 {
 		t.Errorf("the file back: %d, want 200", r.code)
