@@ -126,3 +126,42 @@ func TestReset_DeletesEveryKeyForm(t *testing.T) {
 		}
 	}
 }
+
+// TestReset_Sentinel: through Sentinel the reset reaches the master (and
+// the replica follows), and the next lookup finds every key form fresh.
+func TestReset_Sentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Sentinel deployment")
+	}
+	sn := redistest.StartSentinel(t)
+	s := open(t, Options{SentinelAddrs: []string{sn.Sentinel.Addr}, SentinelMaster: sn.MasterSet, Timeout: 5 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var hits []store.Hit
+	for name, r := range peekRules(t) {
+		if err := s.Take(ctx, storetest.T0, []store.Hit{{Key: name, Rule: r, Cost: 3, Veto: true}}, make([]store.Decision, 1)); err != nil {
+			t.Fatal(err)
+		}
+		hits = append(hits, store.Hit{Key: name, Rule: r})
+	}
+	if err := s.Reset(ctx, storetest.T0, hits); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]store.Decision, len(hits))
+	if err := s.Take(ctx, storetest.T0, hits, out); err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hits {
+		if want := store.View(store.State{}, h.Rule, storetest.T0); out[i] != want {
+			t.Errorf("%s after the reset: %+v, want fresh %+v", h.Key, out[i], want)
+		}
+	}
+	waitFor(t, 5*time.Second, "the replica follows the reset", func() bool {
+		for _, h := range hits {
+			if n, _ := sn.Replica.Run("exists", s.opt.KeyPrefix+h.Key); n != "0" {
+				return false
+			}
+		}
+		return true
+	})
+}
