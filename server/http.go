@@ -218,11 +218,16 @@ func requestContext(w http.ResponseWriter, r *http.Request) (ctx context.Context
 // maxBody bytes, into m. Otherwise it answers 415, 413, 408 or 400 (ok
 // false).
 func (h *HTTP) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
+	return readJSON(w, r, h.maxBody, m)
+}
+
+// readJSON is HTTP.readJSON with the bound maxBody.
+func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, m proto.Message) bool {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		writeJSONError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json (curl: -H 'Content-Type: application/json')")
 		return false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	var tooLarge *http.MaxBytesError
 	var netErr net.Error
 	switch {

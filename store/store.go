@@ -133,3 +133,16 @@ type Store interface {
 type Clock interface {
 	Now() int64
 }
+
+// Resetter is implemented by stores that can forget a key's state.
+//
+// Reset sets the counters of hits' keys back to empty: a fresh window, a
+// full bucket, as if the keys had never been hit. Only each hit's Key and
+// Rule matter (Cost, Veto and Mode are ignored); now is the caller's clock
+// reading, in nanoseconds since the Unix epoch. A Take running at the same
+// time lands before or after the reset, never half of it. An error means
+// some keys may not have been reset. Implementations are safe for
+// concurrent use.
+type Resetter interface {
+	Reset(ctx context.Context, now int64, hits []Hit) error
+}

@@ -74,6 +74,8 @@ type serveContext struct {
 	// Tracing, with a Tracer, traces the servers' calls and the
 	// limiter's store calls (--tracing).
 	Tracing server.Tracing
+	// Counters serves /v1/counters (for the status page's lookup form).
+	Counters *server.Counters
 }
 
 // serving reports whether to serve with config table t: there is one and

@@ -67,6 +67,10 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	if flagValue(f.fs, "config-source") == "xds" {
 		src = ui.Source{Kind: "xds", Location: shownValue("xds-server", flagValue(f.fs, "xds-server"))}
 	}
+	var counters http.Handler
+	if x.Counters != nil { // registered before the page (file name order)
+		counters = x.Counters
+	}
 	var q observe.QuotaStatser
 	if x.Quota != nil { // RLQS registers before the page (file name order)
 		q = x.Quota
@@ -80,11 +84,13 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 			s.Version = x.Config.Status().Version
 			return s
 		},
-		Traffic: traffic,
-		Store:   storeStatus(x, f.fs),
-		Serving: x.Health.Serving,
-		Build:   observe.Build{Version: buildVersion(), Commit: buildCommit()},
-		Started: time.Now(),
+		Traffic:  traffic,
+		Store:    storeStatus(x, f.fs),
+		Serving:  x.Health.Serving,
+		Build:    observe.Build{Version: buildVersion(), Commit: buildCommit()},
+		Started:  time.Now(),
+		Counters: counters,
+		Resets:   x.Counters != nil && x.Counters.Resets(),
 	})
 	if err != nil {
 		return err

@@ -13,6 +13,10 @@
 // unless the rule opted into detailed_metric (or value_to_metric), and
 // every list in it is bounded. The demo runs on a private limiter with a
 // memory store and a built-in config of its own, served by the same
-// server.HTTP /v1/check handler as production requests. docs/UI.md
-// describes the page.
+// server.HTTP /v1/check handler as production requests. A "Look up a
+// client" form shows one descriptor's counters through the server's
+// /v1/counters (Options.Counters), forwarded under ui/counters/; it
+// offers a reset, which needs the admin token, when the server resets
+// counters. What the operator types is posted, never put in a URL or
+// stored. docs/UI.md describes the page.
 package ui

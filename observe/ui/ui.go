@@ -91,6 +91,13 @@ type Options struct {
 	// Quota is the Rate Limit Quota Service whose buckets the page lists
 	// per rule; nil when the server does not serve RLQS.
 	Quota observe.QuotaStatser
+	// Counters serves the counter lookup (and reset) endpoints,
+	// server.Counters, for the "Look up a client" form; nil hides the
+	// form.
+	Counters http.Handler
+	// Resets reports that Counters resets counters (with the admin
+	// token): the form then offers a reset.
+	Resets bool
 }
 
 // UI serves the status page. Safe for concurrent use.
@@ -133,6 +140,8 @@ func New(opts Options) (*UI, error) {
 //	/ui/api/rlqs           each rule's RLQS buckets (at most MaxRules rules)
 //	/ui/api/demo           the demo's rules
 //	/ui/demo/v1/check      the demo limiter's /v1/check (server.HTTP)
+//	/ui/counters/v1/...    Options.Counters: the server's /v1/counters and
+//	                       /v1/counters/reset, for the lookup form
 //
 // Every URL in the page is relative, so mount it at "/" or behind a path
 // prefix with http.StripPrefix.
@@ -159,6 +168,9 @@ func (u *UI) Handler() http.Handler {
 	mux.HandleFunc("GET /ui/api/rlqs", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, u.Quota()) })
 	mux.HandleFunc("GET /ui/api/demo", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, limits(u.demo.table)) })
 	mux.Handle("/ui/demo/", u.demo.check)
+	if u.opts.Counters != nil {
+		mux.Handle("/ui/counters/", http.StripPrefix("/ui/counters", u.opts.Counters))
+	}
 	return securityHeaders(mux)
 }
 
@@ -212,6 +224,15 @@ type Overview struct {
 	Config    ConfigStatus `json:"config"`
 	// RLQS is nil when the server does not serve RLQS.
 	RLQS *QuotaSummary `json:"rlqs"`
+	// Counters says what the lookup form may do.
+	Counters CountersStatus `json:"counters"`
+}
+
+// CountersStatus says whether the page can look up counters and whether
+// the server resets them (with the admin token).
+type CountersStatus struct {
+	Lookup bool `json:"lookup"`
+	Resets bool `json:"resets"`
 }
 
 // ConfigStatus is the config's source and load history.
@@ -264,6 +285,7 @@ func (u *UI) Overview() Overview {
 		o.Store = u.opts.Store()
 	}
 	o.RLQS = u.quotaSummary()
+	o.Counters = CountersStatus{Lookup: u.opts.Counters != nil, Resets: u.opts.Counters != nil && u.opts.Resets}
 	c := &o.Config
 	if u.opts.Source != nil {
 		s := u.opts.Source()

@@ -487,3 +487,25 @@ func (s *Store) Stats() Stats {
 		Evictions: s.evictions.Load(),
 	}
 }
+
+var _ store.Resetter = (*Store)(nil)
+
+// Reset removes the states of hits' keys, per store.Resetter: the next
+// hit of each finds it fresh. A Take racing it finds its cell dead and
+// inserts a new one (see kill), so it counts either before the reset (and
+// is forgotten) or after it. It never fails.
+func (s *Store) Reset(_ context.Context, now int64, hits []store.Hit) error {
+	for i := range hits {
+		h := &hits[i]
+		if h.Rule.Wide() {
+			if w, ok := s.wm.Load(h.Key); ok && w.kill(now, true) {
+				remove(s, s.wm, h.Key, w)
+			}
+			continue
+		}
+		if c, ok := s.m.Load(h.Key); ok && c.kill(now, true) {
+			remove(s, s.m, h.Key, c)
+		}
+	}
+	return nil
+}

@@ -8,7 +8,9 @@
 // batch, charges recorded whole past the limit (overshoot and debt),
 // refunds, limits past 32 bits, the bounds of charged states, and
 // concurrent takes and charges that must grant exactly the budget and
-// lose no charge.
+// lose no charge. A store that implements store.Resetter also gets its
+// resets checked for every algorithm and key form; the Reset case skips
+// the others.
 package storetest
 
 import (
@@ -109,6 +111,7 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 		{"CalendarDaysAndWeeks", testCalendarDaysAndWeeks},
 		{"CalendarSliding", testCalendarSliding},
 		{"CalendarBatches", testCalendarBatches},
+		{"Reset", testReset},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,6 +135,11 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 	t.Run("ConcurrentOneKey/wide_fixed_window", func(t *testing.T) {
 		testConcurrentWide(t, newTester(t, newStore(t)), opts)
 	})
+	for _, alg := range []store.Algorithm{store.FixedWindow, store.TokenBucket, store.SlidingWindow} {
+		t.Run("ConcurrentResets/"+alg.String(), func(t *testing.T) {
+			testConcurrentResets(t, newTester(t, newStore(t)), alg, opts)
+		})
+	}
 }
 
 // tester wraps a store with helpers that name keys uniquely per test (so
@@ -987,4 +995,121 @@ func testCalendarBatches(t *testing.T, x *tester) {
 		allow(5, 4, 30*time.Second), deny(5, 3, 30*day+30*time.Second, 30*day+30*time.Second))
 	x.expect("nothing consumed", x.take(at(t, end), x.hit("x", cw, 0), x.hit("s", cs, 0)),
 		allow(5, 4, 30*time.Second), allow(5, 3, 30*day+30*time.Second))
+}
+
+// testReset: a reset leaves every algorithm's key fresh (narrow, wide and
+// calendar windows, sliding windows, buckets in debt), touches no other
+// key, and resets a key that was never hit without error.
+func testReset(t *testing.T, x *tester) {
+	rs, ok := x.st.(store.Resetter)
+	if !ok {
+		t.Skip("the store does not implement store.Resetter")
+	}
+	month := Calendar(t, store.CalendarMonth, 1, "Europe/Berlin")
+	now := at(t, "2024-02-10T12:00:00+01:00")
+	h := int64(time.Hour)
+	rules := []struct {
+		name string
+		r    *store.Rule
+		use  uint64 // what the test charges: at or past the limit
+	}{
+		{"fixed", Window(t, 3, time.Minute), 3},
+		{"wide", Window(t, 10_000_000_000, time.Hour), 10_000_000_001},
+		{"sliding", Sliding(t, 4, time.Minute), 9},
+		{"bucket", Bucket(t, 1, time.Second, 3), 7},
+		{"calendar", CalendarWindow(t, 5, month), 5},
+		{"calendar-sliding", CalendarSliding(t, 5, month), 6},
+	}
+	var hits, untouched []store.Hit
+	for _, c := range rules {
+		hits = append(hits, x.hit(c.name, c.r, 0))
+		untouched = append(untouched, x.hit(c.name+"/other", c.r, 0))
+		x.take(now, x.charge(c.name, c.r, c.use), x.charge(c.name+"/other", c.r, c.use))
+	}
+	for i, d := range x.take(now+h/1000, hits...) {
+		if d.Allowed {
+			t.Fatalf("%s: a check after charging %d = %+v, want a denial", rules[i].name, rules[i].use, d)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rs.Reset(ctx, now+h/1000, hits); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	for i, d := range x.take(now+h/1000, hits...) {
+		r := rules[i].r
+		if want := store.View(store.State{}, r, now+h/1000); d != want {
+			t.Errorf("%s: a check after the reset = %+v, want the fresh state's %+v", rules[i].name, d, want)
+		}
+	}
+	for i, d := range x.take(now+h/1000, untouched...) {
+		if d.Allowed {
+			t.Errorf("%s: another key after the reset = %+v, want it still denied", rules[i].name, d)
+		}
+	}
+	for _, c := range rules {
+		got := x.take(now+h/1000, x.hit(c.name, c.r, 1))[0]
+		if !got.Allowed || got.Remaining != c.r.Capacity()-1 {
+			t.Errorf("%s: a take after the reset = %+v, want allowed with %d left", c.name, got, c.r.Capacity()-1)
+		}
+	}
+	never := []store.Hit{x.hit("never-hit", rules[0].r, 0), x.hit("never-hit-wide", rules[1].r, 0)}
+	if err := rs.Reset(ctx, now, never); err != nil {
+		t.Fatalf("Reset of keys never hit: %v", err)
+	}
+	if err := rs.Reset(ctx, now, nil); err != nil {
+		t.Fatalf("Reset of no keys: %v", err)
+	}
+	x.expect("a key never hit, after a reset", x.take(now, never[0]), store.View(store.State{}, rules[0].r, now))
+}
+
+// testConcurrentResets: callers take from one key at one instant while
+// another resets it now and then. Each reset lets at most one more budget
+// through (a take lands before or after a reset, never in both states),
+// and once the last reset is done the key is fresh.
+func testConcurrentResets(t *testing.T, x *tester, alg store.Algorithm, o Options) {
+	rs, ok := x.st.(store.Resetter)
+	if !ok {
+		t.Skip("the store does not implement store.Resetter")
+	}
+	r := rule(t, alg, o.Budget)
+	const resets = 5
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	var done atomic.Bool
+	reset := []store.Hit{x.hit("one", r, 0)}
+	wg.Go(func() {
+		for i := 0; i < resets && !done.Load(); i++ {
+			if err := rs.Reset(context.Background(), T0, reset); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	var takers sync.WaitGroup
+	for range o.Goroutines {
+		takers.Go(func() {
+			hits := []store.Hit{x.hit("one", r, 1)}
+			out := make([]store.Decision, 1)
+			for range o.Takes {
+				if err := x.st.Take(context.Background(), T0, hits, out); err != nil {
+					t.Error(err)
+					return
+				}
+				if out[0].Allowed {
+					granted.Add(1)
+				}
+			}
+		})
+	}
+	takers.Wait()
+	done.Store(true)
+	wg.Wait()
+	if g := granted.Load(); g < int64(o.Budget) || g > int64(o.Budget)*(resets+1) {
+		t.Errorf("granted %d with up to %d resets, want between the budget %d and %d", g, resets, o.Budget, o.Budget*(resets+1))
+	}
+	if err := rs.Reset(context.Background(), T0, reset); err != nil {
+		t.Fatal(err)
+	}
+	x.expect("after the last reset", x.take(T0, reset[0]), store.View(store.State{}, r, T0))
 }

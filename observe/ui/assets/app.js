@@ -80,6 +80,7 @@ let configHash = null;
 
 async function refreshOverview() {
   const o = await getJSON('ui/api/overview');
+  lookupStatus(o.counters || {});
   badge('#health', o.serving ? 'SERVING' : 'NOT SERVING', o.serving ? 'ok' : 'bad');
   setText('#version', o.version || 'dev');
   setText('#commit', o.commit || '–');
@@ -142,6 +143,7 @@ const history = 60;
 
 async function refreshLimits() {
   const v = await getJSON('ui/api/limits');
+  $('#lookup-domains').replaceChildren(...v.domains.map((d) => el('option', {value: d})));
   const tbody = $('#limits-table tbody');
   const next = new Map();
   const trs = v.rules.map((r) => {
@@ -443,6 +445,106 @@ function animate() {
   }
 }
 
+// ---- Look up a client -----------------------------------------------------
+// The form posts what the operator typed to the server's lookup (JSON, so
+// nothing lands in the URL or the history) and keeps it in no storage.
+
+let lastLookup = null; // the request body of the last lookup, for a reset
+
+function lookupStatus(c) {
+  $('#lookup').hidden = !c.lookup;
+  $('#lookup-nav').hidden = !c.lookup;
+  $('#reset-form').hidden = !c.resets;
+}
+
+// lookupBody turns the form into a /v1/counters body: one descriptor of
+// the comma-separated key=value entries.
+function lookupBody() {
+  const entries = [];
+  for (const part of $('#lookup-entries').value.split(',')) {
+    if (!part.trim()) continue;
+    const i = part.indexOf('=');
+    if (i <= 0) throw new Error('write the descriptor as key=value,key2=value2');
+    entries.push({key: part.slice(0, i).trim(), value: part.slice(i + 1).trim()});
+  }
+  if (!entries.length) throw new Error('write the descriptor as key=value,key2=value2');
+  return {domain: $('#lookup-domain').value.trim(), descriptors: [{entries}]};
+}
+
+async function postCounters(path, body, token) {
+  const headers = {'Content-Type': 'application/json'};
+  if (token) headers.Authorization = 'Bearer ' + token;
+  const r = await fetch('ui/counters/v1/' + path, {method: 'POST', body: JSON.stringify(body), headers, cache: 'no-store'});
+  const j = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error('HTTP ' + r.status + ': ' + (j.error || r.statusText));
+  return j;
+}
+
+function lookupError(msg) {
+  const e = $('#lookup-error');
+  setText(e, msg || '');
+  e.hidden = !msg;
+}
+
+function fmtSeconds(s) {
+  if (s < 1) return Math.round(s * 1000) + ' ms';
+  if (s < 10) return s.toFixed(1) + ' s';
+  return fmtDuration(s);
+}
+
+function showCounters(res) {
+  const d = res.descriptors[0];
+  const desc = d.entries.map((e) => e.key + '=' + e.value).join(', ');
+  const rule = !d.matched ? 'No rule matches [' + desc + '] in domain ' + res.domain + ': it is not limited.'
+    : d.unlimited ? res.domain + '.' + d.path + ' matches [' + desc + ']: unlimited.'
+    : d.override ? '[' + desc + '] carries a limit override.'
+    : res.domain + '.' + d.path + (d.name ? ' (' + d.name + ')' : '') + ' matches [' + desc + '].';
+  setText('#lookup-rule', rule);
+  $('#lookup-table tbody').replaceChildren(...d.limits.map((l) => {
+    const name = (l.name || l.path || 'override') + (l.shadow_mode ? ' (shadow)' : '');
+    if (l.replaced) {
+      return el('tr', null, el('td', null, name), el('td', null, l.algorithm), el('td', null, l.per),
+        el('td', {colspan: '4', class: 'muted'}, 'replaced by another rule of the request'));
+    }
+    const next = l.never ? 'never (cost above the limit)' : l.allowed ? 'allowed' : 'denied for ' + fmtSeconds(l.retry_after_s);
+    return el('tr', null, el('td', null, name), el('td', null, l.algorithm), el('td', null, l.per),
+      el('td', {class: 'num used'}, l.used + ' / ' + l.limit), el('td', {class: 'num remaining'}, String(l.remaining)),
+      el('td', {class: 'num'}, fmtSeconds(l.reset_after_s)), el('td', {class: l.allowed ? 'next' : 'next over'}, next));
+  }));
+  $('#lookup-table').hidden = !d.limits.length;
+  $('#lookup-result').hidden = false;
+}
+
+async function lookup(ev) {
+  ev.preventDefault();
+  setText('#reset-answer', '');
+  try {
+    const body = lookupBody();
+    const res = await postCounters('counters', body);
+    lastLookup = body;
+    lookupError('');
+    showCounters(res);
+  } catch (e) {
+    lastLookup = null;
+    $('#lookup-result').hidden = true;
+    lookupError(e.message);
+  }
+}
+
+async function resetCounters(ev) {
+  ev.preventDefault();
+  if (!lastLookup) return;
+  const tok = $('#reset-token');
+  try {
+    const res = await postCounters('counters/reset', lastLookup, tok.value);
+    tok.value = '';
+    setText('#reset-answer', 'Reset at ' + new Date().toLocaleTimeString() + '.');
+    showCounters(res);
+  } catch (e) {
+    setText('#reset-answer', 'Not reset: ' + e.message);
+  }
+}
+
 // ---- Polling -----------------------------------------------------------------
 
 // every runs fn now and then every ms milliseconds after it settles; a
@@ -462,6 +564,8 @@ function every(ms, fn) {
 
 document.addEventListener('DOMContentLoaded', () => {
   $('#search').addEventListener('input', applySearch);
+  $('#lookup-form').addEventListener('submit', lookup);
+  $('#reset-form').addEventListener('submit', resetCounters);
   every(2000, refreshOverview);
   every(1000, refreshTraffic);
   every(1000, refreshQuota);

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/server"
+)
+
+// The counter endpoints on the HTTP port: GET/POST /v1/counters (a lookup
+// that consumes nothing) and POST /v1/counters/reset, on with
+// --admin-token-file. They register before the status page (files
+// initialise in name order), whose lookup form calls them.
+func init() {
+	registerExtension("counters", func(fs *flag.FlagSet) extensionSetup {
+		f := &countersServeFlags{}
+		fs.StringVar(&f.tokenFile, "admin-token-file", "", "turn on POST /v1/counters/reset: it needs \"Authorization: Bearer TOKEN\", TOKEN being this `file`'s content (at least 16 bytes, read again when the file changes); off by default")
+		return f.setup
+	})
+}
+
+type countersServeFlags struct {
+	tokenFile string
+}
+
+func (f *countersServeFlags) setup(_ context.Context, x *serveContext) error {
+	resets := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_counter_resets_total",
+		Help: "Counters set back to empty by POST /v1/counters/reset, by domain and rule path (\"override\" for a limit override)."},
+		[]string{"domain", "rule"})
+	if err := x.Registry.Register(resets); err != nil {
+		return err
+	}
+	opts := server.CountersOptions{Logger: x.Logger, MaxBodyBytes: x.HTTPBounds.maxBody,
+		OnReset: func(domain, rule string) { resets.WithLabelValues(domain, rule).Inc() }}
+	if f.tokenFile != "" {
+		tok, err := server.NewAdminToken(f.tokenFile)
+		if err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
+		opts.Token = tok
+		x.Logger.Info("counter resets on: POST /v1/counters/reset needs the admin token", "token_file", f.tokenFile)
+	}
+	x.Counters = server.NewCounters(lateLimiter{x}, opts)
+	for _, p := range x.Counters.Patterns() {
+		x.HTTP.Handle(p, x.Counters)
+	}
+	return nil
+}
+
+// lateLimiter is x's limiter, which serve builds after the extensions'
+// setup and before it serves a request.
+type lateLimiter struct{ x *serveContext }
+
+func (l lateLimiter) Counters(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error) {
+	return l.x.Limiter.Counters(ctx, req)
+}
+
+func (l lateLimiter) Reset(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error) {
+	return l.x.Limiter.Reset(ctx, req)
+}
