@@ -19,8 +19,26 @@ import (
 // store: every store gets the same span, and a store's own hot path
 // stays as it is. For a store on the network (Redis), one Take is one
 // round trip (a pipeline or a script), so the span is the call.
+//
+// A store that implements store.Resetter gives a wrapper that does too:
+// the limiter's counter resets reach the store, traced or not.
 func Store(st store.Store, tracer trace.Tracer, kind string) store.Store {
-	return &tracedStore{st: st, tracer: tracer, kind: kind}
+	t := &tracedStore{st: st, tracer: tracer, kind: kind}
+	if rs, ok := st.(store.Resetter); ok {
+		return &tracedResetter{tracedStore: t, rs: rs}
+	}
+	return t
+}
+
+// tracedResetter is a tracedStore over a store.Resetter.
+type tracedResetter struct {
+	*tracedStore
+	rs store.Resetter
+}
+
+// Reset resets the counters in the store underneath.
+func (s *tracedResetter) Reset(ctx context.Context, now int64, hits []store.Hit) error {
+	return s.rs.Reset(ctx, now, hits)
 }
 
 type tracedStore struct {

@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 
 	"github.com/sluicehq/sluice/observe/tracing"
@@ -189,5 +190,34 @@ func TestPropagator(t *testing.T) {
 		if sc.TraceID().String() != traceID || sc.SpanID().String() != spanID || !sc.IsSampled() || !sc.IsRemote() {
 			t.Errorf("%s: %v, want trace %s span %s, sampled, remote", name, sc, traceID, spanID)
 		}
+	}
+}
+
+// resettingStore is a fakeStore that can reset counters.
+type resettingStore struct {
+	fakeStore
+	resets int
+}
+
+func (s *resettingStore) Reset(context.Context, int64, []store.Hit) error {
+	s.resets++
+	return nil
+}
+
+// TestStore_KeepsResetter: the wrapper of a store that resets counters
+// resets them too (the counters endpoint with --tracing on), and the
+// wrapper of one that cannot does not claim to.
+func TestStore_KeepsResetter(t *testing.T) {
+	tracer := noop.NewTracerProvider().Tracer("test")
+	rs := &resettingStore{}
+	st, ok := tracing.Store(rs, tracer, "memory").(store.Resetter)
+	if !ok {
+		t.Fatal("the wrapper of a store.Resetter is no store.Resetter")
+	}
+	if err := st.Reset(testCtx(t), 0, hits(1)); err != nil || rs.resets != 1 {
+		t.Errorf("Reset: %v after %d resets of the store underneath, want 1", err, rs.resets)
+	}
+	if _, ok := tracing.Store(&fakeStore{}, tracer, "memory").(store.Resetter); ok {
+		t.Error("the wrapper of a store that cannot reset claims to")
 	}
 }

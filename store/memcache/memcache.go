@@ -484,17 +484,25 @@ func (s *Store) refundWindow(h *store.Hit, end uint64, key string, now int64) (t
 // incr adds inc to key's count, creating it with expiry exp when missing,
 // and returns the new count.
 func (s *Store) incr(key string, inc uint64, exp int32) (uint64, error) {
-	n, err := s.c.Increment(key, inc)
-	if !errors.Is(err, memcache.ErrCacheMiss) {
-		return n, err
+	// A key deleted between the steps (a reset, an eviction) starts over:
+	// a few rounds, each a miss that another caller's delete caused.
+	for range incrRounds {
+		n, err := s.c.Increment(key, inc)
+		if !errors.Is(err, memcache.ErrCacheMiss) {
+			return n, err
+		}
+		err = s.c.Add(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, inc, 10), Expiration: exp})
+		if !errors.Is(err, memcache.ErrNotStored) {
+			return inc, err
+		}
+		// Another caller added it first: count on it, unless it is
+		// gone again.
 	}
-	err = s.c.Add(&memcache.Item{Key: key, Value: strconv.AppendUint(nil, inc, 10), Expiration: exp})
-	if !errors.Is(err, memcache.ErrNotStored) {
-		return inc, err
-	}
-	// Another caller added it first.
-	return s.c.Increment(key, inc)
+	return 0, fmt.Errorf("key %q deleted while counted, %d times in a row", key, incrRounds)
 }
+
+// incrRounds bounds incr's rounds of increment and add.
+const incrRounds = 4
 
 // decr takes n off key's count; a missing key (expired) has nothing to
 // give back.

@@ -185,3 +185,36 @@ func (s *Store) refund(ctx context.Context, now int64, st store.Store, h *half) 
 		h.out[k] = out[j]
 	}
 }
+
+// ErrNoReset is Reset's error when a hit's store cannot reset.
+var ErrNoReset = errors.New("split: a store cannot reset counters")
+
+// Reset resets each hit's counter in the store its hits go to (see
+// store.Resetter); both stores must implement store.Resetter for the
+// hits routed to them.
+func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
+	var a, b []store.Hit
+	for i := range hits {
+		if s.route(&hits[i]) {
+			b = append(b, hits[i])
+		} else {
+			a = append(a, hits[i])
+		}
+	}
+	for _, p := range []struct {
+		st   store.Store
+		hits []store.Hit
+	}{{s.main, a}, {s.other, b}} {
+		if len(p.hits) == 0 {
+			continue
+		}
+		rs, ok := p.st.(store.Resetter)
+		if !ok {
+			return ErrNoReset
+		}
+		if err := rs.Reset(ctx, now, p.hits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
