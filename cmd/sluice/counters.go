@@ -81,36 +81,10 @@ func runCounters(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		}
 		return 2
 	}
-	switch {
-	case fs.NArg() > 0:
-		return usageErr(fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
-	case f.domain == "":
-		return usageErr("--domain is required")
-	case len(f.descriptors) == 0:
-		return usageErr("at least one --descriptor is required")
-	case f.timeout <= 0:
-		return usageErr("--timeout must be positive")
-	case verb == "reset" && f.tokenFile == "":
-		return usageErr("reset needs --token-file")
-	}
-	tlsCfg, err := f.tls.config()
-	if err != nil {
+	if err := f.validate(fs, verb); err != nil {
 		return usageErr(err.Error())
 	}
-	hc := &http.Client{Timeout: f.timeout}
-	if tlsCfg != nil {
-		hc.Transport = &http.Transport{TLSClientConfig: tlsCfg}
-	}
-	req, err := f.request(ctx, verb, tlsCfg != nil)
-	if err != nil {
-		return usageErr(err.Error())
-	}
-	res, err := hc.Do(req)
-	if err != nil {
-		return usageErr(err.Error())
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	req, res, body, err := f.exchange(ctx, verb)
 	if err != nil {
 		return usageErr(err.Error())
 	}
@@ -137,6 +111,49 @@ func runCounters(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 	writeCounters(stdout, &out)
 	return 0
+}
+
+// validate checks the flags of verb (get or reset) that fs parsed.
+func (f *countersFlags) validate(fs *flag.FlagSet, verb string) error {
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case f.domain == "":
+		return errors.New("--domain is required")
+	case len(f.descriptors) == 0:
+		return errors.New("at least one --descriptor is required")
+	case f.timeout <= 0:
+		return errors.New("--timeout must be positive")
+	case verb == "reset" && f.tokenFile == "":
+		return errors.New("reset needs --token-file")
+	}
+	return nil
+}
+
+// exchange sends verb's request and reads the answer (at most 16 MiB).
+func (f *countersFlags) exchange(ctx context.Context, verb string) (*http.Request, *http.Response, []byte, error) {
+	tlsCfg, err := f.tls.config()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	hc := &http.Client{Timeout: f.timeout}
+	if tlsCfg != nil {
+		hc.Transport = &http.Transport{TLSClientConfig: tlsCfg}
+	}
+	req, err := f.request(ctx, verb, tlsCfg != nil)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	res, err := hc.Do(req)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return req, res, body, nil
 }
 
 // request builds the POST of verb with the descriptors as JSON.
