@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 )
@@ -24,7 +25,7 @@ func (m *socketMode) String() string {
 func (m *socketMode) Set(s string) error {
 	v, err := strconv.ParseUint(s, 8, 32)
 	if err != nil || v == 0 || v > 0o777 {
-		return fmt.Errorf("%q: want octal permission bits, 0600 to 0777", s)
+		return fmt.Errorf("%q: want octal permission bits, 1 to 0777 (e.g. 0660)", s)
 	}
 	*m = socketMode(v)
 	return nil
@@ -52,15 +53,53 @@ func listenUnix(path string, mode socketMode) (net.Listener, error) {
 			return nil, fmt.Errorf("stale socket: %w", err)
 		}
 	}
-	lis, err := net.Listen("unix", path)
+	if mode == 0 {
+		return net.Listen("unix", path)
+	}
+	return listenUnixMode(path, fs.FileMode(mode))
+}
+
+// listenUnixMode listens on a unix socket at path with mode. The socket
+// is made in a new directory beside path that only this user may enter,
+// given its mode there, then renamed to path: no client can connect to
+// it between the listen and the chmod.
+func listenUnixMode(path string, mode fs.FileMode) (net.Listener, error) {
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".sluice-socket-")
 	if err != nil {
 		return nil, err
 	}
-	if mode != 0 {
-		if err := os.Chmod(path, fs.FileMode(mode)); err != nil {
-			lis.Close()
-			return nil, err
-		}
+	defer os.Remove(dir)
+	tmp := filepath.Join(dir, "s")
+	lis, err := net.Listen("unix", tmp)
+	if err != nil {
+		return nil, err
 	}
-	return lis, nil
+	ul := lis.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, mode); err != nil {
+		ul.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ul.Close()
+		os.Remove(tmp)
+		return nil, err
+	}
+	return &unlinkListener{UnixListener: ul, path: path}, nil
+}
+
+// unlinkListener removes its socket file, renamed after the listen, when
+// closed.
+type unlinkListener struct {
+	*net.UnixListener
+	path string
+}
+
+func (l *unlinkListener) Close() error {
+	err := l.UnixListener.Close()
+	if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && err == nil {
+		err = rerr
+	}
+	return err
 }
