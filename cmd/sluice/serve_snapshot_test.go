@@ -240,6 +240,10 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 20}
       - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+  - key: burst
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100}
+      - {unit: hour, requests_per_unit: 10}
 `)
 	cur := parse(`domain: d|1
 descriptors:
@@ -253,6 +257,10 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 20}
       - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+  - key: burst
+    rate_limits:
+      - {unit: hour, requests_per_unit: 50}
+      - {unit: hour, requests_per_unit: 5}
 `)
 	rule := ruleOfKey(cur)
 	for _, c := range []struct {
@@ -267,6 +275,8 @@ descriptors:
 		// read again only by a limit override of the same key.
 		{"alike", "x", "fixed_window 20 per 1s"},
 		{"plan", "gold", "fixed_window 20 per 1s"},
+		// Two limits with one window: the second's key ends in "|2".
+		{"burst", "x", "fixed_window 50 per 1h0m0s"},
 	} {
 		r, key := old.Match("d|1", []config.Entry{{Key: c.key, Value: c.value}}, nil)
 		for _, l := range r.Limits() {
@@ -276,8 +286,11 @@ descriptors:
 				got = lr.String()
 			}
 			want := c.want
-			if l.Calendar {
+			switch {
+			case l.Calendar:
 				want = "fixed_window 1000 per calendar month (Europe/Berlin)"
+			case c.key == "burst" && l.Index == 1:
+				want = "fixed_window 5 per 1h0m0s"
 			}
 			if got != want {
 				t.Errorf("%s: rule %q, want %q", k, got, want)
