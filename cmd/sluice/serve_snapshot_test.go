@@ -304,6 +304,39 @@ descriptors:
 	}
 }
 
+// The counters of a rate_limits list whose limits share a window (the
+// second's key ends in "|2") survive a restart, the second's included.
+func TestServe_MemorySnapshot_SameWindowLimits(t *testing.T) {
+	dir, path := t.TempDir(), filepath.Join(t.TempDir(), "counters.snap")
+	limits := `domain: snap
+descriptors:
+  - key: plan
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100}
+      - {unit: hour, requests_per_unit: 3}
+`
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(limits), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", dir, "--memory-snapshot", path, "--memory-snapshot-interval", "0"}
+	grpcAddr, _, stop := startServe(t, nil, args...)
+	for range 2 {
+		if code, _ := hitAt(t, grpcAddr, "plan", "gold"); code != rlspb.RateLimitResponse_OK {
+			t.Fatalf("before the restart: %v, want OK", code)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr, _, _ = startServe(t, nil, args...)
+	if code, _ := hitAt(t, grpcAddr, "plan", "gold"); code != rlspb.RateLimitResponse_OK {
+		t.Fatalf("the 3rd of 3 after the restart: %v, want OK", code)
+	}
+	if code, _ := hitAt(t, grpcAddr, "plan", "gold"); code != rlspb.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the 4th of 3 after the restart: %v, want OVER_LIMIT (the second limit's count restored)", code)
+	}
+}
+
 // A server that starts with no config restores its snapshot against the
 // first config it loads, before it reports SERVING.
 func TestServe_MemorySnapshot_FirstConfig(t *testing.T) {
