@@ -93,6 +93,37 @@ func keySuffix(r *Rule) string {
 	return "|fw:" + per
 }
 
+// SplitKey splits a counter key into the part Table.KeyPrefix gives its
+// domain and the part Rule.KeySuffix gives its limit (the algorithm and the
+// numbers its state depends on), the inverse of how keys are built: the
+// suffix is the last part, with the part before it when the last is a
+// number, the "|k" of the k-th of a descriptor's limits that share one
+// (rateLimits). ok is false when key has no separate domain and last part.
+func SplitKey(key string) (prefix, suffix string, ok bool) {
+	i, j := strings.IndexByte(key, '|'), strings.LastIndexByte(key, '|')
+	if i < 0 || j <= i {
+		return "", "", false
+	}
+	if isNumber(key[j+1:]) {
+		if k := strings.LastIndexByte(key[:j], '|'); k > i {
+			j = k
+		}
+	}
+	return key[:i+1], key[j:], true
+}
+
+// isNumber reports whether s is a non-empty run of decimal digits. No
+// other part of a key is: an entry's has '=', a limit's begins with its
+// algorithm.
+func isNumber(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
 // OverrideKey appends the counter key for a descriptor's limit override:
 // the domain, the request's entries as sent and the override's unit, as a
 // fixed window (wide when its limit exceeds store.MaxFixedWindowLimit). It

@@ -138,3 +138,47 @@ descriptors:
 		t.Errorf("shared key %q", key)
 	}
 }
+
+// TestSplitKey: every limit's counter key splits back into its domain's
+// KeyPrefix and its KeySuffix, a rate_limits list's limits that share a
+// window (suffix "|2", "|3") and values that look like a suffix included.
+func TestSplitKey(t *testing.T) {
+	tb, err := Parse("limits.yaml", []byte(`domain: d|1
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: minute, requests_per_unit: 100}
+      - {unit: minute, requests_per_unit: 10}
+      - {unit: minute, requests_per_unit: 1}
+      - {unit: hour, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+      - {unit: hour, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+      - {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
+      - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+      - {unit: day, requests_per_unit: 9007199254740992}
+  - key: u
+    rate_limit: {unlimited: true}
+`), Options{MaxValueBytes: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ key, value string }{
+		{"k", "x"}, {"k", "2"}, {"k", "|2"}, {"k", "fw:60s"}, {"k", "a-value-longer-than-8"}, {"u", "12"},
+	} {
+		r, key := tb.Match("d|1", []Entry{{Key: c.key, Value: c.value}}, nil)
+		if r == nil {
+			t.Fatalf("%s=%s: no rule", c.key, c.value)
+		}
+		for _, l := range r.Limits() {
+			k := strings.TrimSuffix(string(key), r.KeySuffix()) + l.KeySuffix()
+			prefix, suffix, ok := SplitKey(k)
+			if !ok || prefix != tb.KeyPrefix("d|1") || suffix != l.KeySuffix() {
+				t.Errorf("SplitKey(%q) = %q, %q, %v; want %q, %q", k, prefix, suffix, ok, tb.KeyPrefix("d|1"), l.KeySuffix())
+			}
+		}
+	}
+	for _, k := range []string{"", "d", "d|", "d|2"} {
+		if p, s, ok := SplitKey(k); ok {
+			t.Errorf("SplitKey(%q) = %q, %q, true; want false", k, p, s)
+		}
+	}
+}

@@ -120,7 +120,8 @@ func (c *serveCmd) parse(args []string, getenv func(string) string, stderr io.Wr
 
 // run serves until ctx is done, in steps: check the flags, open the
 // config, open the store, set up the extensions, build the limiter and
-// the servers, start them, wait, drain, stop the store.
+// the servers, start them, wait, drain, run the stop steps (the store's
+// and the extensions').
 func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpcAddr, httpAddr net.Addr)) error {
 	f := &c.flags
 	lopts, b, err := f.check()
@@ -162,7 +163,11 @@ func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpc
 	srv.drain(x.Health, f.drainTimeout, logger)
 	cancel()
 	t.wg.Wait()
-	st.stopStore(logger)
+	for _, stop := range x.Stop {
+		if err := stop(); err != nil {
+			logger.Error("stop", "err", err)
+		}
+	}
 	logger.Info("stopped")
 	return runErr
 }
@@ -176,17 +181,6 @@ func (c *serveCmd) openStore(ctx context.Context, logger *slog.Logger, clock sto
 	return st, nil
 }
 
-// stopStore runs the store's last step (openStore.stop), once nothing
-// uses the store any more.
-func (st openStore) stopStore(logger *slog.Logger) {
-	if st.stop == nil {
-		return
-	}
-	if err := st.stop(); err != nil {
-		logger.Error("store stop", "err", err)
-	}
-}
-
 // setup builds the context the store and the extensions extend, and
 // runs their setups.
 func (c *serveCmd) setup(ctx context.Context, logger *slog.Logger, reloader *config.Reloader, st openStore, clock store.Clock) (*serveContext, error) {
@@ -194,6 +188,9 @@ func (c *serveCmd) setup(ctx context.Context, logger *slog.Logger, reloader *con
 		Health: server.NewHealth(), HTTP: http.NewServeMux(), HTTPBounds: c.flags.http, Store: st.Store, Clock: clock}
 	if st.run != nil {
 		x.Run = append(x.Run, st.run)
+	}
+	if st.stop != nil {
+		x.Stop = append(x.Stop, st.stop)
 	}
 	if c.flags.source.requireDomain {
 		x.Ready = append(x.Ready, func() bool { t := reloader.Current(); return t != nil && len(t.Domains()) > 0 })

@@ -59,6 +59,11 @@ type serveContext struct {
 	GRPCOptions []grpc.ServerOption
 	// Run are started with the serving context; serve waits for them.
 	Run []func(ctx context.Context) error
+	// Stop run in order once serve has drained and every Run has
+	// returned: the last steps that must see every request's work (the
+	// store's, then the extensions' in setup order). serve logs their
+	// errors.
+	Stop []func() error
 	// Ready are conditions besides a loaded config that health requires
 	// (Redis reachable, with --redis-health). An extension that adds one
 	// calls UpdateHealth when it changes.

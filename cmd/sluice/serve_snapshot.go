@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,11 +174,11 @@ func ruleOfKey(t *config.Table) func(key string) *store.Rule {
 		}
 	}
 	return func(key string) *store.Rule {
-		i, j := strings.IndexByte(key, '|'), strings.LastIndexByte(key, '|')
-		if i < 0 || j <= i {
+		prefix, suffix, ok := config.SplitKey(key)
+		if !ok {
 			return nil
 		}
-		return rules[key[:i+1]+key[j:]]
+		return rules[prefix+suffix]
 	}
 }
 

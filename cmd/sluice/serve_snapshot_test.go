@@ -240,6 +240,10 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 20}
       - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+  - key: burst
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100}
+      - {unit: hour, requests_per_unit: 10}
 `)
 	cur := parse(`domain: d|1
 descriptors:
@@ -253,6 +257,10 @@ descriptors:
     rate_limits:
       - {unit: second, requests_per_unit: 20}
       - {unit: month, requests_per_unit: 1000, calendar: true, time_zone: Europe/Berlin}
+  - key: burst
+    rate_limits:
+      - {unit: hour, requests_per_unit: 50}
+      - {unit: hour, requests_per_unit: 5}
 `)
 	rule := ruleOfKey(cur)
 	for _, c := range []struct {
@@ -267,6 +275,8 @@ descriptors:
 		// read again only by a limit override of the same key.
 		{"alike", "x", "fixed_window 20 per 1s"},
 		{"plan", "gold", "fixed_window 20 per 1s"},
+		// Two limits with one window: the second's key ends in "|2".
+		{"burst", "x", "fixed_window 50 per 1h0m0s"},
 	} {
 		r, key := old.Match("d|1", []config.Entry{{Key: c.key, Value: c.value}}, nil)
 		for _, l := range r.Limits() {
@@ -276,8 +286,11 @@ descriptors:
 				got = lr.String()
 			}
 			want := c.want
-			if l.Calendar {
+			switch {
+			case l.Calendar:
 				want = "fixed_window 1000 per calendar month (Europe/Berlin)"
+			case c.key == "burst" && l.Index == 1:
+				want = "fixed_window 5 per 1h0m0s"
 			}
 			if got != want {
 				t.Errorf("%s: rule %q, want %q", k, got, want)
@@ -288,6 +301,39 @@ descriptors:
 		if r := rule(k); r != nil {
 			t.Errorf("%q: rule %v, want none", k, r)
 		}
+	}
+}
+
+// The counters of a rate_limits list whose limits share a window (the
+// second's key ends in "|2") survive a restart, the second's included.
+func TestServe_MemorySnapshot_SameWindowLimits(t *testing.T) {
+	dir, path := t.TempDir(), filepath.Join(t.TempDir(), "counters.snap")
+	limits := `domain: snap
+descriptors:
+  - key: plan
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100}
+      - {unit: hour, requests_per_unit: 3}
+`
+	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"), []byte(limits), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", dir, "--memory-snapshot", path, "--memory-snapshot-interval", "0"}
+	grpcAddr, _, stop := startServe(t, nil, args...)
+	for range 2 {
+		if code, _ := hitAt(t, grpcAddr, "plan", "gold"); code != rlspb.RateLimitResponse_OK {
+			t.Fatalf("before the restart: %v, want OK", code)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr, _, _ = startServe(t, nil, args...)
+	if code, _ := hitAt(t, grpcAddr, "plan", "gold"); code != rlspb.RateLimitResponse_OK {
+		t.Fatalf("the 3rd of 3 after the restart: %v, want OK", code)
+	}
+	if code, _ := hitAt(t, grpcAddr, "plan", "gold"); code != rlspb.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("the 4th of 3 after the restart: %v, want OVER_LIMIT (the second limit's count restored)", code)
 	}
 }
 

@@ -75,8 +75,9 @@ func (f *tracingFlags) setup(ctx context.Context, x *serveContext) error {
 		}
 	}
 	x.Logger.Info("tracing", "protocol", strings.ToLower(f.protocol), "service", service, "instance", instance, "sampling_rate", f.samplingRate)
-	x.Run = append(x.Run, func(ctx context.Context) error {
-		<-ctx.Done()
+	// Shut down (send the spans still queued) once serve has drained:
+	// requests that end during the drain have spans too.
+	x.Stop = append(x.Stop, func() error {
 		sctx, cancel := context.WithTimeout(context.Background(), traceShutdownTimeout)
 		defer cancel()
 		if err := p.Shutdown(sctx); err != nil {

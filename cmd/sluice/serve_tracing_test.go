@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"slices"
@@ -272,4 +276,69 @@ func TestServe_TracingCollectorDown(t *testing.T) {
 		t.Fatalf("ShouldRateLimit with the collector down: %v %v", r, err)
 	}
 	waitFor(t, func() bool { return strings.Contains(logs.String(), "level=WARN msg=tracing err=") }, "a warning about the failed export")
+}
+
+// TestServe_TracingSpanOfTheDrain: the span of a request that is in
+// flight when serve is told to stop (SIGTERM ends its context) and is
+// answered during the drain reaches the collector: tracing shuts down
+// after the drain, not when the context ends. Spans are sent only at
+// shutdown here (OTEL_BSP_SCHEDULE_DELAY of an hour).
+func TestServe_TracingSpanOfTheDrain(t *testing.T) {
+	rcv := tracingtest.StartHTTP(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
+	logs := &lockedBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tracing"},
+			serveEnv{}.get, logs, func(_, h net.Addr) { ready <- h.String() })
+	}()
+	var httpAddr string
+	select {
+	case httpAddr = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v\n%s", err, logs)
+	}
+	// A check whose handler waits for its body: the server has read the
+	// headers when it asks for the body (100 Continue).
+	conn, err := net.Dial("tcp", httpAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"domain":"e2e","key":"path","value":"/login"}`
+	fmt.Fprintf(conn, "POST /v1/check HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"+
+		"Expect: 100-continue\r\ntraceparent: 00-%s-%s-01\r\n\r\n", len(body), clientTrace, clientSpan)
+	br := bufio.NewReader(conn)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("want 100 Continue, got %q, %v", line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "msg=draining") }, "the drain")
+	if _, err := io.WriteString(conn, body); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the check in flight: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("the check in flight: %s, want 200 OK", res.Status)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	// serve has returned: tracing has shut down, and sent what it had.
+	if !slices.ContainsFunc(rcv.Spans(), func(s tracingtest.Span) bool {
+		return s.GetName() == "POST /v1/check" && s.TraceID() == clientTrace
+	}) {
+		t.Errorf("the span of the check answered during the drain was not sent (%d spans received)\n%s", len(rcv.Spans()), logs)
+	}
 }
