@@ -158,6 +158,42 @@ func (s *Server) Keys() []string {
 	return nil
 }
 
+// Conns is the number of client connections the server has open, the
+// one that asks not counted (its stats' curr_connections less one). The
+// server counts a connection the client closed until it reads the close,
+// a moment later: wait for a count, do not expect it at once. It fails
+// the test if the server does not answer.
+func (s *Server) Conns() int {
+	s.t.Helper()
+	c, err := s.dial()
+	if err != nil {
+		s.t.Fatalf("memcachetest: conns: %v", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("stats\r\n")); err != nil {
+		s.t.Fatalf("memcachetest: conns: %v", err)
+	}
+	n := -1
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "END" {
+			if n < 1 {
+				s.t.Fatalf("memcachetest: conns: no curr_connections in the stats")
+			}
+			return n - 1
+		}
+		if v, ok := strings.CutPrefix(line, "STAT curr_connections "); ok {
+			if n, err = strconv.Atoi(v); err != nil {
+				s.t.Fatalf("memcachetest: conns: %q", line)
+			}
+		}
+	}
+	s.t.Fatalf("memcachetest: conns: %v", sc.Err())
+	return 0
+}
+
 // Kill stops the process with SIGKILL and waits for it. It does nothing
 // if the process is not running.
 func (s *Server) Kill() {
