@@ -287,17 +287,24 @@ func TestSelector_MovesFewKeys(t *testing.T) {
 	}
 }
 
+// twoOnSRV starts two memcached, m1 and m2, named mc1 and mc2 (their
+// host:port), and a DNS server whose SRV name targets mc1.
+func twoOnSRV(t *testing.T, name string) (m1, m2 *memcachetest.Server, mc1, mc2 string, dns *memcachetest.DNS) {
+	m1, m2 = memcachetest.Start(t), memcachetest.Start(t)
+	dns = memcachetest.StartDNS(t)
+	mc1, mc2 = hostPort("mc1.sluice.test", m1), hostPort("mc2.sluice.test", m2)
+	dns.SetA("mc1.sluice.test", "127.0.0.1")
+	dns.SetA("mc2.sluice.test", "127.0.0.1")
+	dns.SetSRV(name, mc1)
+	return m1, m2, mc1, mc2, dns
+}
+
 // TestSRV: the servers come from an SRV name served by a DNS server on
 // loopback; a refresh follows a change of its targets, and a failed
 // lookup keeps the servers.
 func TestSRV(t *testing.T) {
-	m1, m2 := memcachetest.Start(t), memcachetest.Start(t)
-	dns := memcachetest.StartDNS(t)
 	const name = "_memcache._tcp.sluice.test"
-	mc1, mc2 := hostPort("mc1.sluice.test", m1), hostPort("mc2.sluice.test", m2)
-	dns.SetA("mc1.sluice.test", "127.0.0.1")
-	dns.SetA("mc2.sluice.test", "127.0.0.1")
-	dns.SetSRV(name, mc1)
+	m1, _, mc1, mc2, dns := twoOnSRV(t, name)
 	s := open(t, Options{SRV: name, Resolver: dns.Resolver(), SRVRefresh: time.Hour, Timeout: suiteTimeout})
 	if got := s.Stats().Servers; len(got) != 1 || got[0] != mc1 {
 		t.Fatalf("servers %v, want [%s]", got, mc1)
@@ -347,13 +354,8 @@ func waitConns(t *testing.T, srv *memcachetest.Server, want int) {
 // refresh) nor one a call held meanwhile (closed by the next refresh),
 // while the servers in use keep serving.
 func TestSRV_ClosesIdleConnsOfDroppedServers(t *testing.T) {
-	m1, m2 := memcachetest.Start(t), memcachetest.Start(t)
-	dns := memcachetest.StartDNS(t)
 	const name = "_memcache._tcp.conns.sluice.test"
-	mc1, mc2 := hostPort("mc1.sluice.test", m1), hostPort("mc2.sluice.test", m2)
-	dns.SetA("mc1.sluice.test", "127.0.0.1")
-	dns.SetA("mc2.sluice.test", "127.0.0.1")
-	dns.SetSRV(name, mc1)
+	m1, m2, mc1, mc2, dns := twoOnSRV(t, name)
 	s := open(t, Options{SRV: name, Resolver: dns.Resolver(), SRVRefresh: time.Hour, Timeout: suiteTimeout})
 	r := storetest.Window(t, 1000, time.Minute)
 
