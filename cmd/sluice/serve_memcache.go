@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,20 +27,15 @@ func init() {
 // memcacheConfig is one serve invocation's settings of the memcache
 // backend.
 type memcacheConfig struct {
-	servers       string
-	srv           string
-	srvRefresh    time.Duration
-	srvResolver   string
-	maxIdleConns  int
-	timeout       time.Duration
-	keyPrefix     string
-	health        bool
-	tls           bool
-	tlsCA         string
-	tlsCert       string
-	tlsKey        string
-	tlsServerName string
-	tlsSkipName   bool
+	servers      string
+	srv          string
+	srvRefresh   time.Duration
+	srvResolver  string
+	maxIdleConns int
+	timeout      time.Duration
+	keyPrefix    string
+	health       bool
+	tls          storeTLSFlags
 }
 
 func newMemcacheConfig(fs *flag.FlagSet) storeConfig {
@@ -54,12 +48,7 @@ func newMemcacheConfig(fs *flag.FlagSet) storeConfig {
 	fs.DurationVar(&c.timeout, "memcache-timeout", memcache.DefaultTimeout, "memcache store: most time one round trip to memcached may take, dialling included")
 	fs.StringVar(&c.keyPrefix, "memcache-key-prefix", "", "memcache store: prefix of every memcached key")
 	fs.BoolVar(&c.health, "memcache-health", false, "memcache store: report NOT_SERVING while a memcached server is unreachable")
-	fs.BoolVar(&c.tls, "memcache-tls", false, "memcache store: connect with TLS")
-	fs.StringVar(&c.tlsCA, "memcache-tls-ca", "", "memcache store: PEM `file` of the CA that signed memcached's certificate (default: system roots)")
-	fs.StringVar(&c.tlsCert, "memcache-tls-cert", "", "memcache store: PEM `file` of the client certificate")
-	fs.StringVar(&c.tlsKey, "memcache-tls-key", "", "memcache store: PEM `file` of the client certificate's key")
-	fs.StringVar(&c.tlsServerName, "memcache-tls-server-name", "", "memcache store: name to verify memcached's certificate against (default: the host)")
-	fs.BoolVar(&c.tlsSkipName, "memcache-tls-skip-hostname-verification", false, "memcache store: verify memcached's certificate chain but not its name")
+	c.tls.register(fs, "memcache", "memcache store: ", "memcached", "the other --memcache-tls-* flags")
 	return c
 }
 
@@ -88,25 +77,12 @@ func (c *memcacheConfig) options() (memcache.Options, error) {
 			return d.DialContext(ctx, network, addr)
 		}}
 	}
-	if c.tls || c.tlsCA != "" || c.tlsCert != "" || c.tlsServerName != "" || c.tlsSkipName {
-		tc, err := c.tlsConfig()
-		if err != nil {
-			return o, err
-		}
-		o.TLS = tc
-	}
-	return o, nil
-}
-
-func (c *memcacheConfig) tlsConfig() (*tls.Config, error) {
-	tc, err := clientTLS("memcache-", c.tlsCA, c.tlsCert, c.tlsKey, c.tlsServerName)
+	tc, err := c.tls.config()
 	if err != nil {
-		return nil, err
+		return o, err
 	}
-	if c.tlsSkipName {
-		verifyChainOnly(tc)
-	}
-	return tc, nil
+	o.TLS = tc
+	return o, nil
 }
 
 func (c *memcacheConfig) open(ctx context.Context, logger *slog.Logger, clock store.Clock) (openStore, error) {
@@ -115,6 +91,7 @@ func (c *memcacheConfig) open(ctx context.Context, logger *slog.Logger, clock st
 		return openStore{}, err
 	}
 	opt.Clock, opt.Logger = clock, logger
+	c.tls.warn(logger, "memcache store", "memcached")
 	st, err := memcache.New(ctx, opt)
 	if err != nil {
 		return openStore{}, err

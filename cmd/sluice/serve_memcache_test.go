@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"log/slog"
@@ -83,6 +84,49 @@ func TestServeMemcache_Options(t *testing.T) {
 	}
 }
 
+// TestServeMemcache_TLSFlags: each --memcache-tls* flag turns TLS on,
+// the key one too (so without its certificate it is refused, not
+// ignored), and the name is verified or skipped, not both, as Redis's.
+func TestServeMemcache_TLSFlags(t *testing.T) {
+	dir := t.TempDir()
+	ca := testcert.NewCA(t).WriteFile(t, dir)
+	for _, c := range []struct {
+		args []string
+		err  string // "": TLS on
+	}{
+		{[]string{"--memcache-tls"}, ""},
+		{[]string{"--memcache-tls-ca", ca}, ""},
+		{[]string{"--memcache-tls-server-name", "memcached.internal"}, ""},
+		{[]string{"--memcache-tls-skip-hostname-verification"}, ""},
+		{[]string{"--memcache-tls-key", "/k.pem"}, "--memcache-tls-cert and --memcache-tls-key go together"},
+		{[]string{"--memcache-tls-cert", "/c.pem"}, "--memcache-tls-cert and --memcache-tls-key go together"},
+		{[]string{"--memcache-tls-skip-hostname-verification", "--memcache-tls-server-name", "memcached.internal"},
+			"--memcache-tls-skip-hostname-verification and --memcache-tls-server-name: give one"},
+	} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		mc := newMemcacheConfig(fs).(*memcacheConfig)
+		if err := fs.Parse(append([]string{"--memcache-servers", "a:1"}, c.args...)); err != nil {
+			t.Fatal(err)
+		}
+		o, err := mc.options()
+		switch {
+		case c.err == "" && (err != nil || o.TLS == nil):
+			t.Errorf("%q: err %v, TLS %v; want TLS on", c.args, err, o.TLS != nil)
+		case c.err != "" && (err == nil || err.Error() != c.err):
+			t.Errorf("%q: err %v, want %q", c.args, err, c.err)
+		}
+	}
+	// No flag: plain TCP.
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	mc := newMemcacheConfig(fs).(*memcacheConfig)
+	if err := fs.Parse([]string{"--memcache-servers", "a:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := mc.options(); err != nil || o.TLS != nil {
+		t.Errorf("no TLS flag: err %v, TLS %v; want plain TCP", err, o.TLS != nil)
+	}
+}
+
 // TestMemcache_TLSSkipHostnameVerification: the name is not checked, the
 // chain still is.
 func TestMemcache_TLSSkipHostnameVerification(t *testing.T) {
@@ -102,11 +146,21 @@ func TestMemcache_TLSSkipHostnameVerification(t *testing.T) {
 		{ca.WriteFile(t, dir), true, true},
 		{other.WriteFile(t, otherDir), true, false}, // another CA's chain
 	} {
-		mc := &memcacheConfig{servers: srv.Addr, timeout: 5 * time.Second, maxIdleConns: 1, tls: true,
-			tlsCA: c.ca, tlsCert: clientCert, tlsKey: clientKey, tlsSkipName: c.skip}
-		_, err := mc.open(context.Background(), slog.New(slog.DiscardHandler), nil)
+		mc := &memcacheConfig{servers: srv.Addr, timeout: 5 * time.Second, maxIdleConns: 1,
+			tls: storeTLSFlags{name: "memcache", on: true, ca: c.ca, cert: clientCert, key: clientKey, skipHostname: c.skip}}
+		var log bytes.Buffer
+		st, err := mc.open(context.Background(), slog.New(slog.NewTextHandler(&log, nil)), nil)
 		if (err == nil) != c.ok {
 			t.Errorf("CA %s, skip %v: err %v, want ok %v", c.ca, c.skip, err, c.ok)
+		}
+		if err == nil {
+			st.closer.Close()
+		}
+		// The skip is logged at WARN, as Redis's.
+		const warning = "level=WARN msg=\"memcache store: --memcache-tls-skip-hostname-verification: memcached's certificate is checked against the CA, " +
+			"not against memcached's name: any certificate that CA signed is accepted (prefer --memcache-tls-server-name)\""
+		if strings.Contains(log.String(), warning) != c.skip {
+			t.Errorf("CA %s, skip %v: log %q, want the warning %v", c.ca, c.skip, log.String(), c.skip)
 		}
 	}
 }

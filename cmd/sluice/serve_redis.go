@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -44,12 +43,7 @@ type redisConn struct {
 	username         string
 	password         string
 	sentinelPassword string
-	tls              bool
-	tlsCA            string
-	tlsCert          string
-	tlsKey           string
-	tlsServerName    string
-	tlsSkipHostname  bool
+	tls              storeTLSFlags
 	timeout          time.Duration
 	pipelineWindow   time.Duration
 }
@@ -101,13 +95,7 @@ func (f *redisConn) register(fs *flag.FlagSet, name, usage string) {
 	fs.StringVar(&f.username, p+"username", "", usage+"ACL user (overrides the URL's)")
 	fs.StringVar(&f.password, p+"password", "", usage+"password (overrides the URL's)")
 	fs.StringVar(&f.sentinelPassword, p+"sentinel-password", "", usage+"password of the sentinels (default: --"+p+"password)")
-	fs.BoolVar(&f.tls, p+"tls", false, usage+"connect with TLS (implied by rediss://)")
-	fs.StringVar(&f.tlsCA, p+"tls-ca", "", usage+"PEM `file` of the CA that signed Redis's certificate (default: system roots)")
-	fs.StringVar(&f.tlsCert, p+"tls-cert", "", usage+"PEM `file` of the client certificate")
-	fs.StringVar(&f.tlsKey, p+"tls-key", "", usage+"PEM `file` of the client certificate's key")
-	fs.StringVar(&f.tlsServerName, p+"tls-server-name", "", usage+"name to verify Redis's certificate against (default: the host)")
-	fs.BoolVar(&f.tlsSkipHostname, p+"tls-skip-hostname-verification", false, usage+"accept Redis's certificate whatever names it holds, "+
-		"as long as it chains to --"+p+"tls-ca (or the system roots); prefer --"+p+"tls-server-name")
+	f.tls.register(fs, name, usage, "Redis", "rediss://")
 	fs.DurationVar(&f.pipelineWindow, p+"pipeline-window", 0, usage+"under concurrent load, wait up to this long after each write to Redis so more commands share the next (up to this much latency; concurrent requests already share script calls, so 0, write at once, measured fastest)")
 	fs.DurationVar(&f.timeout, p+"timeout", time.Second, usage+"most time a request waits for Redis, and the wait of callers that state no deadline; a gRPC caller's grpc-timeout (Envoy's filter timeout), or an HTTP caller's Sluice-Timeout header, shortens it, less a margin to answer (a tenth, at most 5ms)")
 }
@@ -182,10 +170,7 @@ func (c *redisConfig) openOne(ctx context.Context, logger *slog.Logger, clock st
 			ok.Observe(d.Seconds())
 		}
 	}
-	if conn.tlsSkipHostname {
-		logger.Warn("redis store: --" + conn.prefix + "-tls-skip-hostname-verification: Redis's certificate is checked against the CA, not against Redis's name: " +
-			"any certificate that CA signed is accepted (prefer --" + conn.prefix + "-tls-server-name)")
-	}
+	conn.tls.warn(logger, "redis store", "Redis")
 	st, err := redis.New(ctx, opt)
 	if err != nil {
 		if conn.prefix != "redis" {
@@ -349,29 +334,12 @@ func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	default:
 		return o, fmt.Errorf("--redis-clock %q: want script-arg or server", f.clock)
 	}
-	if conn.tls || conn.tlsCA != "" || conn.tlsCert != "" || conn.tlsKey != "" || conn.tlsServerName != "" || conn.tlsSkipHostname {
-		tc, err := conn.tlsConfig()
-		if err != nil {
-			return o, err
-		}
-		o.TLS = tc
-	}
-	return o, nil
-}
-
-func (f *redisConn) tlsConfig() (*tls.Config, error) {
-	tc, err := clientTLS(f.prefix+"-", f.tlsCA, f.tlsCert, f.tlsKey, f.tlsServerName)
+	tc, err := conn.tls.config()
 	if err != nil {
-		return nil, err
+		return o, err
 	}
-	if f.tlsSkipHostname {
-		if f.tlsServerName != "" {
-			p := "--" + f.prefix + "-"
-			return nil, fmt.Errorf("%stls-skip-hostname-verification and %stls-server-name: give one", p, p)
-		}
-		verifyChainOnly(tc)
-	}
-	return tc, nil
+	o.TLS = tc
+	return o, nil
 }
 
 func splitList(s string) []string {

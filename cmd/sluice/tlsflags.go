@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 )
 
@@ -36,6 +37,63 @@ func (f *tlsClientFlags) config() (*tls.Config, error) {
 	}
 	cfg.InsecureSkipVerify = f.skipVerify
 	return cfg, nil
+}
+
+// storeTLSFlags are the --NAME-tls* flags of serve's client of a store
+// (NAME redis, redis-persecond or memcache), the same for each.
+type storeTLSFlags struct {
+	name                      string
+	on                        bool
+	ca, cert, key, serverName string
+	skipHostname              bool
+}
+
+// register adds the flags; peer names the server in their usage (Redis,
+// memcached) and implied says what else turns TLS on.
+func (f *storeTLSFlags) register(fs *flag.FlagSet, name, usage, peer, implied string) {
+	f.name = name
+	p := name + "-"
+	fs.BoolVar(&f.on, p+"tls", false, usage+"connect with TLS (implied by "+implied+")")
+	fs.StringVar(&f.ca, p+"tls-ca", "", usage+"PEM `file` of the CA that signed "+peer+"'s certificate (default: system roots)")
+	fs.StringVar(&f.cert, p+"tls-cert", "", usage+"PEM `file` of the client certificate")
+	fs.StringVar(&f.key, p+"tls-key", "", usage+"PEM `file` of the client certificate's key")
+	fs.StringVar(&f.serverName, p+"tls-server-name", "", usage+"name to verify "+peer+"'s certificate against (default: the host)")
+	fs.BoolVar(&f.skipHostname, p+"tls-skip-hostname-verification", false, usage+"accept "+peer+"'s certificate whatever names it holds, "+
+		"as long as it chains to --"+p+"tls-ca (or the system roots); prefer --"+p+"tls-server-name")
+}
+
+// set reports whether any of the flags is given: each turns TLS on.
+func (f *storeTLSFlags) set() bool {
+	return f.on || f.ca != "" || f.cert != "" || f.key != "" || f.serverName != "" || f.skipHostname
+}
+
+// config returns the TLS configuration, or nil when no flag is set.
+func (f *storeTLSFlags) config() (*tls.Config, error) {
+	if !f.set() {
+		return nil, nil
+	}
+	tc, err := clientTLS(f.name+"-", f.ca, f.cert, f.key, f.serverName)
+	if err != nil {
+		return nil, err
+	}
+	if f.skipHostname {
+		if f.serverName != "" {
+			p := "--" + f.name + "-"
+			return nil, fmt.Errorf("%stls-skip-hostname-verification and %stls-server-name: give one", p, p)
+		}
+		verifyChainOnly(tc)
+	}
+	return tc, nil
+}
+
+// warn logs at WARN, with --NAME-tls-skip-hostname-verification, that
+// any certificate the CA signed is accepted; what names the store in the
+// message and peer its server.
+func (f *storeTLSFlags) warn(logger *slog.Logger, what, peer string) {
+	if f.skipHostname {
+		logger.Warn(what + ": --" + f.name + "-tls-skip-hostname-verification: " + peer + "'s certificate is checked against the CA, not against " + peer + "'s name: " +
+			"any certificate that CA signed is accepted (prefer --" + f.name + "-tls-server-name)")
+	}
 }
 
 // clientTLS is the TLS configuration of a client whose flags are

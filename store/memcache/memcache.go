@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -22,9 +23,10 @@ import (
 
 // Store keeps rate-limit state in memcached. Safe for concurrent use.
 type Store struct {
-	c   *memcache.Client
-	sel *selector
-	opt Options
+	c     *memcache.Client
+	sel   *selector
+	conns conns // the client's open connections, by server
+	opt   Options
 
 	healthy    atomic.Bool
 	srvFailing atomic.Bool   // the last SRV refresh failed
@@ -76,10 +78,11 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	}
 	s.c = memcache.NewFromSelector(s.sel)
 	s.c.Timeout, s.c.MaxIdleConns = opt.Timeout, opt.MaxIdleConns
+	dial := (&net.Dialer{Timeout: opt.Timeout}).DialContext // as the library's own
 	if opt.TLS != nil {
-		d := &tls.Dialer{Config: opt.TLS}
-		s.c.DialContext = d.DialContext
+		dial = (&tls.Dialer{Config: opt.TLS}).DialContext
 	}
+	s.c.DialContext = s.conns.dial(dial)
 	s.healthy.Store(true)
 	return s, nil
 }
@@ -135,8 +138,17 @@ func (s *Store) Run(ctx context.Context) error {
 	}
 }
 
-// refresh resolves the SRV name again and uses its targets.
+// refresh resolves the SRV name again and uses its targets. While a
+// connection stays open to a server no longer used (idle; or in a call
+// when the servers changed, idle since), it closes the idle connections:
+// the library keeps them per server and would never use nor close those.
+// Calls in flight keep theirs; the servers in use re-dial.
 func (s *Store) refresh(ctx context.Context) {
+	defer func() {
+		if s.conns.outside(s.sel.has) {
+			_ = s.c.Close()
+		}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), 5*time.Second))
 	defer cancel()
 	names, err := lookupSRV(ctx, s.opt.Resolver, s.opt.SRV)

@@ -2,6 +2,7 @@ package memcache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -286,17 +287,24 @@ func TestSelector_MovesFewKeys(t *testing.T) {
 	}
 }
 
+// twoOnSRV starts two memcached, m1 and m2, named mc1 and mc2 (their
+// host:port), and a DNS server whose SRV name targets mc1.
+func twoOnSRV(t *testing.T, name string) (m1, m2 *memcachetest.Server, mc1, mc2 string, dns *memcachetest.DNS) {
+	m1, m2 = memcachetest.Start(t), memcachetest.Start(t)
+	dns = memcachetest.StartDNS(t)
+	mc1, mc2 = hostPort("mc1.sluice.test", m1), hostPort("mc2.sluice.test", m2)
+	dns.SetA("mc1.sluice.test", "127.0.0.1")
+	dns.SetA("mc2.sluice.test", "127.0.0.1")
+	dns.SetSRV(name, mc1)
+	return m1, m2, mc1, mc2, dns
+}
+
 // TestSRV: the servers come from an SRV name served by a DNS server on
 // loopback; a refresh follows a change of its targets, and a failed
 // lookup keeps the servers.
 func TestSRV(t *testing.T) {
-	m1, m2 := memcachetest.Start(t), memcachetest.Start(t)
-	dns := memcachetest.StartDNS(t)
 	const name = "_memcache._tcp.sluice.test"
-	mc1, mc2 := hostPort("mc1.sluice.test", m1), hostPort("mc2.sluice.test", m2)
-	dns.SetA("mc1.sluice.test", "127.0.0.1")
-	dns.SetA("mc2.sluice.test", "127.0.0.1")
-	dns.SetSRV(name, mc1)
+	m1, _, mc1, mc2, dns := twoOnSRV(t, name)
 	s := open(t, Options{SRV: name, Resolver: dns.Resolver(), SRVRefresh: time.Hour, Timeout: suiteTimeout})
 	if got := s.Stats().Servers; len(got) != 1 || got[0] != mc1 {
 		t.Fatalf("servers %v, want [%s]", got, mc1)
@@ -325,6 +333,76 @@ func TestSRV(t *testing.T) {
 	if _, err := New(context.Background(), Options{SRV: "memcache.sluice.test"}); err == nil {
 		t.Error("New with a malformed SRV name: no error")
 	}
+}
+
+// waitConns waits until srv counts want client connections.
+func waitConns(t *testing.T, srv *memcachetest.Server, want int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		n := srv.Conns()
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("memcached %s: %d connections after 10 s, want %d", srv.Addr, n, want)
+		}
+	}
+}
+
+// TestSRV_ClosesIdleConnsOfDroppedServers: once an SRV refresh drops a
+// server, no connection to it stays open, the idle ones (closed by that
+// refresh) nor one a call held meanwhile (closed by the next refresh),
+// while the servers in use keep serving.
+func TestSRV_ClosesIdleConnsOfDroppedServers(t *testing.T) {
+	const name = "_memcache._tcp.conns.sluice.test"
+	m1, m2, mc1, mc2, dns := twoOnSRV(t, name)
+	s := open(t, Options{SRV: name, Resolver: dns.Resolver(), SRVRefresh: time.Hour, Timeout: suiteTimeout})
+	r := storetest.Window(t, 1000, time.Minute)
+
+	// Idle connections: a few calls at once leave a few behind.
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() { take(t, s, storetest.T0, store.Hit{Key: fmt.Sprint("k", i), Rule: r, Cost: 1, Veto: true}) })
+	}
+	wg.Wait()
+	if n := m1.Conns(); n == 0 {
+		t.Fatal("no connection to memcached after four calls")
+	}
+	dns.SetSRV(name, mc1, mc2)
+	s.refresh(context.Background()) // a server added: none dropped
+	if n := m1.Conns(); n == 0 {
+		t.Fatal("a refresh that only added a server closed the connections to the other")
+	}
+	dns.SetSRV(name, mc2)
+	s.refresh(context.Background())
+	waitConns(t, m1, 0)
+	take(t, s, storetest.T0, store.Hit{Key: "k", Rule: r, Cost: 1, Veto: true})
+	waitConns(t, m2, 1)
+
+	// A call in flight to the dropped server when the servers change:
+	// its connection goes back to the idle ones after the refresh.
+	dns.SetSRV(name, mc1)
+	s.refresh(context.Background())
+	waitConns(t, m2, 0)
+	on1 := func(addr string) bool { return addr != m1.Addr }
+	m1.Pause()
+	defer m1.Resume()
+	got := make(chan error, 1)
+	go func() { _, err := s.c.Get("k"); got <- err }()
+	for deadline := time.Now().Add(10 * time.Second); !s.conns.outside(on1); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the call did not connect to memcached in 10 s")
+		}
+	}
+	dns.SetSRV(name, mc2)
+	s.refresh(context.Background())
+	m1.Resume()
+	if err := <-got; err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
+		t.Fatalf("the call in flight: %v", err)
+	}
+	waitConns(t, m1, 1) // back with the idle ones
+	s.refresh(context.Background())
+	waitConns(t, m1, 0)
 }
 
 // TestRun_RefreshesSRV: Run resolves the name again on its own.

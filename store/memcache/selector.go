@@ -99,6 +99,20 @@ func (s *selector) names() []string {
 	return out
 }
 
+// has reports whether addr (as net.Addr's String) is a server's address.
+func (s *selector) has(addr string) bool {
+	p := s.servers.Load()
+	if p == nil {
+		return false
+	}
+	for _, sv := range *p {
+		if sv.addr.String() == addr {
+			return true
+		}
+	}
+	return false
+}
+
 // PickServer returns the server that holds key.
 func (s *selector) PickServer(key string) (net.Addr, error) {
 	p := s.servers.Load()

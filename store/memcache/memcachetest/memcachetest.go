@@ -130,22 +130,8 @@ func (s *Server) ready() bool {
 // answer.
 func (s *Server) Keys() []string {
 	s.t.Helper()
-	c, err := s.dial()
-	if err != nil {
-		s.t.Fatalf("memcachetest: keys: %v", err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Write([]byte("lru_crawler metadump all\r\n")); err != nil {
-		s.t.Fatalf("memcachetest: keys: %v", err)
-	}
 	var keys []string
-	sc := bufio.NewScanner(c)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "END" {
-			return keys
-		}
+	for _, line := range s.ask("keys", "lru_crawler metadump all") {
 		if k, ok := strings.CutPrefix(line, "key="); ok {
 			k, _, _ = strings.Cut(k, " ")
 			if u, err := url.QueryUnescape(k); err == nil {
@@ -154,7 +140,52 @@ func (s *Server) Keys() []string {
 			keys = append(keys, k)
 		}
 	}
-	s.t.Fatalf("memcachetest: keys: %v", sc.Err())
+	return keys
+}
+
+// Conns is the number of client connections the server has open, the
+// one that asks not counted (its stats' curr_connections less one). The
+// server counts a connection the client closed until it reads the close,
+// a moment later: wait for a count, do not expect it at once. It fails
+// the test if the server does not answer.
+func (s *Server) Conns() int {
+	s.t.Helper()
+	for _, line := range s.ask("conns", "stats") {
+		if v, ok := strings.CutPrefix(line, "STAT curr_connections "); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				s.t.Fatalf("memcachetest: conns: %q", line)
+			}
+			return n - 1
+		}
+	}
+	s.t.Fatal("memcachetest: conns: no curr_connections in the stats")
+	return 0
+}
+
+// ask sends the command cmd on a connection of its own and returns the
+// lines of the answer before its END. It fails the test, naming what,
+// if the server does not answer.
+func (s *Server) ask(what, cmd string) []string {
+	s.t.Helper()
+	c, err := s.dial()
+	if err != nil {
+		s.t.Fatalf("memcachetest: %s: %v", what, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
+		s.t.Fatalf("memcachetest: %s: %v", what, err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		if sc.Text() == "END" {
+			return lines
+		}
+		lines = append(lines, sc.Text())
+	}
+	s.t.Fatalf("memcachetest: %s: %v", what, sc.Err())
 	return nil
 }
 
