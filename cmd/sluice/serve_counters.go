@@ -37,11 +37,11 @@ func (f *countersServeFlags) setup(_ context.Context, x *serveContext) error {
 	opts := server.CountersOptions{Logger: x.Logger, MaxBodyBytes: x.HTTPBounds.maxBody,
 		OnReset: func(domain, rule string) { resets.WithLabelValues(domain, rule).Inc() }}
 	if f.tokenFile != "" {
-		tok, err := server.NewAdminToken(f.tokenFile)
+		tok, err := newAdminToken(f.tokenFile, x.Logger)
 		if err != nil {
 			return fmt.Errorf("--admin-token-file: %w", err)
 		}
-		opts.Token = tok
+		opts.Auth = tok
 		x.Logger.Info("counter resets on: POST /v1/counters/reset needs the admin token", "token_file", f.tokenFile)
 	}
 	x.Counters = server.NewCounters(lateLimiter{x}, opts)
