@@ -28,9 +28,10 @@ type CountersOptions struct {
 	// entries only if the rule has detailed_metric. Nil logs nothing.
 	Logger *slog.Logger
 	// OnReset, if not nil, is called once per limit reset, with the
-	// domain and the limit's rule path ("user[1]" for a rate_limits
-	// list's second; "override" for a limit override): for a metric.
-	OnReset func(domain, rule string)
+	// domain and the limit's rule (its own, not the descriptor's: a
+	// rate_limits list's second is "user[1]"), nil for a limit override:
+	// for a metric (observe.Rules.Reset).
+	OnReset func(domain string, rule *config.Rule)
 	// MaxBodyBytes bounds a POST body; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 }
@@ -221,10 +222,8 @@ func (c *Counters) logReset(r *http.Request, req *limiter.Request, got []limiter
 			continue
 		}
 		for j := range lk.Counters {
-			if cr := lk.Counters[j].Rule; cr != nil && !lk.Counters[j].Replaced {
-				c.opts.OnReset(req.Domain, cr.Path)
-			} else if cr == nil {
-				c.opts.OnReset(req.Domain, "override")
+			if !lk.Counters[j].Replaced || lk.Counters[j].Rule == nil {
+				c.opts.OnReset(req.Domain, lk.Counters[j].Rule)
 			}
 		}
 	}

@@ -64,9 +64,13 @@ func newCountersEnv(t *testing.T, withToken bool) *countersEnv {
 		logs: &lockedBuffer{}, resets: map[string]int{}}
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{Clock: e.clock})
 	opts := server.CountersOptions{Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
-		OnReset: func(domain, rule string) {
+		OnReset: func(domain string, rule *config.Rule) {
+			path := "override"
+			if rule != nil {
+				path = rule.Path
+			}
 			e.mu.Lock()
-			e.resets[domain+" "+rule]++
+			e.resets[domain+" "+path]++
 			e.mu.Unlock()
 		}}
 	if withToken {
