@@ -184,7 +184,9 @@ func TestRules_HitsAcrossTheSwap(t *testing.T) {
 // count while tables are swapped in and set: under -race nothing races
 // or panics; a rule present in every table (plain or detailed) loses no
 // hit; once the last table is set, only its label sets are left, and
-// hits on rules of earlier tables bring none back.
+// hits on rules of earlier tables bring none back; counter resets
+// (Rules.Reset) alongside lose none either and leave no series of a
+// rule that left.
 func TestRules_ReloadRace(t *testing.T) {
 	body := func(gen int) string {
 		return fmt.Sprintf(`domain: web
@@ -217,8 +219,10 @@ descriptors:
 				tab := tabs[max(int(newest.Load())-i%3, 0)]
 				for _, r := range tab.Rules() {
 					rules.Observe("web", []config.Entry{{Key: r.Path, Value: fmt.Sprint(w*perWorker + i)}}, r, allowed)
+					rules.Reset("web", r)
 				}
 				rules.Observe("web", nil, nil, allowed)
+				rules.Reset("web", nil)
 				done.Add(1)
 			}
 		})
@@ -259,6 +263,22 @@ descriptors:
 	if stable != want || det != want || overrides != workers*perWorker {
 		t.Errorf("stable %d, det %d, overrides %d hits; want %d, %d, %d: a rule that stays loses no hit",
 			stable, det, overrides, want, want, workers*perWorker)
+	}
+	for _, m := range gather(t, reg)["sluice_counter_resets_total"].GetMetric() {
+		var rule string
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "rule" {
+				rule = l.GetValue()
+			}
+		}
+		switch n := m.GetCounter().GetValue(); {
+		case rule == "stable" || rule == "det" || rule == observe.ResetOverride:
+			if n != workers*perWorker {
+				t.Errorf("resets of %s: %v, want %d: a rule that stays loses no reset", rule, n, workers*perWorker)
+			}
+		case !strings.HasPrefix(rule, fmt.Sprintf("g%d", gens-1)):
+			t.Errorf("resets of %s, a rule that left, still exported", rule)
+		}
 	}
 }
 
