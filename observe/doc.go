@@ -7,10 +7,11 @@
 // once per rule, not per request. Descriptor values never become label
 // values unless a rule opts in with detailed_metric or value_to_metric,
 // and then at most MaxValuesPerRule distinct values per rule, the rest
-// counted under "_other". What Rules, RefStats and the sinks hold per rule
-// is bounded by the config in force: a rule that leaves it is dropped at
-// the reload, and one that stays (same domain and path) keeps its counts
-// and its values' cap. docs/METRICS.md lists every metric.
+// counted under "_other". Rules also counts counter resets
+// (sluice_counter_resets_total, Rules.Reset). What Rules, RefStats and the
+// sinks hold per rule is bounded by the config in force: a rule that
+// leaves it is dropped at the reload, and one that stays (same domain and
+// path) keeps its counts and its values' cap. docs/METRICS.md lists every metric.
 //
 // RefStats writes envoyproxy/ratelimit's stats to Sinks: StatsdSink
 // (statsd or DogStatsD lines, over UDP or TCP; over TCP a goroutine of its

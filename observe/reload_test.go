@@ -2,6 +2,7 @@ package observe_test
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -183,7 +184,9 @@ func TestRules_HitsAcrossTheSwap(t *testing.T) {
 // count while tables are swapped in and set: under -race nothing races
 // or panics; a rule present in every table (plain or detailed) loses no
 // hit; once the last table is set, only its label sets are left, and
-// hits on rules of earlier tables bring none back.
+// hits on rules of earlier tables bring none back; counter resets
+// (Rules.Reset) alongside lose none either and leave no series of a
+// rule that left.
 func TestRules_ReloadRace(t *testing.T) {
 	body := func(gen int) string {
 		return fmt.Sprintf(`domain: web
@@ -216,8 +219,10 @@ descriptors:
 				tab := tabs[max(int(newest.Load())-i%3, 0)]
 				for _, r := range tab.Rules() {
 					rules.Observe("web", []config.Entry{{Key: r.Path, Value: fmt.Sprint(w*perWorker + i)}}, r, allowed)
+					rules.Reset("web", r)
 				}
 				rules.Observe("web", nil, nil, allowed)
+				rules.Reset("web", nil)
 				done.Add(1)
 			}
 		})
@@ -258,6 +263,22 @@ descriptors:
 	if stable != want || det != want || overrides != workers*perWorker {
 		t.Errorf("stable %d, det %d, overrides %d hits; want %d, %d, %d: a rule that stays loses no hit",
 			stable, det, overrides, want, want, workers*perWorker)
+	}
+	for _, m := range gather(t, reg)["sluice_counter_resets_total"].GetMetric() {
+		var rule string
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "rule" {
+				rule = l.GetValue()
+			}
+		}
+		switch n := m.GetCounter().GetValue(); {
+		case rule == "stable" || rule == "det" || rule == observe.ResetOverride:
+			if n != workers*perWorker {
+				t.Errorf("resets of %s: %v, want %d: a rule that stays loses no reset", rule, n, workers*perWorker)
+			}
+		case !strings.HasPrefix(rule, fmt.Sprintf("g%d", gens-1)):
+			t.Errorf("resets of %s, a rule that left, still exported", rule)
+		}
 	}
 }
 
@@ -443,4 +464,88 @@ func TestMappedSink_SharedSeries(t *testing.T) {
 		sink.Forget([]string{b})
 		served("both forgotten", 0)
 	})
+}
+
+// TestRules_ResetsDroppedWithTheRule: sluice_counter_resets_total has a
+// series per rule (and per domain's overrides) once reset; a reload keeps
+// the count of a rule that stays and drops the series of a rule, or a
+// domain, that left; a reset of a rule of the earlier table that left
+// counts nowhere.
+func TestRules_ResetsDroppedWithTheRule(t *testing.T) {
+	const first = `
+domain: web
+descriptors:
+  - {key: stays, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - {key: leaves, rate_limit: {unit: minute, requests_per_unit: 10}}
+  - {key: user, detailed_metric: true, rate_limit: {unit: minute, requests_per_unit: 10}}
+`
+	const gone = `
+domain: gone
+descriptors:
+  - {key: k, rate_limit: {unit: minute, requests_per_unit: 10}}
+`
+	const second = `
+domain: web
+descriptors:
+  - {key: stays, rate_limit: {unit: minute, requests_per_unit: 10}}
+`
+	dir := t.TempDir()
+	for name, body := range map[string]string{"web.yaml": first, "gone.yaml": gone} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t1, err := config.Load(dir, config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r, err := observe.NewRules(reg, observe.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetTable(t1)
+	resets := func() map[string]float64 {
+		got := map[string]float64{}
+		for _, m := range gather(t, reg)["sluice_counter_resets_total"].GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			got[l["domain"]+"/"+l["rule"]] = m.GetCounter().GetValue()
+		}
+		return got
+	}
+	if got := resets(); len(got) != 0 {
+		t.Errorf("before any reset: %v, want no series", got)
+	}
+	leaves := ruleOf(t, t1, "web", "leaves")
+	r.Reset("web", ruleOf(t, t1, "web", "stays"))
+	r.Reset("web", ruleOf(t, t1, "web", "stays"))
+	r.Reset("web", leaves)
+	r.Reset("web", ruleOf(t, t1, "web", "user"))
+	r.Reset("gone", ruleOf(t, t1, "gone", "k"))
+	r.Reset("web", nil)
+	r.Reset("gone", nil)
+	r.Reset("unknown", nil) // a domain the config does not define
+	want := map[string]float64{"web/stays": 2, "web/leaves": 1, "web/user": 1, "gone/k": 1, "web/override": 1, "gone/override": 1}
+	if got := resets(); !maps.Equal(got, want) {
+		t.Errorf("after resets: %v, want %v", got, want)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(second), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(dir, "gone.yaml"))
+	t2, err := config.Load(dir, config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetTable(t2)
+	r.Reset("web", leaves) // a late reset of the earlier table's rule
+	r.Reset("web", ruleOf(t, t2, "web", "stays"))
+	want = map[string]float64{"web/stays": 3, "web/override": 1}
+	if got := resets(); !maps.Equal(got, want) {
+		t.Errorf("after the reload: %v, want %v (the rules and domain that left dropped)", got, want)
+	}
 }

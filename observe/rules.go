@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -92,6 +93,9 @@ type liveSet struct {
 	// overrides maps a domain of table to the counters of its override
 	// hits (the domains past the cap to the same "_other" counters).
 	overrides map[string]*counters
+	// overrideResets counts the limit overrides' counter resets of each
+	// domain of table that had one.
+	overrideResets map[string]*atomic.Uint64
 }
 
 // series are the counters of one domain and rule path: the label sets
@@ -99,6 +103,9 @@ type liveSet struct {
 type series struct {
 	plain *counters // nil unless a live rule with the path is plain
 	det   *detailed // nil unless a live rule with the path is detailed
+	// resets counts the counters reset (POST /v1/counters/reset) of the
+	// rules with the path; exported once not zero.
+	resets *atomic.Uint64
 }
 
 // counters are one label set's counts, in hits (each descriptor adds its
@@ -144,7 +151,14 @@ var (
 		"Units of charges that did not fit, recorded past the limit (the overspend).", ruleLabels, nil)
 	refundedDesc = prometheus.NewDesc("sluice_rule_refunded_total",
 		"Units given back (is_negative_hits).", ruleLabels, nil)
+	resetsDesc = prometheus.NewDesc("sluice_counter_resets_total",
+		"Counters set back to empty by POST /v1/counters/reset, by domain and rule path (\"override\" for a limit override).",
+		[]string{"domain", "rule"}, nil)
 )
+
+// ResetOverride is the rule label of sluice_counter_resets_total for the
+// counters of limit overrides.
+const ResetOverride = "override"
 
 // NewRules registers the per-rule and store-failure counters on reg.
 func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
@@ -168,7 +182,8 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 			return nil, err
 		}
 	}
-	r.live.Store(&liveSet{rules: map[*config.Rule]series{}, paths: map[[2]string]series{}, overrides: map[string]*counters{}})
+	r.live.Store(&liveSet{rules: map[*config.Rule]series{}, paths: map[[2]string]series{}, overrides: map[string]*counters{},
+		overrideResets: map[string]*atomic.Uint64{}})
 	return r, nil
 }
 
@@ -176,7 +191,7 @@ func NewRules(reg prometheus.Registerer, opts Options) (*Rules, error) {
 type rulesCollector struct{ r *Rules }
 
 func (c rulesCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc, localDesc, chargedDesc, chargedOverDesc, refundedDesc} {
+	for _, d := range []*prometheus.Desc{hitsDesc, withinDesc, overDesc, nearDesc, shadowDesc, localDesc, chargedDesc, chargedOverDesc, refundedDesc, resetsDesc} {
 		ch <- d
 	}
 }
@@ -195,14 +210,23 @@ func (c rulesCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(chargedOverDesc, prometheus.CounterValue, float64(s.chargedOver.Load()), l...)
 		ch <- prometheus.MustNewConstMetric(refundedDesc, prometheus.CounterValue, float64(s.refunded.Load()), l...)
 	})
+	l := c.r.live.Load()
+	for k, s := range l.paths {
+		if n := s.resets.Load(); n > 0 {
+			ch <- prometheus.MustNewConstMetric(resetsDesc, prometheus.CounterValue, float64(n), k[0], k[1])
+		}
+	}
+	for domain, n := range l.overrideResets {
+		ch <- prometheus.MustNewConstMetric(resetsDesc, prometheus.CounterValue, float64(n.Load()), domain, ResetOverride)
+	}
 }
 
 // SetTable makes t the table whose rules are counted: their counters are
 // exported at zero before the first hit, those of rules (domain and
-// path) that t no longer holds are dropped, with their detailed values,
-// and so are the override counts of domains t no longer defines. A rule
-// that stays keeps its counts, and a detailed rule its values and the
-// cap on them. Call it with the first table and from
+// path) that t no longer holds are dropped, with their detailed values
+// and counter resets, and so are the override counts (and resets) of
+// domains t no longer defines. A rule that stays keeps its counts, and a
+// detailed rule its values and the cap on them. Call it with the first table and from
 // config.Reloader.OnReload. Until a first table is set, rules are
 // resolved on their first hit.
 func (r *Rules) SetTable(t *config.Table) {
@@ -222,7 +246,8 @@ func (r *Rules) setTable(t *config.Table) {
 	}
 	rules := t.Rules()
 	l := &liveSet{table: t, rules: make(map[*config.Rule]series, len(rules)),
-		paths: make(map[[2]string]series, len(old.paths)), overrides: make(map[string]*counters, len(old.overrides))}
+		paths: make(map[[2]string]series, len(old.paths)), overrides: make(map[string]*counters, len(old.overrides)),
+		overrideResets: make(map[string]*atomic.Uint64, len(old.overrideResets))}
 	r.labelsMu.Lock()
 	defer r.labelsMu.Unlock()
 	for _, rule := range rules {
@@ -233,6 +258,11 @@ func (r *Rules) setTable(t *config.Table) {
 		if t.HasDomain(domain) {
 			l.overrides[domain] = c
 			kept[c] = true
+		}
+	}
+	for domain, n := range old.overrideResets {
+		if t.HasDomain(domain) {
+			l.overrideResets[domain] = n
 		}
 	}
 	for k, s := range old.paths {
@@ -268,6 +298,9 @@ func (r *Rules) resolve(l, old *liveSet, rule *config.Rule) series {
 	case det && s.det == nil:
 		s.det = &detailed{values: map[string]*counters{}, other: r.counters(rule.Domain, rule.Path, OtherValue)}
 	}
+	if s.resets == nil {
+		s.resets = cmp.Or(prev.resets, new(atomic.Uint64))
+	}
 	l.paths[k] = s
 	return s
 }
@@ -301,7 +334,7 @@ func (r *Rules) lookup(rule *config.Rule) series {
 	if l.table != nil {
 		return l.paths[[2]string{rule.Domain, rule.Path}]
 	}
-	n := &liveSet{rules: maps.Clone(l.rules), paths: maps.Clone(l.paths), overrides: l.overrides}
+	n := &liveSet{rules: maps.Clone(l.rules), paths: maps.Clone(l.paths), overrides: l.overrides, overrideResets: l.overrideResets}
 	r.labelsMu.Lock()
 	s := r.resolve(n, l, rule)
 	r.labelsMu.Unlock()
@@ -349,7 +382,7 @@ func (r *Rules) override(domain string) *counters {
 	r.labelsMu.Lock()
 	c := r.counters(label, OverrideRule, "")
 	r.labelsMu.Unlock()
-	n := &liveSet{table: l.table, rules: l.rules, paths: l.paths, overrides: maps.Clone(l.overrides)}
+	n := &liveSet{table: l.table, rules: l.rules, paths: l.paths, overrides: maps.Clone(l.overrides), overrideResets: l.overrideResets}
 	n.overrides[domain] = c
 	r.live.Store(n)
 	return c
@@ -463,6 +496,50 @@ func (r *Rules) value(d *detailed, rule *config.Rule, entries []config.Entry) *c
 	c := r.counters(rule.Domain, rule.Path, v)
 	d.values[v] = c
 	return c
+}
+
+// Reset counts one limit's counter set back to empty by POST
+// /v1/counters/reset, in sluice_counter_resets_total: a limit of rule in
+// domain, or of a limit override when rule is nil. Like the other
+// per-rule counts, those of a rule (domain and path) or a domain that
+// leaves the config are dropped at the reload; a rule of an earlier table
+// counts with the live rule of the same domain and path, or not at all.
+func (r *Rules) Reset(domain string, rule *config.Rule) {
+	var n *atomic.Uint64
+	if rule == nil {
+		n = r.overrideResets(domain)
+	} else {
+		s, ok := r.live.Load().rules[rule]
+		if !ok {
+			s = r.lookup(rule)
+		}
+		n = s.resets
+	}
+	if n != nil {
+		n.Add(1)
+	}
+}
+
+// overrideResets returns the reset count of domain's limit overrides,
+// nil for a domain the table in force does not define.
+func (r *Rules) overrideResets(domain string) *atomic.Uint64 {
+	if n := r.live.Load().overrideResets[domain]; n != nil {
+		return n
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.adopt()
+	if n := l.overrideResets[domain]; n != nil {
+		return n
+	}
+	if l.table != nil && !l.table.HasDomain(domain) {
+		return nil
+	}
+	n := new(atomic.Uint64)
+	next := &liveSet{table: l.table, rules: l.rules, paths: l.paths, overrides: l.overrides, overrideResets: maps.Clone(l.overrideResets)}
+	next.overrideResets[domain] = n
+	r.live.Store(next)
+	return n
 }
 
 // StoreFailed counts a request the store could not decide.

@@ -19,17 +19,19 @@ import (
 // CountersOptions configure Counters. The zero value serves lookups and
 // refuses resets.
 type CountersOptions struct {
-	// Token, if not nil, turns resets on: a reset then needs
-	// "Authorization: Bearer <token>". Nil answers every reset 403.
-	Token *AdminToken
+	// Auth, if not nil, turns resets on: a reset then needs
+	// "Authorization: Bearer <token>" with a token Auth finds valid. Nil
+	// answers every reset 403.
+	Auth Authorizer
 	// Logger gets one INFO line per descriptor reset: the client's
 	// address, the domain, the rule's path and name, and the descriptor's
 	// entries only if the rule has detailed_metric. Nil logs nothing.
 	Logger *slog.Logger
 	// OnReset, if not nil, is called once per limit reset, with the
-	// domain and the limit's rule path ("user[1]" for a rate_limits
-	// list's second; "override" for a limit override): for a metric.
-	OnReset func(domain, rule string)
+	// domain and the limit's rule (its own, not the descriptor's: a
+	// rate_limits list's second is "user[1]"), nil for a limit override:
+	// for a metric (observe.Rules.Reset).
+	OnReset func(domain string, rule *config.Rule)
 	// MaxBodyBytes bounds a POST body; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 }
@@ -48,6 +50,15 @@ type Counters struct {
 	lim  CounterLimiter
 	opts CountersOptions
 	mux  *http.ServeMux
+}
+
+// Authorizer decides which bearer tokens may reset counters (the admin
+// token of --admin-token-file). Implementations compare in constant time
+// and are safe for concurrent use.
+type Authorizer interface {
+	// Valid reports whether token, a reset's bearer token (nil without
+	// one), allows the reset.
+	Valid(token []byte) bool
 }
 
 // CounterLimiter is what Counters needs of a *limiter.Limiter.
@@ -77,7 +88,7 @@ func (c *Counters) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.mux.Ser
 func (c *Counters) Patterns() []string { return []string{"/v1/counters", "/v1/counters/reset"} }
 
 // Resets reports whether resets are on.
-func (c *Counters) Resets() bool { return c.opts.Token != nil }
+func (c *Counters) Resets() bool { return c.opts.Auth != nil }
 
 // ParseCountersQuery reads GET /v1/counters's query: a domain and one
 // descriptor whose entries are the key and value parameters, paired in
@@ -155,14 +166,11 @@ func (c *Counters) readRequest(w http.ResponseWriter, r *http.Request) (*limiter
 // reset is POST /v1/counters/reset: 403 while resets are off, 401
 // without the token, then a lookup's answer after the reset.
 func (c *Counters) reset(w http.ResponseWriter, r *http.Request) {
-	if c.opts.Token == nil {
+	if c.opts.Auth == nil {
 		writeJSONError(w, http.StatusForbidden, "counter resets are off: start sluice with --admin-token-file")
 		return
 	}
-	if !c.opts.Token.Valid(bearer(r)) {
-		if err := c.opts.Token.Err(); err != nil && c.opts.Logger != nil {
-			c.opts.Logger.Warn("counter reset refused: no admin token is valid", "client", r.RemoteAddr, "err", err)
-		}
+	if !c.opts.Auth.Valid(bearer(r)) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 		writeJSONError(w, http.StatusUnauthorized, "a reset needs Authorization: Bearer <the admin token>")
 		return
@@ -214,10 +222,8 @@ func (c *Counters) logReset(r *http.Request, req *limiter.Request, got []limiter
 			continue
 		}
 		for j := range lk.Counters {
-			if cr := lk.Counters[j].Rule; cr != nil && !lk.Counters[j].Replaced {
-				c.opts.OnReset(req.Domain, cr.Path)
-			} else if cr == nil {
-				c.opts.OnReset(req.Domain, "override")
+			if !lk.Counters[j].Replaced || lk.Counters[j].Rule == nil {
+				c.opts.OnReset(req.Domain, lk.Counters[j].Rule)
 			}
 		}
 	}

@@ -41,10 +41,9 @@ const goodToken = "s3cret-admin-token-0123456789"
 
 type countersEnv struct {
 	*env
-	tokenFile string
-	logs      *lockedBuffer
-	resets    map[string]int
-	mu        sync.Mutex
+	logs   *lockedBuffer
+	resets map[string]int
+	mu     sync.Mutex
 }
 
 // newCountersEnv serves /v1/check and the counter endpoints of one
@@ -65,17 +64,17 @@ func newCountersEnv(t *testing.T, withToken bool) *countersEnv {
 		logs: &lockedBuffer{}, resets: map[string]int{}}
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{Clock: e.clock})
 	opts := server.CountersOptions{Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
-		OnReset: func(domain, rule string) {
+		OnReset: func(domain string, rule *config.Rule) {
+			path := "override"
+			if rule != nil {
+				path = rule.Path
+			}
 			e.mu.Lock()
-			e.resets[domain+" "+rule]++
+			e.resets[domain+" "+path]++
 			e.mu.Unlock()
 		}}
 	if withToken {
-		e.tokenFile = filepath.Join(dir, "token")
-		writeToken(t, e.tokenFile, goodToken+"\n")
-		if opts.Token, err = server.NewAdminToken(e.tokenFile); err != nil {
-			t.Fatal(err)
-		}
+		opts.Auth = tokenAuth(goodToken)
 	}
 	mux := http.NewServeMux()
 	h := server.NewHTTP(lim, e.health, server.Options{})
@@ -91,12 +90,10 @@ func newCountersEnv(t *testing.T, withToken bool) *countersEnv {
 	return e
 }
 
-func writeToken(t *testing.T, path, token string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(token), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
+// tokenAuth is a server.Authorizer that accepts one token.
+type tokenAuth string
+
+func (a tokenAuth) Valid(token []byte) bool { return string(token) == string(a) }
 
 // limit returns descriptor i's limit j of a counters answer.
 func limit(t *testing.T, r httpResult, i, j int) map[string]any {
@@ -296,63 +293,6 @@ func TestCounters_ResetNeedsToken(t *testing.T) {
 	defer e.mu.Unlock()
 	if len(e.resets) != 3 || e.resets["shop user[0]"] != 1 || e.resets["shop user[1]"] != 1 || e.resets["shop api_key.method_POST"] != 1 {
 		t.Errorf("OnReset = %v, want one reset of each limit", e.resets)
-	}
-}
-
-// TestCounters_TokenFileReread: the token file is read again when it
-// changes, rewritten in place (another length) or replaced by a rename
-// (same length); while it is missing or too short no token is valid.
-func TestCounters_TokenFileReread(t *testing.T) {
-	e := newCountersEnv(t, true)
-	if r := e.reset(t, aliceBody, goodToken); r.code != 200 {
-		t.Fatalf("first token: %d", r.code)
-	}
-	second := "another-token-of-another-length"
-	writeToken(t, e.tokenFile, second)
-	if r := e.reset(t, aliceBody, goodToken); r.code != 401 {
-		t.Errorf("old token after a rewrite: %d, want 401", r.code)
-	}
-	if r := e.reset(t, aliceBody, second); r.code != 200 {
-		t.Errorf("new token after a rewrite: %d, want 200", r.code)
-	}
-	third := strings.ToUpper(second) // same length
-	tmp := e.tokenFile + ".new"
-	writeToken(t, tmp, third)
-	if err := os.Rename(tmp, e.tokenFile); err != nil {
-		t.Fatal(err)
-	}
-	if r := e.reset(t, aliceBody, second); r.code != 401 {
-		t.Errorf("old token after a rename: %d, want 401", r.code)
-	}
-	if r := e.reset(t, aliceBody, third); r.code != 200 {
-		t.Errorf("new token after a rename: %d, want 200", r.code)
-	}
-	writeToken(t, e.tokenFile, "short")
-	if r := e.reset(t, aliceBody, "short"); r.code != 401 {
-		t.Errorf("a too short token: %d, want 401", r.code)
-	}
-	os.Remove(e.tokenFile)
-	if r := e.reset(t, aliceBody, third); r.code != 401 {
-		t.Errorf("the last token once the file is gone: %d, want 401", r.code)
-	}
-	if l := e.logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "no admin token is valid") || strings.Contains(l, third[:10]) {
-		t.Errorf("a reset refused for the file's sake: log %q, want a WARN without the token", l)
-	}
-	writeToken(t, e.tokenFile, third)
-	if r := e.reset(t, aliceBody, third); r.code != 200 {
-		t.Errorf("the file back: %d, want 200", r.code)
-	}
-}
-
-func TestNewAdminToken_Errors(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := server.NewAdminToken(filepath.Join(dir, "missing")); err == nil {
-		t.Error("a missing file: no error")
-	}
-	p := filepath.Join(dir, "short")
-	writeToken(t, p, "  too-short  \n")
-	if _, err := server.NewAdminToken(p); err == nil || !strings.Contains(err.Error(), "shorter than 16 bytes") {
-		t.Errorf("a short token: %v, want shorter than 16 bytes", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -20,6 +21,8 @@ descriptors:
     rate_limits:
       - {unit: day, requests_per_unit: 2, name: daily}
       - {unit: day, requests_per_unit: 10, name: daily_cap}
+  - key: team
+    rate_limit: {unit: day, requests_per_unit: 5}
 `
 
 const countersTestToken = "Xq9vT7-admin-token-0123456789abcdef"
@@ -162,4 +165,47 @@ func TestServe_AdminTokenFile(t *testing.T) {
 			t.Errorf("--admin-token-file %s: %v, want an error naming the flag", f, err)
 		}
 	}
+}
+
+// TestServe_CounterResetsDroppedOnReload: the series of
+// sluice_counter_resets_total are bounded by the config in force (issue
+// 23): a reload without the reset rule drops them from /metrics, and a
+// rule that stays keeps its count.
+func TestServe_CounterResetsDroppedOnReload(t *testing.T) {
+	addr, tok, _ := countersServe(t)
+	for _, d := range []string{"user=alice", "team=a"} {
+		if code, _, errOut := runCountersCmd(t, "reset", "--addr", addr, "--domain", "shop", "--descriptor", d, "--token-file", tok); code != 0 {
+			t.Fatalf("reset %s: exit %d %q", d, code, errOut)
+		}
+	}
+	for _, want := range []string{`sluice_counter_resets_total{domain="shop",rule="user[0]"} 1`, `sluice_counter_resets_total{domain="shop",rule="team"} 1`} {
+		if m := httpGet(t, "http://"+addr+"/metrics"); !strings.Contains(m, want) {
+			t.Fatalf("/metrics lacks %s", want)
+		}
+	}
+	cfg := filepath.Join(filepath.Dir(tok), "limits.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: shop\ndescriptors:\n  - {key: team, rate_limit: {unit: day, requests_per_unit: 5}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "config reloaded", func() bool {
+		return strings.Contains(httpGet(t, "http://"+addr+"/metrics"), `sluice_config_reloads_total{result="success"} 2`)
+	})
+	m := httpGet(t, "http://"+addr+"/metrics")
+	if strings.Contains(m, `rule="user[0]"`) || strings.Contains(m, `rule="user[1]"`) {
+		t.Errorf("/metrics keeps the reset series of rules that left the config:\n%s", grepLines(m, "sluice_counter_resets_total"))
+	}
+	if !strings.Contains(m, `sluice_counter_resets_total{domain="shop",rule="team"} 1`) {
+		t.Errorf("the rule that stays lost its count:\n%s", grepLines(m, "sluice_counter_resets_total"))
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -101,3 +101,15 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	})
 	return nil
 }
+
+// perRule is the per-rule counters among x's observers (the
+// observability extension's, set up before the counter endpoints and
+// the status page: files initialise in name order), nil if none.
+func perRule(x *serveContext) *observe.Rules {
+	for _, o := range x.Observers {
+		if r, ok := o.(*observe.Rules); ok {
+			return r
+		}
+	}
+	return nil
+}

@@ -2,10 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/server"
@@ -28,20 +27,17 @@ type countersServeFlags struct {
 }
 
 func (f *countersServeFlags) setup(_ context.Context, x *serveContext) error {
-	resets := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_counter_resets_total",
-		Help: "Counters set back to empty by POST /v1/counters/reset, by domain and rule path (\"override\" for a limit override)."},
-		[]string{"domain", "rule"})
-	if err := x.Registry.Register(resets); err != nil {
-		return err
+	rules := perRule(x) // sluice_counter_resets_total, dropped with the rules that leave the config
+	if rules == nil {
+		return errors.New("the counter endpoints need the per-rule counters")
 	}
-	opts := server.CountersOptions{Logger: x.Logger, MaxBodyBytes: x.HTTPBounds.maxBody,
-		OnReset: func(domain, rule string) { resets.WithLabelValues(domain, rule).Inc() }}
+	opts := server.CountersOptions{Logger: x.Logger, MaxBodyBytes: x.HTTPBounds.maxBody, OnReset: rules.Reset}
 	if f.tokenFile != "" {
-		tok, err := server.NewAdminToken(f.tokenFile)
+		tok, err := newAdminToken(f.tokenFile, x.Logger)
 		if err != nil {
 			return fmt.Errorf("--admin-token-file: %w", err)
 		}
-		opts.Token = tok
+		opts.Auth = tok
 		x.Logger.Info("counter resets on: POST /v1/counters/reset needs the admin token", "token_file", f.tokenFile)
 	}
 	x.Counters = server.NewCounters(lateLimiter{x}, opts)

@@ -49,12 +49,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	if prefix != "" && (!strings.HasPrefix(prefix, "/") || strings.ContainsAny(prefix, "{}? #")) {
 		return fmt.Errorf("--ui-prefix %q: want a path such as /sluice", f.prefix)
 	}
-	var rules *observe.Rules
-	for _, o := range x.Observers {
-		if r, ok := o.(*observe.Rules); ok {
-			rules = r
-		}
-	}
+	rules := perRule(x)
 	if rules == nil {
 		return errors.New("the status page needs the per-rule counters")
 	}
