@@ -379,14 +379,19 @@ func (s *servers) drain(health *server.Health, timeout time.Duration, logger *sl
 
 // reanchor lets the clock follow steps of the system's wall clock.
 func reanchor(ctx context.Context, c *store.WallClock) error {
-	t := time.NewTicker(10 * time.Second)
+	return every(ctx, 10*time.Second, c.Reanchor)
+}
+
+// every calls fn every d until ctx ends: a long-lived task of serve's.
+func every(ctx context.Context, d time.Duration, fn func()) error {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			c.Reanchor()
+			fn()
 		}
 	}
 }

@@ -51,20 +51,13 @@ func (c *memoryConfig) open(_ context.Context, logger *slog.Logger, clock store.
 	}
 	st := memory.New(memory.Options{MaxKeys: c.maxKeys, Clock: clock})
 	sweep := func(ctx context.Context) error {
-		t := time.NewTicker(c.sweepEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C:
-				// The limiter's clock, not the ticker's wall time: a wall
-				// clock stepped ahead must not sweep live state early.
-				if n := st.Sweep(clock.Now()); n > 0 {
-					logger.Debug("memory store swept", "removed", n, "keys", st.Len())
-				}
+		return every(ctx, c.sweepEvery, func() {
+			// The limiter's clock, not the ticker's wall time: a wall
+			// clock stepped ahead must not sweep live state early.
+			if n := st.Sweep(clock.Now()); n > 0 {
+				logger.Debug("memory store swept", "removed", n, "keys", st.Len())
 			}
-		}
+		})
 	}
 	o := openStore{Store: st, closer: io.NopCloser(nil), run: sweep}
 	if c.snapshot != "" {

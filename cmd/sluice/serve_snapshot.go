@@ -184,20 +184,13 @@ func ruleOfKey(t *config.Table) func(key string) *store.Rule {
 
 // run writes a snapshot every interval until ctx ends.
 func (s *snapshotter) run(ctx context.Context) error {
-	t := time.NewTicker(s.every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if st, took, err := s.write(); err != nil {
-				s.logger.Warn("memory snapshot not written", "path", s.path, "err", err)
-			} else if took >= 0 {
-				s.logger.Debug("memory snapshot written", "path", s.path, "counters", st.Counters, "bytes", st.Bytes, "took", took)
-			}
+	return every(ctx, s.every, func() {
+		if st, took, err := s.write(); err != nil {
+			s.logger.Warn("memory snapshot not written", "path", s.path, "err", err)
+		} else if took >= 0 {
+			s.logger.Debug("memory snapshot written", "path", s.path, "counters", st.Counters, "bytes", st.Bytes, "took", took)
 		}
-	}
+	})
 }
 
 // stop writes the last snapshot, once serve has drained.
