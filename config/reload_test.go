@@ -36,8 +36,10 @@ func writeAtomic(t testing.TB, path, text string) {
 
 // limitOf returns the limit of domain's user rule in the current table, or
 // -1 when there is no table, domain or rule.
-func limitOf(r *Reloader, domain string) int {
-	tbl := r.Current()
+func limitOf(r *Reloader, domain string) int { return limitIn(r.Current(), domain) }
+
+// limitIn is limitOf of table tbl.
+func limitIn(tbl *Table, domain string) int {
 	if tbl == nil {
 		return -1
 	}
@@ -88,7 +90,10 @@ func watch(t *testing.T, r *Reloader) <-chan reloadEvent {
 
 // waitUntil reads reload events until ok accepts one. poke, if not nil, is
 // called while waiting (to create the change being waited for). It fails
-// the test after 10 s.
+// the test after 10 s. ok judges the event's own table, never
+// r.Current(): events of reloads from before the change may still be
+// queued (watch's probe can cause several, an edit in place two) when the
+// change is already in force.
 func waitUntil(t *testing.T, events <-chan reloadEvent, what string, ok func(reloadEvent) bool, poke func()) reloadEvent {
 	t.Helper()
 	deadline := time.After(10 * time.Second)
@@ -195,11 +200,11 @@ func TestReloader_WatchEditAddRemove(t *testing.T) {
 	if err := os.WriteFile(api, []byte(limitsFile("api", 20)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, events, "the edit", func(reloadEvent) bool { return limitOf(r, "api") == 20 }, nil)
+	waitUntil(t, events, "the edit", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 20 }, nil)
 
 	web := filepath.Join(dir, "web.yaml")
 	writeAtomic(t, web, limitsFile("web", 5))
-	waitUntil(t, events, "the added file", func(reloadEvent) bool { return limitOf(r, "web") == 5 }, nil)
+	waitUntil(t, events, "the added file", func(ev reloadEvent) bool { return limitIn(ev.tbl, "web") == 5 }, nil)
 
 	if err := os.Remove(web); err != nil {
 		t.Fatal(err)
@@ -240,7 +245,7 @@ func TestReloader_WatchConfigMapSymlinkSwap(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "..2026_01")); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, events, "the ..data swap", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+	waitUntil(t, events, "the ..data swap", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 2 }, nil)
 }
 
 func TestReloader_WatchSingleFile(t *testing.T) {
@@ -253,7 +258,7 @@ func TestReloader_WatchSingleFile(t *testing.T) {
 	}
 	events := watch(t, r)
 	writeAtomic(t, file, limitsFile("api", 2))
-	waitUntil(t, events, "the edit of the watched file", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+	waitUntil(t, events, "the edit of the watched file", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 2 }, nil)
 }
 
 // TestReloader_ReloadUnderConcurrentMatching swaps between two configs 1,000
@@ -341,10 +346,10 @@ func TestReloader_WatchDirectoryThatAppearsLater(t *testing.T) {
 	if err := os.Rename(staging, dir); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, events, "the new directory", func(reloadEvent) bool { return limitOf(r, "api") == 4 }, nil)
+	waitUntil(t, events, "the new directory", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 4 }, nil)
 	// Now the directory itself is watched.
 	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 5))
-	waitUntil(t, events, "an edit in the new directory", func(reloadEvent) bool { return limitOf(r, "api") == 5 }, nil)
+	waitUntil(t, events, "an edit in the new directory", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 5 }, nil)
 }
 
 func TestReloader_WatchRootSymlinkSwap(t *testing.T) {
@@ -369,10 +374,10 @@ func TestReloader_WatchRootSymlinkSwap(t *testing.T) {
 	if err := os.Rename(filepath.Join(root, ".current.tmp"), filepath.Join(root, "current")); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, events, "the root swap", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+	waitUntil(t, events, "the root swap", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 2 }, nil)
 	// The watch now follows the new tree.
 	writeAtomic(t, filepath.Join(root, "v2", "limits", "api.yaml"), limitsFile("api", 3))
-	waitUntil(t, events, "an edit in the new tree", func(reloadEvent) bool { return limitOf(r, "api") == 3 }, nil)
+	waitUntil(t, events, "an edit in the new tree", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 3 }, nil)
 }
 
 func TestReloader_WatchDirectoryReplaced(t *testing.T) {
@@ -392,9 +397,9 @@ func TestReloader_WatchDirectoryReplaced(t *testing.T) {
 		t.Errorf("after removing the directory: limit %d, want the old 1", limitOf(r, "api"))
 	}
 	writeFiles(t, dir, map[string]string{"api.yaml": limitsFile("api", 2)})
-	waitUntil(t, events, "the recreated directory", func(reloadEvent) bool { return limitOf(r, "api") == 2 }, nil)
+	waitUntil(t, events, "the recreated directory", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 2 }, nil)
 	writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 3))
-	waitUntil(t, events, "an edit in the recreated directory", func(reloadEvent) bool { return limitOf(r, "api") == 3 }, nil)
+	waitUntil(t, events, "an edit in the recreated directory", func(ev reloadEvent) bool { return limitIn(ev.tbl, "api") == 3 }, nil)
 }
 
 // pushSource is a Source whose configs a test pushes: Run applies each

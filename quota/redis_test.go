@@ -19,7 +19,7 @@ func openRedis(t *testing.T, addr string) *redis.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := redis.New(ctx, redis.Options{URL: "redis://" + addr, KeyPrefix: "s:", Timeout: time.Second})
+	s, err := redis.New(ctx, redis.Options{URL: "redis://" + addr, KeyPrefix: "s:", Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestShouldRateLimit_Calendar(t *testing.T) {
 		{"redis", func(t *testing.T) store.Store {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			s, err := redis.New(ctx, redis.Options{URL: "redis://" + srv.Addr, KeyPrefix: t.Name() + ":", Timeout: time.Second})
+			s, err := redis.New(ctx, redis.Options{URL: "redis://" + srv.Addr, KeyPrefix: t.Name() + ":", Timeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,7 +64,7 @@ func TestShouldRateLimit_Calendar(t *testing.T) {
 			return s
 		}},
 		{"memcache", func(t *testing.T) store.Store {
-			s, err := memcache.New(context.Background(), memcache.Options{Servers: []string{mc.Addr}, KeyPrefix: t.Name() + ":", Timeout: time.Second})
+			s, err := memcache.New(context.Background(), memcache.Options{Servers: []string{mc.Addr}, KeyPrefix: t.Name() + ":", Timeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -62,18 +62,22 @@ func TestDeadline_ReachesStore(t *testing.T) {
 	req := &rlspb.RateLimitRequest{Domain: "e2e", Descriptors: []*commonpb.RateLimitDescriptor{{
 		Entries: []*commonpb.RateLimitDescriptor_Entry{{Key: "path", Value: "/deadline"}}}}}
 
-	within := func(what string, got, lo, hi time.Duration) {
+	// The callers' timeouts are long enough for the calls to succeed on a
+	// busy machine (the first one dials): the store must see at most the
+	// timeout left, and not much less.
+	const timeout = time.Minute
+	within := func(what string, got time.Duration) {
 		t.Helper()
-		if got < lo || got > hi {
-			t.Errorf("%s: store saw %v left, want %v to %v", what, got, lo, hi)
+		if got < timeout/2 || got > timeout {
+			t.Errorf("%s: store saw %v left, want %v to %v", what, got, timeout/2, timeout)
 		}
 	}
-	gctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	gctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if _, err := rls.ShouldRateLimit(gctx, req); err != nil {
 		t.Fatal(err)
 	}
-	within("grpc-timeout 300ms", st.last(), time.Millisecond, 300*time.Millisecond)
+	within("grpc-timeout 1m", st.last())
 	if _, err := rls.ShouldRateLimit(context.Background(), req, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +103,10 @@ func TestDeadline_ReachesStore(t *testing.T) {
 		res.Body.Close()
 		return res
 	}
-	if res := post("250ms"); res.StatusCode != 200 {
-		t.Fatalf("Sluice-Timeout 250ms: %d", res.StatusCode)
+	if res := post(timeout.String()); res.StatusCode != 200 {
+		t.Fatalf("Sluice-Timeout %v: %d", timeout, res.StatusCode)
 	}
-	within("Sluice-Timeout 250ms", st.last(), time.Millisecond, 250*time.Millisecond)
+	within("Sluice-Timeout 1m", st.last())
 	if res := post(""); res.StatusCode != 200 || st.last() != noDeadline {
 		t.Errorf("no header: %d, store saw %v left, want 200 and no deadline", res.StatusCode, st.last())
 	}

@@ -73,9 +73,14 @@ func reports(domain string, us ...*rlqspb.RateLimitQuotaUsageReports_BucketQuota
 
 type rlqsStream = rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient
 
+// streamWait bounds a test's stream and its waits for the server: only a
+// hang reaches it (a stream of TestRLQS_LargeBucketIDsSplit carries 9 MB,
+// which took over 6 s under -race on a busy 2-core machine).
+const streamWait = 2 * time.Minute
+
 func openStream(t *testing.T, e *rlqsEnv) (rlqsStream, context.CancelFunc) {
 	t.Helper()
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), streamWait)
 	t.Cleanup(cancel)
 	s, err := e.client.StreamRateLimitQuotas(c)
 	if err != nil {
@@ -124,13 +129,13 @@ func rpu(a *rlqspb.RateLimitQuotaResponse_BucketAction) *typepb.RateLimitStrateg
 	return a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetRequestsPerTimeUnit()
 }
 
-// waitFor polls cond until it holds or 5 s pass: the server notices a
-// stream's end asynchronously.
+// waitFor polls cond until it holds or streamWait passes: the server
+// notices a stream's end asynchronously.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(5 * time.Second)
+	deadline := time.After(streamWait)
 	for !cond() {
 		select {
 		case <-tick.C:
@@ -141,7 +146,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestRLQS_SubscribeAssignRelease(t *testing.T) {
-	e := newRLQSEnv(t, quota.Options{Reserve: -1, TTL: 30 * time.Second})
+	// The TTL is past the demands' staleness (three minutes, see below),
+	// the idle abandon past the TTL.
+	const ttl = 5 * time.Minute
+	e := newRLQSEnv(t, quota.Options{Reserve: -1, TTL: ttl, IdleAbandon: time.Hour})
 	a, cancelA := openStream(t, e)
 	b, _ := openStream(t, e)
 
@@ -151,8 +159,8 @@ func TestRLQS_SubscribeAssignRelease(t *testing.T) {
 	got := recvAction(t, a)
 	if !maps.Equal(got.GetBucketId().GetBucket(), map[string]string{"path": "/x"}) ||
 		rpu(got).GetRequestsPerTimeUnit() != 2 || rpu(got).GetTimeUnit() != typepb.RateLimitUnit_MINUTE ||
-		got.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() != 30*time.Second {
-		t.Fatalf("first answer %v, want 2 per minute for 30s", got)
+		got.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() != ttl {
+		t.Fatalf("first answer %v, want 2 per minute for %v", got, ttl)
 	}
 	sendReports(t, b, reports("e2e", usage(1, 0, "path", "/x"), usage(1, 0, "free", "1"), usage(1, 0, "user", "bot-7")))
 	r, err := b.Recv()
@@ -169,11 +177,17 @@ func TestRLQS_SubscribeAssignRelease(t *testing.T) {
 		t.Fatalf("second stream's answers %v", kinds)
 	}
 
-	// A tick divides 5 per minute: a needs 1, b gets the rest.
-	slow := usage(1, 0, "path", "/x")
-	slow.TimeElapsed = durationpb.New(time.Minute)
-	sendReports(t, a, reports("", slow))
-	sendReports(t, b, reports("", usage(600, 0, "path", "/x")))
+	// A tick divides 5 per minute: a needs 1, b gets the rest. (Both
+	// report a minute's traffic: a demand goes stale after three of its
+	// intervals without a report, and the server stamps reports with its
+	// own clock, so the tick below must come within three of them.)
+	perMinute := func(n uint64) *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		u := usage(n, 0, "path", "/x")
+		u.TimeElapsed = durationpb.New(time.Minute)
+		return u
+	}
+	sendReports(t, a, reports("", perMinute(1)))
+	sendReports(t, b, reports("", perMinute(36000)))
 	waitFor(t, "both reports", func() bool { return e.q.Stats().Usages == 6 })
 	if err := e.q.Tick(ctx(t), time.Now()); err != nil {
 		t.Fatal(err)
@@ -185,7 +199,7 @@ func TestRLQS_SubscribeAssignRelease(t *testing.T) {
 
 	// Near the TTL the assignment is sent again (the demands have gone
 	// stale by then: an equal split).
-	if err := e.q.Tick(ctx(t), time.Now().Add(29*time.Second)); err != nil {
+	if err := e.q.Tick(ctx(t), time.Now().Add(ttl-time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	ra, rb := rpu(recvFor(t, a, "path")).GetRequestsPerTimeUnit(), rpu(recvFor(t, b, "path")).GetRequestsPerTimeUnit()
