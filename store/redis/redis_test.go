@@ -67,6 +67,21 @@ func TestTake_Smoke(t *testing.T) {
 	}
 }
 
+// TestNew_ShortTimeout: a store whose Timeout is too short for any answer
+// still opens: its first ping waits as long as a probe may, when that is
+// longer (a PONG a busy machine delayed past a Timeout of Envoy's 20 ms
+// failed the start).
+func TestNew_ShortTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := New(ctx, Options{URL: "redis://" + srv.Addr, Timeout: time.Nanosecond, ProbeTimeout: time.Minute})
+	if err != nil {
+		t.Fatalf("New with a Timeout of 1ns: %v, want the first ping to wait the ProbeTimeout", err)
+	}
+	s.Close()
+}
+
 // TestNew_BadURLHidesThePassword: a URL that does not parse is named in
 // the error without its password.
 func TestNew_BadURLHidesThePassword(t *testing.T) {
