@@ -419,6 +419,6 @@ func TestChaos_TimeoutsProbeSparingly(t *testing.T) {
 		t.Errorf("only %d timeouts: the test did not test", timeouts.Load())
 	}
 	if st := s.Stats(); st.Opens != 0 {
-		t.Errorf("the breaker opened %d times on timeouts with Redis healthy", st.Opens)
+		t.Errorf("the breaker opened %d times on timeouts with Redis healthy; last cause: %s", st.Opens, s.Status().LastError)
 	}
 }

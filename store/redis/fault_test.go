@@ -346,6 +346,29 @@ func TestUnreachable(t *testing.T) {
 	}
 }
 
+// TestFailedCall_PastItsDeadline: a call that fails once its deadline has
+// passed ran out of time, whatever its error: a dial the deadline cut
+// short fails as "dial tcp …: i/o timeout", a net.Error as a silent
+// connection's read is. Counted against Redis, three such opened the
+// breaker of TestChaos_TimeoutsProbeSparingly (callers of 200 µs) with
+// Redis healthy, in 2 runs of 30: their ctx ends a margin after the
+// call's deadline, so the failure was not the caller giving up. Before
+// its deadline the same error counts.
+func TestFailedCall_PastItsDeadline(t *testing.T) {
+	s := &Store{kick: make(chan struct{}, 1)}
+	s.breaker = newBreaker(1, time.Hour, 0, time.Now, nil)
+	dial := fmt.Errorf("redis: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded})
+	s.failedCall(context.Background(), time.Now(), dial)
+	if !s.breaker.closed() || s.lastTimeout.Load() == 0 || len(s.kick) != 1 {
+		t.Errorf("a dial timeout at the call's deadline: breaker closed %v, timeout recorded %v, probe asked %v; want a timeout, not Redis down",
+			s.breaker.closed(), s.lastTimeout.Load() != 0, len(s.kick) == 1)
+	}
+	s.failedCall(context.Background(), time.Now().Add(time.Hour), dial)
+	if s.breaker.closed() {
+		t.Error("a dial timeout an hour before the call's deadline: the breaker is closed, want it open")
+	}
+}
+
 // TestTake_NoTimeLeftKeepsTheProbe: a caller whose deadline has passed
 // does not use up the open breaker's one probe call; the next caller with
 // time is the probe, and Redis's answer closes the breaker.
