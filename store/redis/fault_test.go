@@ -27,7 +27,7 @@ import (
 type load struct {
 	mu        sync.Mutex
 	failLat   []time.Duration
-	lastOK    atomic.Int64 // unix ns of the latest success
+	lastOK    atomic.Int64 // unix ns at which the latest-begun success began
 	successes atomic.Int64
 	failures  atomic.Int64
 	fast      atomic.Int64 // failures the open breaker answered (ErrOpen)
@@ -50,7 +50,8 @@ func (l *load) run(t *testing.T, s *Store, n int, stop <-chan struct{}) *sync.Wa
 				err := s.Take(context.Background(), t0.UnixNano(), hits, out)
 				if err == nil {
 					l.successes.Add(1)
-					l.lastOK.Store(time.Now().UnixNano())
+					for ok := l.lastOK.Load(); t0.UnixNano() > ok && !l.lastOK.CompareAndSwap(ok, t0.UnixNano()); ok = l.lastOK.Load() {
+					}
 					continue
 				}
 				l.failures.Add(1)
@@ -244,8 +245,10 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 	// Failing fast: the open breaker answers takes without a call.
 	before := l.fast.Load()
 	waitFor(t, 10*time.Second, "100 takes failed fast", func() bool { return l.fast.Load()-before >= 100 })
-	if ok := l.lastOK.Load(); ok > killed.Add(timeout*5+st.Worst()).UnixNano() {
-		t.Errorf("a take succeeded %v after Redis was killed", time.Unix(0, ok).Sub(killed))
+	// (By when the takes began, not when they were seen to end: a take
+	// answered before the kill can be counted after a stall.)
+	if ok := l.lastOK.Load(); ok > killed.UnixNano() {
+		t.Errorf("a take that began %v after Redis was killed succeeded", time.Unix(0, ok).Sub(killed))
 	}
 	// The race detector on 2 cores is slow: a few times the deadline.
 	if p := l.p99(); p > 10*timeout+st.Worst() {
@@ -254,9 +257,12 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 
 	srv.Restart()
 	restarted := time.Now().UnixNano()
-	took := waitFor(t, 10*time.Second, "takes succeed after restart", func() bool { return l.lastOK.Load() > restarted })
-	if took > time.Second+st.Worst() {
-		t.Errorf("recovered %v after Redis restarted, want within 1s (worst stall %v)", took, st.Worst())
+	var took time.Duration
+	_, waited := timed(func() {
+		took = waitFor(t, 10*time.Second, "takes succeed after restart", func() bool { return l.lastOK.Load() > restarted })
+	})
+	if took > time.Second+st.Worst()+waited {
+		t.Errorf("recovered %v after Redis restarted, want within 1s (worst stall %v, a thread waited %v for a CPU)", took, st.Worst(), waited)
 	}
 	waitFor(t, 10*time.Second, "health recovers", s.Healthy)
 	waitFor(t, 10*time.Second, "INFO line", func() bool { return len(logs.lines("INFO")) > 0 })
