@@ -118,6 +118,11 @@ func TestChaos_StarvedInstancesShareLimits(t *testing.T) {
 			Timeout: 10 * time.Second, ProbeTimeout: 10 * time.Second})
 	}
 	a, b := must(store.NewFixedWindow(100, time.Hour)), must(store.NewFixedWindow(1000, time.Hour))
+	// Each store's connections are dialled before the starving: a dial's
+	// handshake has rueidis' 1 s, whatever the caller's 10 s.
+	for _, s := range stores {
+		warm(t, s, a, "a")
+	}
 
 	const callers, requests = 32, 600
 	var next, allowed, denied atomic.Int64
