@@ -22,14 +22,17 @@ func TestMain(m *testing.M) {
 
 var prefixes atomic.Int64
 
-// open returns a store on srv with a key prefix of its own.
+// open returns a store on srv with a key prefix of its own, and a Timeout
+// of a minute unless opt sets one: its calls must succeed, and a busy
+// machine stalls a process past the default second now and then (the
+// tests of the timeouts set theirs).
 func open(t testing.TB, opt Options) *Store {
 	t.Helper()
 	if opt.KeyPrefix == "" {
 		opt.KeyPrefix = "t" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
 	}
 	if opt.Timeout == 0 {
-		opt.Timeout = time.Second // -race on 2 cores is slow
+		opt.Timeout = time.Minute
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
