@@ -146,8 +146,8 @@ func (s *stalls) Worst() time.Duration { return time.Duration(s.worst.Load()) }
 // with a dozen busy processes, a take returned 408 ms after its 30 ms
 // deadline while the worst stall seen was 44 ms, and takes that lasted
 // 100-145 ms had a thread that waited 75-122 ms. On a quiet machine the
-// waits are microseconds, and a call that waits for something else
-// (Redis, a timeout of its own) waits parked, which adds nothing.
+// waits are microseconds, and a bound is as strict as without them; on
+// a busy one it widens by what the machine withheld from this process.
 func timed(f func()) (took, waited time.Duration) {
 	before, t0 := cpuWaits(), time.Now()
 	f()
