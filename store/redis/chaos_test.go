@@ -191,9 +191,9 @@ func TestChaos_SlowRedisIsNotDown(t *testing.T) {
 	// take returns how long it took and the longest a thread waited for a
 	// CPU meanwhile (see timed).
 	take := func(key string, deadline time.Duration) (took, waited time.Duration, err error) {
-		ctx, cancel := context.WithTimeout(context.Background(), deadline)
-		defer cancel()
 		took, waited = timed(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
 			err = s.Take(ctx, time.Now().UnixNano(), []store.Hit{{Key: key, Rule: r, Cost: 1, Veto: true}}, make([]store.Decision, 1))
 		})
 		return took, waited, err
