@@ -458,7 +458,9 @@ func TestHealth(t *testing.T) {
 // round trip.
 func TestTake_CancelledContext(t *testing.T) {
 	srv := memcachetest.Start(t)
-	s := open(t, Options{Servers: []string{srv.Addr}})
+	// (The take after must succeed: not within the default 500 ms a busy
+	// machine can stall past.)
+	s := open(t, Options{Servers: []string{srv.Addr}, Timeout: suiteTimeout})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	r := storetest.Window(t, 5, time.Minute)

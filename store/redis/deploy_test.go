@@ -127,20 +127,13 @@ func TestTake_Expiry(t *testing.T) {
 	sw := must(store.NewSlidingWindow(4, time.Minute)) // 8 buckets of 7.5 s
 	now := int64(1_800_000_000)*int64(time.Second) + 15*int64(time.Second)
 	out := make([]store.Decision, 3)
-	pttl := func(key string) time.Duration {
-		ms, err := strconv.ParseInt(srv.CLI("pttl", s.opt.KeyPrefix+key), 10, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return time.Duration(ms) * time.Millisecond
-	}
+	// set is when the calls that set the expiries ran.
+	var set [2]time.Time
 	check := func(key string, want time.Duration) {
 		t.Helper()
-		// Redis's clock runs on while we look: allow a second of it.
-		if got := pttl(key); got > want || got < want-time.Second {
-			t.Errorf("%s: PTTL %v, want about %v", key, got, want)
-		}
+		checkExpiry(t, srv, s.opt.KeyPrefix+key, want, set[0], set[1])
 	}
+	set[0] = time.Now()
 	for _, batch := range [][]store.Hit{
 		{{Key: "fw1", Rule: fw, Cost: 1, Veto: true}},
 		{{Key: "tb1", Rule: tb, Cost: 2, Veto: true}},
@@ -152,6 +145,8 @@ func TestTake_Expiry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	set[1] = time.Now()
+	first := set
 	for _, k := range []string{"fw1", "fw2", "fw3"} {
 		check(k, 45*time.Second+time.Second)
 	}
@@ -166,23 +161,52 @@ func TestTake_Expiry(t *testing.T) {
 	// clock stepped back into an earlier bucket keeps it.
 	for _, c := range []struct {
 		at   time.Duration
-		pttl time.Duration
-	}{{10 * time.Second, 66 * time.Second}, {-20 * time.Second, 66 * time.Second}} {
+		sets bool
+		want time.Duration // after the write that set it
+	}{{10 * time.Second, true, 66 * time.Second}, {-20 * time.Second, false, 66 * time.Second}} {
+		before := time.Now()
 		if err := s.Take(context.Background(), now+int64(c.at), []store.Hit{{Key: "sw1", Rule: sw, Cost: 1, Veto: true}}, out[:1]); err != nil {
 			t.Fatal(err)
 		}
-		check("sw1", c.pttl)
+		if c.sets {
+			set = [2]time.Time{before, time.Now()}
+		}
+		check("sw1", c.want)
 	}
 	// A later write in the same window keeps the expiry the window's first
 	// write set (Redis's clock has not moved, the caller's has); the next
 	// window's first write sets its own.
+	set = first
 	for _, c := range []struct {
 		at   time.Duration
-		pttl time.Duration
-	}{{20 * time.Second, 46 * time.Second}, {65 * time.Second, 41 * time.Second}} {
+		sets bool
+		want time.Duration
+	}{{20 * time.Second, false, 46 * time.Second}, {65 * time.Second, true, 41 * time.Second}} {
+		before := time.Now()
 		if err := s.Take(context.Background(), now+int64(c.at), []store.Hit{{Key: "fw1", Rule: fw, Cost: 1, Veto: true}}, out[:1]); err != nil {
 			t.Fatal(err)
 		}
-		check("fw1", c.pttl)
+		if c.sets {
+			set = [2]time.Time{before, time.Now()}
+		}
+		check("fw1", c.want)
+	}
+}
+
+// checkExpiry checks that key expires want after a call that ran between
+// before and after set its expiry: its PEXPIRETIME, on Redis's clock
+// (this machine's), less want falls in that span. (A PTTL read later
+// would count the time taken since, seconds on a busy machine.)
+func checkExpiry(t *testing.T, srv *redistest.Server, key string, want time.Duration, before, after time.Time) {
+	t.Helper()
+	ms, err := strconv.ParseInt(srv.CLI("pexpiretime", key), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := before.Add(want).UnixMilli(), after.Add(want).UnixMilli()
+	if ms < lo || ms > hi {
+		t.Errorf("%s: expires at %v, want %v after the call that set it (ran %v to %v): off by %v",
+			key, time.UnixMilli(ms).Format(time.StampMilli), want, before.Format(time.StampMilli), after.Format(time.StampMilli),
+			time.Duration(ms-min(max(ms, lo), hi))*time.Millisecond)
 	}
 }

@@ -82,7 +82,8 @@ type Options struct {
 	// closed, for health (default 1 s), and at once after a Take ran out
 	// of time. While open, Run pings every BreakerCooldown.
 	ProbeInterval time.Duration
-	// ProbeTimeout is how long a probe waits for PONG (default 500 ms).
+	// ProbeTimeout is how long a probe waits for PONG (default 500 ms),
+	// and New's first ping, when longer than Timeout.
 	// Two probes in a row without PONG open the breaker, the second sent
 	// as soon as the first failed: a starved or throttled process (or a
 	// frozen machine) can miss one deadline with Redis up, not a second

@@ -26,6 +26,16 @@ func TestRun_OneFailedProbeIsNoEvidence(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	// The probes sent by the time the breaker opened (after that Run
+	// probes again every BreakerCooldown, 100 ms, which a busy machine
+	// can let pass before the test looks).
+	var probesAtOpen atomic.Uint64
+	s.breaker.changed = func(open bool) {
+		if open {
+			probesAtOpen.Store(s.probes.Load())
+		}
+		s.wake()
+	}
 	var resumeAfterProbe atomic.Bool
 	s.probeWait = func(start time.Time) time.Duration {
 		if resumeAfterProbe.CompareAndSwap(true, false) {
@@ -41,7 +51,7 @@ func TestRun_OneFailedProbeIsNoEvidence(t *testing.T) {
 	srv.Pause()
 	resumeAfterProbe.Store(true)
 	s.wake()
-	waitFor(t, 5*time.Second, "the probe after the failed one", func() bool { return s.Stats().Probes >= 2 && s.Status().LastLatency > 0 })
+	waitFor(t, 10*time.Second, "the probe after the failed one", func() bool { return s.Stats().Probes >= 2 && s.Status().LastLatency > 0 })
 	if st := s.Stats(); st.Opens != 0 || !s.Healthy() {
 		t.Errorf("one failed probe, Redis answering the next sent at once: %d breaker openings (healthy %v), want none", st.Opens, s.Healthy())
 	}
@@ -50,8 +60,8 @@ func TestRun_OneFailedProbeIsNoEvidence(t *testing.T) {
 	defer srv.Resume()
 	before := s.Stats().Probes
 	s.wake()
-	waitFor(t, 5*time.Second, "the breaker opens on a silent Redis", func() bool { return !s.Healthy() })
-	if st := s.Status(); s.Stats().Probes-before != 2 || !strings.Contains(st.LastError, "the probe before it failed too") {
-		t.Errorf("opened after %d probes, cause %q; want 2, the cause saying so", s.Stats().Probes-before, st.LastError)
+	waitFor(t, 10*time.Second, "the breaker opens on a silent Redis", func() bool { return !s.Healthy() })
+	if st := s.Status(); probesAtOpen.Load()-before != 2 || !strings.Contains(st.LastError, "the probe before it failed too") {
+		t.Errorf("opened after %d probes, cause %q; want 2, the cause saying so", probesAtOpen.Load()-before, st.LastError)
 	}
 }

@@ -141,9 +141,11 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	if !opt.NoLocalCache {
 		s.cache = newOverCache()
 	}
-	// The first ping waits as long as a call may (Timeout), not a probe's
-	// ProbeTimeout: a store opened on a busy machine is not a Redis down.
-	if err := s.ping(ctx, opt.Timeout); err != nil {
+	// The first ping waits as long as a call or a probe may, whichever is
+	// longer: a store opened on a busy machine is not a Redis down (with
+	// Envoy's 20 ms as Timeout, a PONG that a busy machine delays past it
+	// failed the start).
+	if err := s.ping(ctx, max(opt.Timeout, opt.ProbeTimeout)); err != nil {
 		client.Close()
 		return nil, err
 	}

@@ -22,14 +22,17 @@ func TestMain(m *testing.M) {
 
 var prefixes atomic.Int64
 
-// open returns a store on srv with a key prefix of its own.
+// open returns a store on srv with a key prefix of its own, and a Timeout
+// of a minute unless opt sets one: its calls must succeed, and a busy
+// machine stalls a process past the default second now and then (the
+// tests of the timeouts set theirs).
 func open(t testing.TB, opt Options) *Store {
 	t.Helper()
 	if opt.KeyPrefix == "" {
 		opt.KeyPrefix = "t" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
 	}
 	if opt.Timeout == 0 {
-		opt.Timeout = time.Second // -race on 2 cores is slow
+		opt.Timeout = time.Minute
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -65,6 +68,21 @@ func TestTake_Smoke(t *testing.T) {
 			t.Fatalf("step %d: allowed %v, want %v", step, out[0].Allowed, want)
 		}
 	}
+}
+
+// TestNew_ShortTimeout: a store whose Timeout is too short for any answer
+// still opens: its first ping waits as long as a probe may, when that is
+// longer (a PONG a busy machine delayed past a Timeout of Envoy's 20 ms
+// failed the start).
+func TestNew_ShortTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := New(ctx, Options{URL: "redis://" + srv.Addr, Timeout: time.Nanosecond, ProbeTimeout: time.Minute})
+	if err != nil {
+		t.Fatalf("New with a Timeout of 1ns: %v, want the first ping to wait the ProbeTimeout", err)
+	}
+	s.Close()
 }
 
 // TestNew_BadURLHidesThePassword: a URL that does not parse is named in

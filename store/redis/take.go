@@ -152,7 +152,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	}
 	if err != nil {
 		s.failed.Add(1)
-		s.failedCall(ctx, err)
+		s.failedCall(ctx, deadline, err)
 		return err
 	}
 	s.breaker.success()
@@ -184,18 +184,21 @@ func (s *Store) deadline(ctx context.Context, start time.Time) (deadline time.Ti
 }
 
 // failedCall counts a failed call against Redis if it says Redis cannot
-// be reached. A call that ran out of time only makes Run probe now: on a
-// starved machine that is this process being slow, not Redis being down;
-// a caller that gave up says nothing.
-func (s *Store) failedCall(ctx context.Context, err error) {
+// be reached before the call's deadline. A call that ran out of time only
+// makes Run probe now: on a starved machine that is this process being
+// slow, not Redis being down. Whatever its error says: a dial that the
+// deadline cut short fails as a network "i/o timeout", and the caller's
+// ctx, a margin later, has not ended yet. A caller that gave up says
+// nothing.
+func (s *Store) failedCall(ctx context.Context, deadline time.Time, err error) {
 	switch {
 	case ctx.Err() != nil:
+	case errors.Is(err, context.DeadlineExceeded), !time.Now().Before(deadline):
+		s.lastTimeout.Store(time.Now().UnixNano())
+		s.wake()
 	case unreachable(err):
 		s.lastErr.Store(&err)
 		s.breaker.failure()
-	case errors.Is(err, context.DeadlineExceeded):
-		s.lastTimeout.Store(time.Now().UnixNano())
-		s.wake()
 	}
 }
 
