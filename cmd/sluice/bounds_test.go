@@ -58,14 +58,18 @@ func TestServe_RequestBounds(t *testing.T) {
 		t.Errorf("an RLQS message of 5,000 bytes with --max-recv-msg-size 4096: %v, want ResourceExhausted", err)
 	}
 
-	fams := getFamilies(t, "http://"+httpAddr+"/metrics")
+	// The client may read the stream's status before the server's
+	// interceptor has counted it: read /metrics until it has.
 	handled := map[string]float64{}
-	for _, m := range fams["grpc_server_handled_total"].GetMetric() {
-		l := map[string]string{}
-		for _, p := range m.GetLabel() {
-			l[p.GetName()] = p.GetValue()
+	for start := time.Now(); handled["StreamRateLimitQuotas ResourceExhausted"] == 0 && time.Since(start) < 30*time.Second; time.Sleep(10 * time.Millisecond) {
+		clear(handled)
+		for _, m := range getFamilies(t, "http://"+httpAddr+"/metrics")["grpc_server_handled_total"].GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			handled[l["grpc_method"]+" "+l["grpc_code"]] += m.GetCounter().GetValue()
 		}
-		handled[l["grpc_method"]+" "+l["grpc_code"]] += m.GetCounter().GetValue()
 	}
 	// gRPC refuses a unary request over the size before any interceptor
 	// sees the call, so no metric counts it; a stream's message is
