@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -69,9 +68,12 @@ func metricValue(page, series string) float64 {
 // answers by the failure mode the requests that need it, and only those.
 func TestServeRedis_PerSecond(t *testing.T) {
 	main, ps := redistest.Start(t), redistest.Start(t)
+	// Generous timeouts: a call to a Redis that is up must be answered by
+	// it, not denied by the failure mode on a busy machine; a call to the
+	// killed one fails at once (connection refused).
 	grpcAddr, httpAddr, _ := startServe(t, nil, "--config", writeConfig(t, perSecondConfig), "--store", "redis", "--rlqs=false",
 		"--redis-url", "redis://"+main.Addr, "--redis-persecond-url", "redis://"+ps.Addr, "--redis-key-prefix", "p:",
-		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", "2s", "--redis-persecond-timeout", "300ms")
+		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", "10s", "--redis-persecond-timeout", "10s")
 	rls, hc := dialRLS(t, grpcAddr)
 	calls := func() (mainCalls, psCalls float64) {
 		page := httpGet(t, "http://"+httpAddr+"/metrics")
@@ -129,7 +131,7 @@ func TestServeRedis_PerSecond(t *testing.T) {
 		r, err := hc.Check(testCtx(t), &healthpb.HealthCheckRequest{})
 		return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
 	}
-	waitUntil(t, 5*time.Second, "NOT_SERVING with the per-second Redis down", func() bool { return !serving() })
+	waitUntil(t, mustWithin, "NOT_SERVING with the per-second Redis down", func() bool { return !serving() })
 	page := httpGet(t, "http://"+httpAddr+"/metrics")
 	if up, psUp := metricValue(page, "sluice_redis_up"), metricValue(page, "sluice_redis_persecond_up"); up != 1 || psUp != 0 {
 		t.Errorf("sluice_redis_up %v, sluice_redis_persecond_up %v; want 1 and 0", up, psUp)
@@ -148,7 +150,7 @@ func TestServeRedis_PerSecond(t *testing.T) {
 	}
 
 	ps.Restart()
-	waitUntil(t, 5*time.Second, "SERVING with the per-second Redis back", serving)
+	waitUntil(t, mustWithin, "SERVING with the per-second Redis back", serving)
 	step("tb after the per-second Redis is back", rlspb.RateLimitResponse_OK, []uint32{2}, "tb", "b")
 }
 

@@ -444,10 +444,10 @@ func (e *statsdExporter) value(t *testing.T, name string, labels map[string]stri
 }
 
 // wait waits until the series has the value want, failing t if it goes
-// past it or 10 seconds pass; the failure lists the series there are.
+// past it or mustWithin passes; the failure lists the series there are.
 func (e *statsdExporter) wait(t *testing.T, name string, labels map[string]string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(mustWithin)
 	for {
 		got, ok := e.value(t, name, labels)
 		if ok && got == want {

@@ -135,7 +135,7 @@ func TestServe_UIRedis(t *testing.T) {
 	// the overview says so.
 	srv.Pause()
 	defer srv.Resume()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(mustWithin)
 	for {
 		_, body = uiGet(t, "http://"+addr+"/ui/api/overview")
 		o = ui.Overview{}
