@@ -61,7 +61,7 @@ func TestCountersCommand(t *testing.T) {
 	stores := map[string][]string{"memory": nil}
 	if !testing.Short() {
 		srv := redistest.Start(t)
-		stores["redis"] = []string{"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-key-prefix", "counters-test:"}
+		stores["redis"] = []string{"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-key-prefix", "counters-test:", "--redis-timeout", storeTimeout}
 	}
 	for name, storeArgs := range stores {
 		t.Run(name, func(t *testing.T) {

@@ -149,7 +149,7 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 			env["STATS_FLUSH_INTERVAL"] = "20ms"
 			// The first call on a new TLS connection to Redis can take more
 			// than the default 10 ms (--redis-timeout) on a loaded machine.
-			env["REDIS_TIMEOUT"] = "1s"
+			env["REDIS_TIMEOUT"] = storeTimeout
 
 			args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
 			if want := egRefused[name]; want != "" {

@@ -174,7 +174,7 @@ func memcacheBinaryEnv(t *testing.T, extra ...string) []string {
 	}
 	return append([]string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=.", "RUNTIME_APPDIRECTORY=serve",
 		"HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "LOG_LEVEL=info", "LOG_FORMAT=text",
-		"BACKEND_TYPE=memcache"}, extra...)
+		"BACKEND_TYPE=memcache", "SLUICE_MEMCACHE_TIMEOUT=" + storeTimeout}, extra...)
 }
 
 func startMemcacheBinary(t *testing.T, env ...string) *sluiceProc {
@@ -329,7 +329,7 @@ func TestServeMemcache_FailureAndHealth(t *testing.T) {
 // TestServe_UIMemcache: the overview describes the memcached store.
 func TestServe_UIMemcache(t *testing.T) {
 	m := memcachetest.Start(t)
-	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "memcache", "--memcache-servers", m.Addr)
+	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "memcache", "--memcache-servers", m.Addr, "--memcache-timeout", storeTimeout)
 	defer stop()
 	o, stats, _ := overview(t, addr)
 	if o.Store.Kind != "memcache" || !o.Store.Healthy || stats["servers"] != m.Addr || stats["cas retries"] != "0" {

@@ -68,12 +68,9 @@ func metricValue(page, series string) float64 {
 // answers by the failure mode the requests that need it, and only those.
 func TestServeRedis_PerSecond(t *testing.T) {
 	main, ps := redistest.Start(t), redistest.Start(t)
-	// Generous timeouts: a call to a Redis that is up must be answered by
-	// it, not denied by the failure mode on a busy machine; a call to the
-	// killed one fails at once (connection refused).
 	grpcAddr, httpAddr, _ := startServe(t, nil, "--config", writeConfig(t, perSecondConfig), "--store", "redis", "--rlqs=false",
 		"--redis-url", "redis://"+main.Addr, "--redis-persecond-url", "redis://"+ps.Addr, "--redis-key-prefix", "p:",
-		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", "10s", "--redis-persecond-timeout", "10s")
+		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", storeTimeout, "--redis-persecond-timeout", storeTimeout)
 	rls, hc := dialRLS(t, grpcAddr)
 	calls := func() (mainCalls, psCalls float64) {
 		page := httpGet(t, "http://"+httpAddr+"/metrics")
@@ -226,7 +223,10 @@ func TestBinary_RedisPerSecondEnv(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			env, keys := c.start(t)
-			env["REDIS_URL"], env["REDIS_PERSECOND"] = main.Addr, "true"
+			env["REDIS_URL"], env["REDIS_PERSECOND"], env["REDIS_TIMEOUT"] = main.Addr, "true", storeTimeout
+			if env["REDIS_PERSECOND_TIMEOUT"] == "" {
+				env["REDIS_PERSECOND_TIMEOUT"] = storeTimeout
+			}
 			env["CACHE_KEY_PREFIX"] = c.name + ":"
 			p := startRefEnv(t, env, "--config", config)
 			rls, _ := dialRLS(t, p.grpcAddr)
@@ -284,7 +284,7 @@ func TestBinary_RedisTLSSkipHostnameVerification(t *testing.T) {
 	config := writeConfig(t, perSecondConfig)
 	env := func(addr, skip string) map[string]string {
 		e := map[string]string{"REDIS_URL": addr, "REDIS_TLS": "true", "REDIS_TLS_CACERT": caFile,
-			"REDIS_TLS_CLIENT_CERT": clientCert, "REDIS_TLS_CLIENT_KEY": clientKey, "REDIS_TIMEOUT": "2s"}
+			"REDIS_TLS_CLIENT_CERT": clientCert, "REDIS_TLS_CLIENT_KEY": clientKey, "REDIS_TIMEOUT": storeTimeout}
 		if skip != "" {
 			e["REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"] = skip
 		}

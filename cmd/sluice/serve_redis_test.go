@@ -358,6 +358,14 @@ func noOverGrant(t *testing.T, total int, storeArgs ...string) {
 	}
 }
 
+// storeTimeout is the tests' --redis-timeout (REDIS_TIMEOUT) and
+// --memcache-timeout where every call to a store that is up must be
+// answered by it: the defaults (1 s, 500 ms, dialling and TLS handshakes
+// included) can pass on a busy machine, and the failure mode answers
+// instead. A call to a store that was killed fails at once (connection
+// refused), so the tests take no longer.
+const storeTimeout = "10s"
+
 // noOverGrantTimeout is the processes' --redis-timeout: these tests count
 // grants, and on a busy machine a call to Redis can take longer than the
 // 1 s default (a call that failed would be an error, not a grant).
@@ -397,12 +405,8 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := writeConfig(t, string(limits))
-	// A generous --redis-timeout: with Redis up every call must be
-	// answered by Redis, not by the failure mode (a call timed out on a
-	// busy machine would be allowed, and counted as a failure); with
-	// Redis killed, calls fail at once (connection refused).
 	grpcAddr, httpAddr, stop := startServe(t, nil, "--config", dir, "--store", "redis",
-		"--redis-url", "redis://"+srv.Addr, "--redis-timeout", "10s", "--redis-failure-mode", "allow", "--redis-health")
+		"--redis-url", "redis://"+srv.Addr, "--redis-timeout", storeTimeout, "--redis-failure-mode", "allow", "--redis-health")
 	defer stop()
 	rls, hc := dialRLS(t, grpcAddr)
 	ctx := testCtx(t)
@@ -558,7 +562,7 @@ func TestServeRedis_ClusterSlotsNotChosenByValues(t *testing.T) {
 	}
 	cl := redistest.StartCluster(t, 3)
 	cfg := writeConfig(t, "domain: tags\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
-	grpcAddr, _, _ := startServe(t, nil, "--config", cfg, "--store", "redis", "--redis-cluster", strings.Join(cl.Seeds(), ","), "--redis-timeout", "2s")
+	grpcAddr, _, _ := startServe(t, nil, "--config", cfg, "--store", "redis", "--redis-cluster", strings.Join(cl.Seeds(), ","), "--redis-timeout", storeTimeout)
 	rls, _ := dialRLS(t, grpcAddr)
 	for i := range 60 {
 		resp, err := rls.ShouldRateLimit(testCtx(t), rlsRequest("tags", "user", fmt.Sprintf("{t}%d", i)))

@@ -77,7 +77,7 @@ func startFakeProxy(t *testing.T, ctx context.Context, addr string, perInterval 
 func TestServeRLQS_TwoReplicasOneRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := writeConfig(t, "domain: q\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 900}\n")
-	args := []string{"--config", cfg, "--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-timeout", "1s",
+	args := []string{"--config", cfg, "--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-timeout", storeTimeout,
 		"--rlqs-interval", "100ms", "--rlqs-ttl", "2s", "--rlqs-reserve", "0"}
 	a, _, _ := startServe(t, nil, append(args, "--rlqs-replica-id", "a")...)
 	b, _, _ := startServe(t, nil, append(args, "--rlqs-replica-id", "b")...)

@@ -135,7 +135,7 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 		env = append(env, k+"="+v)
 	}
 	env = append(env, "STATSD_HOST=127.0.0.1", "HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0",
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0", "STATS_FLUSH_INTERVAL=20ms", "REDIS_TIMEOUT=2s")
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0", "STATS_FLUSH_INTERVAL=20ms", "REDIS_TIMEOUT="+storeTimeout)
 	if !slices.Contains(env, "FORCE_START_WITHOUT_INITIAL_CONFIG=true") || !slices.Contains(env, "USE_STATSD=true") {
 		t.Fatalf("not Envoy Gateway's default environment: %q", env)
 	}
