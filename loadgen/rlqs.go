@@ -180,7 +180,7 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	conns, err := dialRLQS(o.Targets, o.DialOptions)
+	conns, err := dialRLQS(ctx, o.Targets, o.DialOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -206,17 +206,25 @@ func RunRLQS(ctx context.Context, o RLQSOptions) (*RLQSResult, error) {
 	return res, nil
 }
 
-// dialRLQS opens a connection to each target (gRPC connects lazily).
-func dialRLQS(targets []string, extra []grpc.DialOption) ([]*grpc.ClientConn, error) {
+// dialRLQS opens a connection to each target and waits until each is
+// ready: connection setup would otherwise take the run's first steps (on
+// a busy machine, up to its whole first second, which then has no
+// traffic).
+func dialRLQS(ctx context.Context, targets []string, extra []grpc.DialOption) ([]*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	conns := make([]*grpc.ClientConn, 0, len(targets))
 	for _, t := range targets {
 		cc, err := grpc.NewClient(t, opts...)
+		if err == nil {
+			conns = append(conns, cc)
+			err = connect(ctx, cc)
+		}
 		if err != nil {
 			closeConns(conns)
-			return nil, err
+			return nil, fmt.Errorf("loadgen: connect to %s: %w", t, err)
 		}
-		conns = append(conns, cc)
 	}
 	return conns, nil
 }
@@ -267,7 +275,7 @@ func (f *simFleet) watch(ctx context.Context) (*RLQSResult, error) {
 	servers := newServerMeter(ctx, o.MetricsURLs)
 	for s := range f.secs {
 		// Read second s once every proxy has stepped past it.
-		if err := sleepUntil(ctx, f.start.Add(time.Duration(s+1)*time.Second+3*o.Step)); err != nil {
+		if err := f.waitPast(ctx, f.start.Add(time.Duration(s+1)*time.Second)); err != nil {
 			return nil, err
 		}
 		sec := f.second(s)
@@ -278,6 +286,25 @@ func (f *simFleet) watch(ctx context.Context) (*RLQSResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// waitPast waits until t, then until every proxy has done its steps
+// before t: its latest step was at t or later, or it stopped. A proxy
+// late on a busy machine (a step runs whenever its goroutine gets to)
+// would otherwise have arrivals of the second missing when it is read,
+// or its offered requests read before and its admitted ones after a step.
+func (f *simFleet) waitPast(ctx context.Context, t time.Time) error {
+	if err := sleepUntil(ctx, t); err != nil {
+		return err
+	}
+	for _, p := range f.proxies {
+		for p.past.Load() < t.UnixNano() {
+			if err := sleepUntil(ctx, time.Now().Add(f.o.Step)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // second is second s of the run (from 0) as the proxies counted it: the

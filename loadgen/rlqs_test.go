@@ -2,10 +2,12 @@ package loadgen
 
 import (
 	"context"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -140,6 +142,67 @@ func TestRunRLQS(t *testing.T) {
 	if st := q.Stats(); st.Usages == 0 || st.Pushed[quota.RequestsPerUnit] == 0 {
 		t.Errorf("server stats %+v: no reports or assignments", st)
 	}
+}
+
+// TestFleetWatch_WaitsForLateProxies: a second is read once every proxy
+// has stepped past it, however late a proxy's steps run (on a busy
+// machine, a goroutine can wait its turn for a second): the late proxy's
+// requests are in the second's figures. (Reading the second a fixed 30 ms
+// after it ended missed them: TestRunRLQS once saw a second with nothing
+// offered.)
+func TestFleetWatch_WaitsForLateProxies(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := &RLQSOptions{Targets: []string{"x"}, Limit: 100, Proxies: 2, Duration: 2 * time.Second}
+		if err := o.defaults(); err != nil {
+			t.Fatal(err)
+		}
+		seconds := make(chan Second, 2)
+		o.Every = func(s Second) { seconds <- s }
+		f := &simFleet{o: o, start: time.Now(), secs: 2}
+		for i := range o.Proxies {
+			f.proxies = append(f.proxies, newSimProxy(o, i, f.secs))
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := f.watch(t.Context())
+			done <- err
+		}()
+
+		// Proxy 0 steps past the first second on time, proxy 1 a second late.
+		f.proxies[0].offered[0].Add(40)
+		f.proxies[0].admitted[0].Add(40)
+		time.Sleep(time.Second + o.Step)
+		f.proxies[0].past.Store(time.Now().UnixNano())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		select {
+		case s := <-seconds:
+			t.Fatalf("second 1 read before proxy 1 stepped past it: %+v", s)
+		default:
+		}
+		f.proxies[1].offered[0].Add(40)
+		f.proxies[1].admitted[0].Add(30)
+		f.proxies[1].past.Store(time.Now().UnixNano())
+		time.Sleep(o.Step)
+		synctest.Wait()
+		select {
+		case s := <-seconds:
+			if s.T != 1 || s.Active != 2 || s.Offered != 80 || s.Admitted != 70 {
+				t.Errorf("second 1: %+v, want 2 proxies, 80 offered, 70 admitted", s)
+			}
+		default:
+			t.Fatal("second 1 not read once both proxies stepped past it")
+		}
+
+		// Proxy 0 has not stepped past the second second: it stops.
+		f.proxies[0].past.Store(math.MaxInt64)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if s := <-seconds; s.T != 2 {
+			t.Errorf("then %+v, want second 2", s)
+		}
+	})
 }
 
 // TestRunRLQS_DistinctBuckets: with DistinctBuckets every proxy's extra

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,10 @@ type simProxy struct {
 	allowed, denied uint64 // since lastReport
 	acc             float64
 	lastStep        time.Time
+	// past is when (Unix ns) the latest step done began, MaxInt64 once
+	// the proxy stopped: the fleet reads a second once every proxy is
+	// past it.
+	past atomic.Int64
 }
 
 func newSimProxy(o *RLQSOptions, i, secs int) *simProxy {
@@ -59,6 +64,7 @@ var errRunOver = errors.New("loadgen: the run is over")
 func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time) error {
 	tick := time.NewTicker(p.o.Step)
 	defer tick.Stop()
+	defer p.past.Store(math.MaxInt64)
 	defer p.leave()
 	for {
 		select {
@@ -66,12 +72,14 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 			return nil
 		case <-tick.C:
 		}
-		if err := p.step(ctx, cc, start, time.Now()); err != nil {
+		now := time.Now()
+		if err := p.step(ctx, cc, start, now); err != nil {
 			if errors.Is(err, errRunOver) {
 				return nil
 			}
 			return err
 		}
+		p.past.Store(now.UnixNano())
 	}
 }
 

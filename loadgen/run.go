@@ -272,17 +272,25 @@ func dial(ctx context.Context, target string, n int, extra []grpc.DialOption) ([
 			return fail(err)
 		}
 		conns = append(conns, c)
-		c.Connect()
-		for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
-			if s == connectivity.TransientFailure {
-				return fail(errors.New("connection failed"))
-			}
-			if !c.WaitForStateChange(ctx, s) {
-				return fail(ctx.Err())
-			}
+		if err := connect(ctx, c); err != nil {
+			return fail(err)
 		}
 	}
 	return conns, nil
+}
+
+// connect connects c and waits until it is ready.
+func connect(ctx context.Context, c *grpc.ClientConn) error {
+	c.Connect()
+	for s := c.GetState(); s != connectivity.Ready; s = c.GetState() {
+		if s == connectivity.TransientFailure {
+			return errors.New("connection failed")
+		}
+		if !c.WaitForStateChange(ctx, s) {
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 func closeConns(conns []*grpc.ClientConn) {

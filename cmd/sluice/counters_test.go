@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -62,7 +61,7 @@ func TestCountersCommand(t *testing.T) {
 	stores := map[string][]string{"memory": nil}
 	if !testing.Short() {
 		srv := redistest.Start(t)
-		stores["redis"] = []string{"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-key-prefix", "counters-test:"}
+		stores["redis"] = []string{"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-key-prefix", "counters-test:", "--redis-timeout", storeTimeout}
 	}
 	for name, storeArgs := range stores {
 		t.Run(name, func(t *testing.T) {
@@ -187,7 +186,7 @@ func TestServe_CounterResetsDroppedOnReload(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("domain: shop\ndescriptors:\n  - {key: team, rate_limit: {unit: day, requests_per_unit: 5}}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "config reloaded", func() bool {
+	waitUntil(t, mustWithin, "config reloaded", func() bool {
 		return strings.Contains(httpGet(t, "http://"+addr+"/metrics"), `sluice_config_reloads_total{result="success"} 2`)
 	})
 	m := httpGet(t, "http://"+addr+"/metrics")

@@ -109,9 +109,9 @@ func TestBinary_EnvoyGatewayCost(t *testing.T) {
 			env = append(env, k+"="+v)
 		}
 		if st == "memcache" {
-			env = append(env, "BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT="+mc.Addr)
+			env = append(env, "BACKEND_TYPE=memcache", "MEMCACHE_HOST_PORT="+mc.Addr, "SLUICE_MEMCACHE_TIMEOUT="+storeTimeout)
 		}
-		return append(env, "HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "REDIS_TIMEOUT=2s")
+		return append(env, "HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "REDIS_TIMEOUT="+storeTimeout)
 	}
 	xs.Push(t, egNode, "1", egCostLimits(100))
 	for _, c := range []struct {

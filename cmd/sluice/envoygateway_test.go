@@ -149,7 +149,7 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 			env["STATS_FLUSH_INTERVAL"] = "20ms"
 			// The first call on a new TLS connection to Redis can take more
 			// than the default 10 ms (--redis-timeout) on a loaded machine.
-			env["REDIS_TIMEOUT"] = "1s"
+			env["REDIS_TIMEOUT"] = storeTimeout
 
 			args := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
 			if want := egRefused[name]; want != "" {
@@ -254,17 +254,23 @@ func logValue(t *testing.T, logs *lockedBuffer, marker, key string) string {
 	return ""
 }
 
-// waitFor polls cond until it holds, failing t after 10 seconds.
+// mustWithin bounds the tests' waits for what must happen (a log line, a
+// reload, a health change, a statsd line): long enough for a slow, busy
+// CI machine, where a process can stall for seconds. A wait for what
+// must not happen is short instead, and says so where it is.
+const mustWithin = 30 * time.Second
+
+// waitFor polls cond until it holds, failing t after mustWithin.
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(mustWithin)
 	for !cond() {
 		select {
 		case <-tick.C:
 		case <-deadline:
-			t.Fatalf("no %s within 10s", what)
+			t.Fatalf("no %s within %v", what, mustWithin)
 		}
 	}
 }
@@ -273,7 +279,7 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 // prefix.
 func waitStatsd(t *testing.T, pc net.PacketConn, prefix string) {
 	t.Helper()
-	if err := pc.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+	if err := pc.SetReadDeadline(time.Now().Add(mustWithin)); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 65536)

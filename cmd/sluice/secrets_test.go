@@ -18,7 +18,7 @@ func TestBinary_SecretsNeverShown(t *testing.T) {
 		"--xds-headers", "authorization:Bearer hunter2", "--redis-password=hunter3", "--redis-url", "redis://u:hunter4@127.0.0.1:1",
 		"--redis-sentinel-password", "hunter5", "--debug-addr", "127.0.0.1:0")
 	var debugAddr string
-	for deadline := time.Now().Add(10 * time.Second); debugAddr == ""; {
+	for deadline := time.Now().Add(mustWithin); debugAddr == ""; {
 		if m := regexp.MustCompile(`msg="debug endpoints" addr=(\S+)`).FindStringSubmatch(p.log()); m != nil {
 			debugAddr = m[1]
 		} else if time.Now().After(deadline) {
@@ -27,7 +27,7 @@ func TestBinary_SecretsNeverShown(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// The xDS client has tried to connect, and logged it.
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.log(), "xds: stream ended"); {
+	for deadline := time.Now().Add(mustWithin); !strings.Contains(p.log(), "xds: stream ended"); {
 		if time.Now().After(deadline) {
 			t.Fatal("no xDS attempt in the log")
 		}

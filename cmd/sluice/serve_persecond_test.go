@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -71,7 +70,7 @@ func TestServeRedis_PerSecond(t *testing.T) {
 	main, ps := redistest.Start(t), redistest.Start(t)
 	grpcAddr, httpAddr, _ := startServe(t, nil, "--config", writeConfig(t, perSecondConfig), "--store", "redis", "--rlqs=false",
 		"--redis-url", "redis://"+main.Addr, "--redis-persecond-url", "redis://"+ps.Addr, "--redis-key-prefix", "p:",
-		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", "2s", "--redis-persecond-timeout", "300ms")
+		"--redis-failure-mode", "deny", "--redis-health", "--redis-timeout", storeTimeout, "--redis-persecond-timeout", storeTimeout)
 	rls, hc := dialRLS(t, grpcAddr)
 	calls := func() (mainCalls, psCalls float64) {
 		page := httpGet(t, "http://"+httpAddr+"/metrics")
@@ -129,7 +128,7 @@ func TestServeRedis_PerSecond(t *testing.T) {
 		r, err := hc.Check(testCtx(t), &healthpb.HealthCheckRequest{})
 		return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
 	}
-	waitUntil(t, 5*time.Second, "NOT_SERVING with the per-second Redis down", func() bool { return !serving() })
+	waitUntil(t, mustWithin, "NOT_SERVING with the per-second Redis down", func() bool { return !serving() })
 	page := httpGet(t, "http://"+httpAddr+"/metrics")
 	if up, psUp := metricValue(page, "sluice_redis_up"), metricValue(page, "sluice_redis_persecond_up"); up != 1 || psUp != 0 {
 		t.Errorf("sluice_redis_up %v, sluice_redis_persecond_up %v; want 1 and 0", up, psUp)
@@ -148,7 +147,7 @@ func TestServeRedis_PerSecond(t *testing.T) {
 	}
 
 	ps.Restart()
-	waitUntil(t, 5*time.Second, "SERVING with the per-second Redis back", serving)
+	waitUntil(t, mustWithin, "SERVING with the per-second Redis back", serving)
 	step("tb after the per-second Redis is back", rlspb.RateLimitResponse_OK, []uint32{2}, "tb", "b")
 }
 
@@ -224,7 +223,10 @@ func TestBinary_RedisPerSecondEnv(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			env, keys := c.start(t)
-			env["REDIS_URL"], env["REDIS_PERSECOND"] = main.Addr, "true"
+			env["REDIS_URL"], env["REDIS_PERSECOND"], env["REDIS_TIMEOUT"] = main.Addr, "true", storeTimeout
+			if env["REDIS_PERSECOND_TIMEOUT"] == "" {
+				env["REDIS_PERSECOND_TIMEOUT"] = storeTimeout
+			}
 			env["CACHE_KEY_PREFIX"] = c.name + ":"
 			p := startRefEnv(t, env, "--config", config)
 			rls, _ := dialRLS(t, p.grpcAddr)
@@ -282,7 +284,7 @@ func TestBinary_RedisTLSSkipHostnameVerification(t *testing.T) {
 	config := writeConfig(t, perSecondConfig)
 	env := func(addr, skip string) map[string]string {
 		e := map[string]string{"REDIS_URL": addr, "REDIS_TLS": "true", "REDIS_TLS_CACERT": caFile,
-			"REDIS_TLS_CLIENT_CERT": clientCert, "REDIS_TLS_CLIENT_KEY": clientKey, "REDIS_TIMEOUT": "2s"}
+			"REDIS_TLS_CLIENT_CERT": clientCert, "REDIS_TLS_CLIENT_KEY": clientKey, "REDIS_TIMEOUT": storeTimeout}
 		if skip != "" {
 			e["REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"] = skip
 		}

@@ -77,7 +77,7 @@ func startFakeProxy(t *testing.T, ctx context.Context, addr string, perInterval 
 func TestServeRLQS_TwoReplicasOneRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := writeConfig(t, "domain: q\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 900}\n")
-	args := []string{"--config", cfg, "--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-timeout", "1s",
+	args := []string{"--config", cfg, "--store", "redis", "--redis-url", "redis://" + srv.Addr, "--redis-timeout", storeTimeout,
 		"--rlqs-interval", "100ms", "--rlqs-ttl", "2s", "--rlqs-reserve", "0"}
 	a, _, _ := startServe(t, nil, append(args, "--rlqs-replica-id", "a")...)
 	b, _, _ := startServe(t, nil, append(args, "--rlqs-replica-id", "b")...)
@@ -89,7 +89,7 @@ func TestServeRLQS_TwoReplicasOneRedis(t *testing.T) {
 		startFakeProxy(t, ctx, b, 100, interval),
 		startFakeProxy(t, ctx, b, 100, interval),
 	}
-	waitUntil(t, 20*time.Second, "a third of 900 for each proxy", func() bool {
+	waitUntil(t, mustWithin, "a third of 900 for each proxy", func() bool {
 		for _, p := range ps {
 			if s := p.share.Load(); s < 290 || s > 300 {
 				return false
@@ -138,12 +138,12 @@ func TestServeRLQS_ReloadReassigns(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := startFakeProxy(t, ctx, addr, 100, 100*time.Millisecond)
-	waitUntil(t, 10*time.Second, "the whole limit of 100", func() bool { return p.share.Load() == 100 })
+	waitUntil(t, mustWithin, "the whole limit of 100", func() bool { return p.share.Load() == 100 })
 	if err := os.WriteFile(filepath.Join(dir, "limits.yaml"),
 		[]byte("domain: q\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 40}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the new limit of 40", func() bool { return p.share.Load() == 40 })
+	waitUntil(t, mustWithin, "the new limit of 40", func() bool { return p.share.Load() == 40 })
 }
 
 // TestServeRLQS_Caps: --rlqs-max-streams ends a stream past it with

@@ -243,7 +243,7 @@ func TestBinary_StatsdTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = "ratelimit.service.rate_limit.e2e.path.total_hits:1|c"
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(mustWithin)
 	for found := false; !found; {
 		select {
 		case l := <-lines:

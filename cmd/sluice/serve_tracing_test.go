@@ -83,7 +83,7 @@ func TestBinary_EnvoyGatewayTracing(t *testing.T) {
 			if c.protocol == "grpc" {
 				rcv = tracingtest.StartGRPC(t)
 			}
-			env := []string{"HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "REDIS_TIMEOUT=2s",
+			env := []string{"HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "REDIS_TIMEOUT=" + storeTimeout,
 				"OTEL_BSP_SCHEDULE_DELAY=20"}
 			if c.protocol != "" {
 				env = append(env, "TRACING_EXPORTER_PROTOCOL="+c.protocol)

@@ -65,8 +65,8 @@ func TestServe_TwoAtOnce(t *testing.T) {
 	addrs := startServesAtOnce(t,
 		[]string{"--memory-max-keys", "8", "--ui=false"},
 		[]string{"--ui-prefix", "/sluice"},
-		[]string{"--store", "redis", "--redis-url", url, "--redis-key-prefix", "first:"},
-		[]string{"--store", "redis", "--redis-url", url, "--redis-key-prefix", "second:", "--ui=false"},
+		[]string{"--store", "redis", "--redis-url", url, "--redis-key-prefix", "first:", "--redis-timeout", storeTimeout},
+		[]string{"--store", "redis", "--redis-url", url, "--redis-key-prefix", "second:", "--ui=false", "--redis-timeout", storeTimeout},
 	)
 	ctx := testCtx(t)
 	const ips = 32

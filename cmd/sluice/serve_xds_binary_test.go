@@ -135,7 +135,7 @@ func TestBinary_EnvoyGateway(t *testing.T) {
 		env = append(env, k+"="+v)
 	}
 	env = append(env, "STATSD_HOST=127.0.0.1", "HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0",
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0", "STATS_FLUSH_INTERVAL=20ms", "REDIS_TIMEOUT=2s")
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0", "STATS_FLUSH_INTERVAL=20ms", "REDIS_TIMEOUT="+storeTimeout)
 	if !slices.Contains(env, "FORCE_START_WITHOUT_INITIAL_CONFIG=true") || !slices.Contains(env, "USE_STATSD=true") {
 		t.Fatalf("not Envoy Gateway's default environment: %q", env)
 	}
@@ -444,10 +444,10 @@ func (e *statsdExporter) value(t *testing.T, name string, labels map[string]stri
 }
 
 // wait waits until the series has the value want, failing t if it goes
-// past it or 10 seconds pass; the failure lists the series there are.
+// past it or mustWithin passes; the failure lists the series there are.
 func (e *statsdExporter) wait(t *testing.T, name string, labels map[string]string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(mustWithin)
 	for {
 		got, ok := e.value(t, name, labels)
 		if ok && got == want {

@@ -117,7 +117,7 @@ func overview(t *testing.T, addr string) (ui.Overview, map[string]string, string
 func TestServe_UIRedis(t *testing.T) {
 	srv := redistest.Start(t, "--requirepass", "hunter2")
 	_, addr, stop := startServe(t, nil, "--config", "../../examples/config", "--store", "redis",
-		"--redis-url", "redis://:hunter2@"+srv.Addr+"/0", "--redis-timeout", "1s")
+		"--redis-url", "redis://:hunter2@"+srv.Addr+"/0", "--redis-timeout", storeTimeout)
 	defer stop()
 	o, stats, body := overview(t, addr)
 	if o.Store.Kind != "redis" || !o.Store.Healthy || stats["deployment"] != "single" ||
@@ -135,7 +135,7 @@ func TestServe_UIRedis(t *testing.T) {
 	// the overview says so.
 	srv.Pause()
 	defer srv.Resume()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(mustWithin)
 	for {
 		_, body = uiGet(t, "http://"+addr+"/ui/api/overview")
 		o = ui.Overview{}
