@@ -512,21 +512,24 @@ func TestServeRedis_LogsOutage(t *testing.T) {
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() {
 		done <- serve(ctx, []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--config", dir,
-			"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--store-failure-mode", "deny",
+			"--store", "redis", "--redis-url", "redis://" + srv.Addr, "--store-failure-mode", "deny", "--redis-timeout", storeTimeout,
 			"--rlqs=false"}, // RLQS logs its own failed exchanges with Redis
 			func(string) string { return "" }, &logs, func(net.Addr, net.Addr) { close(ready) })
 	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatal(err)
+	}
+	// (Deferred only once serve is known to run: a serve that failed to
+	// start has sent its one error already, and a second read would hang.)
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
 	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	}
 	srv.Kill()
 	waitUntil(t, mustWithin, "a WARN line", func() bool { return strings.Contains(logs.String(), "level=WARN") })
 	srv.Restart()
