@@ -354,14 +354,15 @@ func BenchmarkCodec(b *testing.B) {
 }
 
 // deadlineEcho answers OK when its caller sent a deadline (grpc-timeout)
-// of at most 10 s, and UNAVAILABLE otherwise.
+// of 10 s, less at most 5 s in transit (a busy machine), and UNAVAILABLE
+// otherwise (none, a longer one, or one in the wrong unit).
 type deadlineEcho struct {
 	rlspb.UnimplementedRateLimitServiceServer
 }
 
 func (deadlineEcho) ShouldRateLimit(ctx context.Context, _ *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
-	if d, ok := ctx.Deadline(); !ok || time.Until(d) > 10*time.Second {
-		return nil, status.Error(codes.Unavailable, "no deadline")
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > 10*time.Second || time.Until(d) <= 5*time.Second {
+		return nil, status.Error(codes.Unavailable, "want a deadline of 10 s")
 	}
 	return &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK}, nil
 }

@@ -300,7 +300,7 @@ func (f *simFleet) waitPast(ctx context.Context, t time.Time) error {
 	for _, p := range f.proxies {
 		for p.past.Load() < t.UnixNano() {
 			if err := sleepUntil(ctx, time.Now().Add(f.o.Step)); err != nil {
-				return err
+				return fmt.Errorf("loadgen: proxy %d has not stepped past second %d: %w", p.i, int(t.Sub(f.start)/time.Second), err)
 			}
 		}
 	}

@@ -2,10 +2,12 @@ package loadgen
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -252,5 +254,54 @@ func TestSimProxy_Arrivals(t *testing.T) {
 			t.Errorf("step %d: arrivals(%d ms) = %d over [%v, +%v], want %d over [%d ms, +%v]",
 				i, s.ms, n, from.Sub(t0), el, s.want, s.fromMS, s.el)
 		}
+	}
+}
+
+// TestFleetWatch_StuckProxy: a run that ends while a proxy has not
+// stepped past a second says which proxy and which second.
+func TestFleetWatch_StuckProxy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := &RLQSOptions{Targets: []string{"x"}, Limit: 100, Proxies: 2, Duration: 2 * time.Second}
+		if err := o.defaults(); err != nil {
+			t.Fatal(err)
+		}
+		f := &simFleet{o: o, start: time.Now(), secs: 2}
+		for i := range o.Proxies {
+			f.proxies = append(f.proxies, newSimProxy(o, i, f.secs))
+		}
+		f.proxies[0].past.Store(math.MaxInt64)
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if _, err := f.watch(ctx); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "proxy 1 has not stepped past second 1") {
+			t.Errorf("watch: %v, want proxy 1 named, stuck before second 1 ends", err)
+		}
+	})
+}
+
+// TestSimProxy_LateFirstStep: a proxy whose first step runs 1.5 s after
+// the start (a busy machine) still offers the first second's requests,
+// each counted in the second it arrived in, not the step's; and a proxy
+// whose demand is 0 for a while brings none of that time's requests when
+// it joins.
+func TestSimProxy_LateFirstStep(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0)
+	p := newSimProxy(&RLQSOptions{Key: "tenant", Buckets: 1}, 0, 3)
+	p.lastStep = start // (as run sets it)
+	n, from, el := p.arrivals(start.Add(1500*time.Millisecond), 100)
+	p.admit(start, n, from, el)
+	if o0, o1 := p.offered[0].Load(), p.offered[1].Load(); n != 100 || o0 != 99 || o1 != 1 || p.admitted[0].Load() != 99 {
+		t.Errorf("first step 1.5 s late: %d arrivals, offered %d in second 1 and %d in second 2 (admitted %d), want 100: 99 and 1 (99)",
+			n, o0, o1, p.admitted[0].Load())
+	}
+
+	// The last of 5 proxies under churn joins at a third of the run (1.5 s).
+	idle := newSimProxy(&RLQSOptions{Key: "tenant", Buckets: 1, Proxies: 5, Rate: 100, Demand: DemandChurn,
+		Duration: 4500 * time.Millisecond}, 4, 4)
+	idle.lastStep = start
+	if err := idle.step(t.Context(), nil, start, start.Add(1400*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if !idle.lastStep.Equal(start.Add(1400 * time.Millisecond)) {
+		t.Errorf("an idle step left lastStep at %v, want 1.4 s", idle.lastStep.Sub(start))
 	}
 }

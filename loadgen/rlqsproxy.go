@@ -66,6 +66,7 @@ func (p *simProxy) run(ctx context.Context, cc *grpc.ClientConn, start time.Time
 	defer tick.Stop()
 	defer p.past.Store(math.MaxInt64)
 	defer p.leave()
+	p.lastStep = start // (requests arrive from the start, however late the first step)
 	for {
 		select {
 		case <-ctx.Done():
@@ -91,6 +92,7 @@ func (p *simProxy) step(ctx context.Context, cc *grpc.ClientConn, start, now tim
 	rate := p.o.rate(p.i, t, p.o.Duration.Seconds())
 	if rate == 0 {
 		p.leave()
+		p.lastStep = now // (none arrive while the demand is 0)
 		return nil
 	}
 	if p.stream == nil {
@@ -99,14 +101,11 @@ func (p *simProxy) step(ctx context.Context, cc *grpc.ClientConn, start, now tim
 		}
 	}
 	p.takeActions(now)
-	n, from, el := p.arrivals(now, rate)
-	sec := int(t)
-	if sec >= len(p.offered) {
+	if int(t) >= len(p.offered) {
 		return nil
 	}
-	ok := p.admit(n, from, el)
-	p.offered[sec].Add(n)
-	p.admitted[sec].Add(ok)
+	n, from, el := p.arrivals(now, rate)
+	p.admit(start, n, from, el)
 	// A new bucket is reported at once; then every interval.
 	if !p.subscribed && n > 0 || p.subscribed && now.Sub(p.lastReport) >= p.o.ReportInterval {
 		if err := p.report(now); err != nil {
@@ -187,7 +186,8 @@ func (p *simProxy) takeActions(now time.Time) {
 
 // arrivals are the requests that arrived at rate since the last step,
 // over [from, from+el]: a late step (a busy machine) brings more at once,
-// not fewer overall, up to a second's worth. The first step brings none.
+// not fewer overall, up to a second's worth. With no step before (and
+// lastStep unset), none arrive.
 func (p *simProxy) arrivals(now time.Time, rate float64) (n uint64, from time.Time, el time.Duration) {
 	from, el = p.lastStep, min(now.Sub(p.lastStep), time.Second)
 	if !p.lastStep.IsZero() && el > 0 {
@@ -201,19 +201,26 @@ func (p *simProxy) arrivals(now time.Time, rate float64) (n uint64, from time.Ti
 	return n, from, el
 }
 
-// admit puts n arrivals through the shared bucket and returns how many
-// it allowed. They are spread evenly over [from, from+el], as real
-// traffic is, even when the step ran late.
-func (p *simProxy) admit(n uint64, from time.Time, el time.Duration) uint64 {
-	var ok uint64
+// admit puts n arrivals through the shared bucket. They are spread
+// evenly over [from, from+el], as real traffic is, even when the step ran
+// late, and each counts in the second of the run (from start) it arrived
+// in.
+func (p *simProxy) admit(start time.Time, n uint64, from time.Time, el time.Duration) {
 	for k := range n {
-		if p.bucket.allow(from.Add(el * time.Duration(k+1) / time.Duration(n))) {
-			ok++
+		at := from.Add(el * time.Duration(k+1) / time.Duration(n))
+		ok := p.bucket.allow(at)
+		if ok {
+			p.allowed++
+		} else {
+			p.denied++
+		}
+		if sec := int(at.Sub(start) / time.Second); sec >= 0 && sec < len(p.offered) {
+			p.offered[sec].Add(1)
+			if ok {
+				p.admitted[sec].Add(1)
+			}
 		}
 	}
-	p.allowed += ok
-	p.denied += n - ok
-	return ok
 }
 
 // report sends the usage since the last report: the shared bucket's
