@@ -145,8 +145,10 @@ func TestClient_Timeout(t *testing.T) {
 		// left is the time the call's context had left when it was sent
 		// (math.MaxInt64: it had no deadline).
 		var left atomic.Int64
+		var sent atomic.Int32
 		left.Store(math.MaxInt64)
 		record := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			sent.Add(1)
 			if d, ok := ctx.Deadline(); ok {
 				left.Store(int64(time.Until(d)))
 			}
@@ -166,11 +168,12 @@ func TestClient_Timeout(t *testing.T) {
 		}
 		// The call ends at the client's timeout: not before it, with a
 		// deadline no further than the timeout, and while the caller's
-		// (10 s) context still runs. (No upper bound on the time taken:
-		// a busy machine may be late by any amount.)
-		if l := time.Duration(left.Load()); took < tc.timeout || l > tc.timeout || caller.Err() != nil {
-			t.Fatalf("gave up after %v with %v left when sent (caller's context: %v), want after %v with at most %v left",
-				took, l, caller.Err(), tc.timeout, tc.timeout)
+		// (10 s) context still runs, in one call, not tried again. (No
+		// upper bound on the time taken: a busy machine may be late by
+		// any amount.)
+		if l := time.Duration(left.Load()); took < tc.timeout || l > tc.timeout || caller.Err() != nil || sent.Load() != 1 {
+			t.Fatalf("gave up after %v and %d calls with %v left when sent (caller's context: %v), want after %v, 1 call with at most %v left",
+				took, sent.Load(), l, caller.Err(), tc.timeout, tc.timeout)
 		}
 	}
 }
