@@ -162,14 +162,17 @@ func late(t testing.TB, what string, attempt func() (took, bound time.Duration))
 
 // warm makes checks (cost 0) of r on keys until 64 have succeeded (and
 // each key's first), so that every connection the store's calls use is
-// open before a test stops Redis: rueidis pipelines on 4 connections,
-// dials each on its first call and sends each call on one picked at
-// random; a call on one not yet dialled while Redis is stopped fails when
-// the dial's handshake times out (at the dialer's 1 s for a caller with
-// more time), and then waits up to 1 s more for the half-open connection
-// to close, whatever the caller's deadline. 64 successes leave one
-// undialled with probability below 4·(3/4)^64 < 1e-7. A check that fails
-// (a store whose Timeout a busy machine can miss) is tried again.
+// open before a test stops Redis: rueidis (v1.0.79, a single Redis)
+// pipelines on 2^min(2, ⌊log2 GOMAXPROCS⌋) connections (1 with
+// GOMAXPROCS 1, 2 with 2 or 3, 4 from 4 on), dials each on its first
+// call and sends each keyed call on one picked at random (a PING always
+// on the first); a call on one not yet dialled while Redis is stopped
+// fails when the dial's handshake times out (at the dialer's 1 s for a
+// caller with more time), and then waits up to 1 s more for the
+// half-open connection to close, whatever the caller's deadline. 64
+// successes leave one undialled with probability below 4·(3/4)^64 < 1e-7
+// (with 4 connections, the most). A check that fails (a store whose
+// Timeout a busy machine can miss) is tried again.
 func warm(t *testing.T, s *Store, r *store.Rule, keys ...string) {
 	t.Helper()
 	out := make([]store.Decision, 1)
