@@ -72,8 +72,10 @@ func TestLocalCache_Sweep(t *testing.T) {
 // once Take returns; the local cache must not see the change.
 func TestTake_KeysNotRetained(t *testing.T) {
 	srv := redistest.Start(t)
-	// No prefix (open would set one): the keys are the hits' own.
-	s, err := New(context.Background(), Options{URL: "redis://" + srv.Addr, Timeout: time.Second})
+	// No prefix (open would set one): the keys are the hits' own. The
+	// takes must succeed, and the first dials: a minute, as open gives
+	// (a busy machine stalls this process past a second now and then).
+	s, err := New(context.Background(), Options{URL: "redis://" + srv.Addr, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -139,58 +138,41 @@ func watchStalls(t *testing.T) *stalls {
 // Worst returns the longest stall seen so far.
 func (s *stalls) Worst() time.Duration { return time.Duration(s.worst.Load()) }
 
-// timed runs f and returns how long it took and the longest any thread
-// of this process meanwhile waited for a CPU (Linux's schedstat; 0
-// elsewhere). A goroutine whose thread the machine leaves waiting is held
-// up as long, unseen by stalls' ticker on another thread: on two cores
-// with a dozen busy processes, a take returned 408 ms after its 30 ms
-// deadline while the worst stall seen was 44 ms, and takes that lasted
-// 100-145 ms had a thread that waited 75-122 ms. On a quiet machine the
-// waits are microseconds, and a bound is as strict as without them; on
-// a busy one it widens by what the machine withheld from this process.
-func timed(f func()) (took, waited time.Duration) {
-	before, t0 := cpuWaits(), time.Now()
-	f()
-	took = time.Since(t0)
-	for tid, ns := range cpuWaits() {
-		waited = max(waited, time.Duration(ns-before[tid]))
-	}
-	return took, waited
-}
-
-// cpuWaits returns how long each thread of this process has waited for a
-// CPU so far, by thread id.
-func cpuWaits() map[string]int64 {
-	w := map[string]int64{}
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		return w
-	}
-	for _, task := range tasks {
-		b, err := os.ReadFile("/proc/self/task/" + task.Name() + "/schedstat")
-		if err != nil {
-			continue // (the thread exited)
+// late makes up to 3 attempts of a timed step, each a fresh measurement
+// (attempt returns how long it took and its bound), until one keeps its
+// bound, logs each miss, and reports whether every attempt missed. A
+// bound is strict (the worst stall seen on top, see stalls), and still a
+// busy machine can miss it now and then: a thread of this process left
+// waiting for a CPU holds up its goroutine unseen by the stall ticker on
+// another thread (a take returned 408 ms after its 30 ms deadline with
+// the worst stall at 44 ms). A bug that makes a call late (one that waits
+// for Redis past its deadline, a breaker that stays open) makes it late
+// every time.
+func late(t testing.TB, what string, attempt func() (took, bound time.Duration)) bool {
+	t.Helper()
+	for i := 1; i <= 3; i++ {
+		took, bound := attempt()
+		if took <= bound {
+			return false
 		}
-		// "ns on a CPU, ns waiting for one, time slices"
-		if f := strings.Fields(string(b)); len(f) >= 2 {
-			if ns, err := strconv.ParseInt(f[1], 10, 64); err == nil {
-				w[task.Name()] = ns
-			}
-		}
+		t.Logf("%s: attempt %d of 3 took %v, over its bound of %v", what, i, took, bound)
 	}
-	return w
+	return true
 }
 
 // warm makes checks (cost 0) of r on keys until 64 have succeeded (and
 // each key's first), so that every connection the store's calls use is
-// open before a test stops Redis: rueidis pipelines on 4 connections,
-// dials each on its first call and sends each call on one picked at
-// random; a call on one not yet dialled while Redis is stopped fails when
-// the dial's handshake times out (at the dialer's 1 s for a caller with
-// more time), and then waits up to 1 s more for the half-open connection
-// to close, whatever the caller's deadline. 64 successes leave one
-// undialled with probability below 4·(3/4)^64 < 1e-7. A check that fails
-// (a store whose Timeout a busy machine can miss) is tried again.
+// open before a test stops Redis: rueidis (v1.0.79, a single Redis)
+// pipelines on 2^min(2, ⌊log2 GOMAXPROCS⌋) connections (1 with
+// GOMAXPROCS 1, 2 with 2 or 3, 4 from 4 on), dials each on its first
+// call and sends each keyed call on one picked at random (a PING always
+// on the first); a call on one not yet dialled while Redis is stopped
+// fails when the dial's handshake times out (at the dialer's 1 s for a
+// caller with more time), and then waits up to 1 s more for the
+// half-open connection to close, whatever the caller's deadline. 64
+// successes leave one undialled with probability below 4·(3/4)^64 < 1e-7
+// (with 4 connections, the most). A check that fails (a store whose
+// Timeout a busy machine can miss) is tried again.
 func warm(t *testing.T, s *Store, r *store.Rule, keys ...string) {
 	t.Helper()
 	out := make([]store.Decision, 1)
@@ -213,7 +195,10 @@ func warm(t *testing.T, s *Store, r *store.Rule, keys ...string) {
 // (the breaker opens), health says so, one WARN line says why, and within
 // a second of Redis coming back takes succeed again, without a new store,
 // and one INFO line says so. The latency bounds are this test's purpose;
-// each allows the worst stall of this process on top (see stalls).
+// each allows the worst stall of this process on top (see stalls). An
+// outage whose recovery missed its bound is followed by another, up to 3
+// in all, and the test fails only if every one missed it (see late); a
+// LogInterval of an hour keeps the lines to the first outage's.
 func TestTake_RedisKilledAndRestarted(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout = 20 * time.Millisecond
@@ -221,7 +206,7 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 	// (A killed Redis refuses or resets at once: no probe waits its
 	// ProbeTimeout, which New's first ping waits on a busy machine.)
 	s := open(t, Options{URL: "redis://" + srv.Addr, Timeout: timeout, ProbeInterval: 100 * time.Millisecond,
-		ProbeTimeout: 10 * time.Second, Logger: logs.logger(), FailureMode: "error"})
+		ProbeTimeout: 10 * time.Second, Logger: logs.logger(), FailureMode: "error", LogInterval: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- s.Run(ctx) }()
@@ -239,32 +224,33 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 	waitFor(t, 10*time.Second, "takes succeed", func() bool { return l.successes.Load() > 100 })
 
-	srv.Kill()
-	killed := time.Now()
-	waitFor(t, 10*time.Second, "health turns bad", func() bool { return !s.Healthy() })
-	// Failing fast: the open breaker answers takes without a call.
-	before := l.fast.Load()
-	waitFor(t, 10*time.Second, "100 takes failed fast", func() bool { return l.fast.Load()-before >= 100 })
-	// (By when the takes began, not when they were seen to end: a take
-	// answered before the kill can be counted after a stall.)
-	if ok := l.lastOK.Load(); ok > killed.UnixNano() {
-		t.Errorf("a take that began %v after Redis was killed succeeded", time.Unix(0, ok).Sub(killed))
-	}
-	// The race detector on 2 cores is slow: a few times the deadline.
-	if p := l.p99(); p > 10*timeout+st.Worst() {
-		t.Errorf("p99 of failed takes %v, want within a few times the %v deadline (worst stall %v)", p, timeout, st.Worst())
-	}
+	outages := 0
+	if late(t, "recovery after Redis restarted", func() (took, bound time.Duration) {
+		outages++
+		srv.Kill()
+		killed := time.Now()
+		waitFor(t, 10*time.Second, "health turns bad", func() bool { return !s.Healthy() })
+		// Failing fast: the open breaker answers takes without a call.
+		before := l.fast.Load()
+		waitFor(t, 10*time.Second, "100 takes failed fast", func() bool { return l.fast.Load()-before >= 100 })
+		// (By when the takes began, not when they were seen to end: a
+		// take answered before the kill can be counted after a stall.)
+		if ok := l.lastOK.Load(); ok > killed.UnixNano() {
+			t.Errorf("a take that began %v after Redis was killed succeeded", time.Unix(0, ok).Sub(killed))
+		}
+		// The race detector on 2 cores is slow: a few times the deadline.
+		if p := l.p99(); outages == 1 && p > 10*timeout+st.Worst() {
+			t.Errorf("p99 of failed takes %v, want within a few times the %v deadline (worst stall %v)", p, timeout, st.Worst())
+		}
 
-	srv.Restart()
-	restarted := time.Now().UnixNano()
-	var took time.Duration
-	_, waited := timed(func() {
+		srv.Restart()
+		restarted := time.Now().UnixNano()
 		took = waitFor(t, 10*time.Second, "takes succeed after restart", func() bool { return l.lastOK.Load() > restarted })
-	})
-	if took > time.Second+st.Worst()+waited {
-		t.Errorf("recovered %v after Redis restarted, want within 1s (worst stall %v, a thread waited %v for a CPU)", took, st.Worst(), waited)
+		waitFor(t, 10*time.Second, "health recovers", s.Healthy)
+		return took, time.Second + st.Worst()
+	}) {
+		t.Errorf("recovered over 1s after Redis restarted (plus the worst stall %v) in each of 3 outages, want within it", st.Worst())
 	}
-	waitFor(t, 10*time.Second, "health recovers", s.Healthy)
 	waitFor(t, 10*time.Second, "INFO line", func() bool { return len(logs.lines("INFO")) > 0 })
 	warn, info := logs.lines("WARN"), logs.lines("INFO")
 	if len(warn) != 1 || !strings.Contains(warn[0], "addr="+srv.Addr) || !strings.Contains(warn[0], "failure_mode=error") {
@@ -278,8 +264,9 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 // TestTake_SlowRedis: a Redis that answers nothing (stopped: as busy as a
 // long script or DEBUG SLEEP makes it) does not hold a take past its
 // deadline. How late a take may return is this test's purpose: a few
-// times the deadline, plus the worst stall of this process (see stalls)
-// and the longest a thread of it waited for a CPU meanwhile (see timed).
+// times the deadline, plus the worst stall of this process (see stalls);
+// a take that returns later is taken again, up to 3 times in all, and
+// fails the test only if each was late (see late).
 func TestTake_SlowRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	const timeout = 30 * time.Millisecond
@@ -290,7 +277,6 @@ func TestTake_SlowRedis(t *testing.T) {
 	st := watchStalls(t)
 	r := must(store.NewFixedWindow(10, time.Minute))
 	hits := []store.Hit{{Key: "slow", Rule: r, Cost: 1, Veto: true}}
-	out := make([]store.Decision, 1)
 	warm(t, s, r, "slow")
 	srv.Pause()
 	resumed := false
@@ -299,28 +285,31 @@ func TestTake_SlowRedis(t *testing.T) {
 			srv.Resume()
 		}
 	}()
-	var err error
-	took, waited := timed(func() { err = s.Take(context.Background(), time.Now().UnixNano(), hits, out) })
-	if err == nil || took > 10*timeout+st.Worst()+waited {
-		t.Fatalf("take while Redis answers nothing: %v after %v, want an error at about the %v deadline (worst stall %v, a thread waited %v for a CPU)",
-			err, took, timeout, st.Worst(), waited)
+	take := func(what string) {
+		if late(t, what, func() (time.Duration, time.Duration) {
+			t0 := time.Now()
+			err := s.Take(context.Background(), t0.UnixNano(), hits, make([]store.Decision, 1))
+			took := time.Since(t0)
+			if err == nil {
+				t.Errorf("%s: no error after %v", what, took)
+			}
+			return took, 10*timeout + st.Worst()
+		}) {
+			t.Errorf("%s: 3 takes each later than 10 times the %v deadline plus the worst stall %v, want an error at about the deadline",
+				what, timeout, st.Worst())
+		}
 	}
+	take("take while Redis answers nothing")
 	// Concurrent takes queue behind the calls in flight; each still fails
 	// by its own deadline, not its call's.
 	var wg sync.WaitGroup
 	for range 16 {
-		wg.Go(func() {
-			var err error
-			took, waited := timed(func() { err = s.Take(context.Background(), time.Now().UnixNano(), hits, make([]store.Decision, 1)) })
-			if err == nil || took > 10*timeout+st.Worst()+waited {
-				t.Errorf("concurrent take while Redis answers nothing: %v after %v, want an error at about the %v deadline (worst stall %v, a thread waited %v for a CPU)",
-					err, took, timeout, st.Worst(), waited)
-			}
-		})
+		wg.Go(func() { take("concurrent take while Redis answers nothing") })
 	}
 	wg.Wait()
 	srv.Resume()
 	resumed = true
+	out := make([]store.Decision, 1)
 	waitFor(t, 10*time.Second, "takes succeed once Redis answers", func() bool {
 		return s.Take(context.Background(), time.Now().UnixNano(), hits, out) == nil
 	})

@@ -263,7 +263,10 @@ type Sentinel struct {
 // quorum of 1 that declares the master down after 500 ms.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	m := Start(t)
+	// The master starts the replica's full sync at once: Redis 7 waits 5 s
+	// by default (repl-diskless-sync-delay) for more replicas, half the
+	// startTimeout the wait for the sync below has.
+	m := Start(t, "--repl-diskless-sync-delay", "0")
 	r := Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(m.Port))
 	dir := t.TempDir()
 	port := FreePort(t)
