@@ -76,8 +76,10 @@ func TestNew_TLS(t *testing.T) {
 // replication lag (here the replica is in sync, so none). The takes
 // before and after the failover must succeed: they have open's minute (a
 // busy machine stalls this process past 200 ms now and then); only the
-// poll for the promoted replica gives each of its calls 2 s, so that its
-// 20 s bound the poll (a call that fails there is made again).
+// poll for the promoted replica gives each of its calls 2 s, so that
+// they bound the poll (a call that fails there is made again). The waits
+// for what must happen allow a minute: a sentinel starved on a busy
+// machine elects late (once seen past 20 s).
 func TestSentinel_Failover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fails over a Sentinel setup")
@@ -90,7 +92,7 @@ func TestSentinel_Failover(t *testing.T) {
 		t.Fatalf("%d of 60 allowed before the failover", got)
 	}
 	// Let the replica receive the writes, then kill the master.
-	waitFor(t, 5*time.Second, "replica has the writes", func() bool {
+	waitFor(t, 30*time.Second, "replica has the writes", func() bool {
 		out, _ := sn.Replica.Run("get", s.opt.KeyPrefix+"k")
 		return out == endOf(r, now)+":60"
 	})
@@ -103,7 +105,7 @@ func TestSentinel_Failover(t *testing.T) {
 			t.Logf("the poll's last take: %v", err)
 		}
 	}()
-	waitFor(t, 20*time.Second, "takes succeed on the promoted replica", func() bool {
+	waitFor(t, time.Minute, "takes succeed on the promoted replica", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		err = s.Take(ctx, now, hits, out)
