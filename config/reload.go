@@ -231,6 +231,7 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 	if err := dirs.follow(); err != nil && len(dirs.watched) == 0 {
 		return err
 	}
+	f.catchUp(r)
 	// Reload once things have been quiet for the debounce time, or at the
 	// latest ten debounce times after the first event of a burst.
 	timer := time.NewTimer(time.Hour)
@@ -268,6 +269,18 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 			}
 			_ = r.Reload() // logged and counted; the old table stays
 		}
+	}
+}
+
+// catchUp reloads if the files changed between the last load and the
+// start of the watch (a change then makes no event): it loads them once
+// more and reloads when they load to another table, or fail to load where
+// they loaded before.
+func (f *files) catchUp(r *Reloader) {
+	t, err := f.load()
+	cur := r.Current()
+	if err == nil && (cur == nil || cur.Hash() != t.Hash()) || err != nil && cur != nil {
+		_ = r.Reload() // logged and counted; the old table stays
 	}
 }
 

@@ -146,6 +146,53 @@ func TestReloader_EmptyThenFirstConfig(t *testing.T) {
 	}
 }
 
+// TestReloader_ChangeBeforeTheWatch: files changed after the first load
+// but before Run watches them (a server's start, on a busy machine) make
+// no event; Run loads them once its watch is in place. Unchanged files
+// cause no reload.
+func TestReloader_ChangeBeforeTheWatch(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		first   string // "" for an empty directory
+		reloads uint64 // reloads Run makes at its start
+	}{
+		{"first config", "", 1},
+		{"edit", limitsFile("api", 10), 1},
+		{"unchanged", limitsFile("api", 3), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if c.first != "" {
+				writeAtomic(t, filepath.Join(dir, "api.yaml"), c.first)
+			}
+			r, _ := NewReloader(dir, Options{}, nil)
+			before := r.Status()
+			writeAtomic(t, filepath.Join(dir, "api.yaml"), limitsFile("api", 3))
+			reloads := make(chan struct{}, 4)
+			r.OnReload(func(*Table, error) { reloads <- struct{}{} })
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			if c.reloads > 0 {
+				select {
+				case <-reloads:
+				case <-time.After(10 * time.Second):
+					t.Fatal("no reload of the files changed before the watch")
+				}
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			st := r.Status()
+			if limitOf(r, "api") != 3 || st.Successes+st.Failures-before.Successes-before.Failures != c.reloads {
+				t.Errorf("limit %d after %d reloads at Run's start, want 3 after %d", limitOf(r, "api"),
+					st.Successes+st.Failures-before.Successes-before.Failures, c.reloads)
+			}
+		})
+	}
+}
+
 func TestReloader_BadConfigKeepsTheOldTable(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "api.yaml")
