@@ -56,6 +56,7 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	nd := &node{file: file, line: n.Line}
 	l.wildcard(file, path, nd, value, fields)
 	fl := l.descriptorFlags(file, path, fields)
+	l.trail = append(l.trail, Entry{Key: key, Value: value})
 	l.limits(file, dname, d, nd, path, seg, fields, fl)
 	if f, ok := fields["descriptors"]; ok {
 		nd.children = &level{keys: map[string]*keyNodes{}}
@@ -64,6 +65,7 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 			nd.children = nil
 		}
 	}
+	l.trail = l.trail[:len(l.trail)-1]
 	if valid {
 		l.insert(file, path, lv, nd, key, value)
 	}
@@ -154,7 +156,8 @@ func (l *loader) flag(file, path string, fields map[string]field, name string) b
 }
 
 // limits compiles the descriptor's rate_limit (limit.go) or rate_limits
-// (extensions.go) into nd's rule and d's rules. Their stats paths start
+// (extensions.go) into nd's rule and d's rules; a rate_limit with an
+// overlay's fields (overlay.go) if one applies. Their stats paths start
 // with stat.
 func (l *loader) limits(file, dname string, d *domain, nd *node, path, stat string, fields map[string]field, fl flags) {
 	single, hasSingle := fields["rate_limit"]
@@ -165,6 +168,13 @@ func (l *loader) limits(file, dname string, d *domain, nd *node, path, stat stri
 	case hasSingle && hasList:
 		l.errorf(file, list.key.Line, path, "rate_limit and rate_limits are mutually exclusive (rate_limit is at line %d)", single.key.Line)
 	case hasSingle:
+		if l.ov != nil {
+			if g := l.overlaid(file, dname, path, stat, nd.line, single, fl); g != nil {
+				nd.rule = g[0]
+				d.rules = append(d.rules, g...)
+				return
+			}
+		}
 		if r := l.rateLimit(file, dname, path, stat, nd.line, single, fl); r != nil {
 			r.group = []*Rule{r}
 			nd.rule = r

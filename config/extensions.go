@@ -74,6 +74,7 @@ func (l *loader) algorithm(file, path string, r *Rule, fields map[string]field) 
 	case r.Unlimited:
 		l.errorf(file, f.key.Line, path, "an unlimited rate_limit takes no algorithm")
 	case a == "fixed_window":
+		r.Algorithm = store.FixedWindow
 	case a == "token_bucket":
 		r.Algorithm = store.TokenBucket
 	case a == "sliding_window":

@@ -45,7 +45,7 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 	if f, ok := fields["shadow_mode"]; ok {
 		fl.shadow, _ = l.bool(file, path, "shadow_mode", f)
 	}
-	r := &Rule{Domain: dname, Path: stat, File: file, Line: line, Algorithm: store.FixedWindow,
+	r := &Rule{Domain: dname, Path: stat, File: file, Line: line, Algorithm: l.defaultAlgorithm(fields),
 		ShadowMode: fl.shadow, DetailedMetric: fl.detailed, ValueToMetric: fl.valueToMetric, QuotaMode: fl.quota,
 		Metadata: fl.metadata}
 	if !l.unlimited(file, path, r, fields, listed) {
@@ -72,6 +72,22 @@ func (l *loader) rateLimitFrom(file, dname, path, stat string, line int, n *yaml
 	}
 	r.suffix = keySuffix(r)
 	return r
+}
+
+// defaultAlgorithm is the algorithm of a rule that names none
+// (Options.DefaultAlgorithm): a fixed window for a calendar rule when the
+// default is a token bucket, which has no periods.
+func (l *loader) defaultAlgorithm(fields map[string]field) store.Algorithm {
+	a := l.opts.DefaultAlgorithm
+	if a == 0 {
+		return store.FixedWindow
+	}
+	if f, ok := fields["calendar"]; ok && a == store.TokenBucket {
+		if on, _ := boolValue(resolve(f.val)); on {
+			return store.FixedWindow
+		}
+	}
+	return a
 }
 
 // unlimited reads rate_limit.unlimited into r; false (the problem

@@ -74,6 +74,16 @@ type source struct {
 func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 	l := &loader{opts: opts, max: opts.maxValueBytes(), domains: map[string]*domain{}, errs: errs}
 	h := sha256.New()
+	// The same files under another overlay or default algorithm are
+	// another config.
+	if o := opts.Overlay; o != nil {
+		n := len(o.entries)
+		l.ov = &overlayState{o: o, applied: make([]bool, n), problems: make([]*OverlayMiss, n)}
+		h.Write([]byte("overlay " + o.hash + "\n"))
+	}
+	if a := opts.DefaultAlgorithm; a != 0 && a != store.FixedWindow {
+		h.Write([]byte("default algorithm " + a.String() + "\n"))
+	}
 	for _, src := range srcs {
 		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(src.id))))
 		h.Write([]byte(src.id))
@@ -88,15 +98,13 @@ func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 	}
 	l.checkReplaces()
 	if len(l.errs) > 0 {
-		slices.SortStableFunc(l.errs, func(a, b Error) int {
-			if c := strings.Compare(a.File, b.File); c != 0 {
-				return c
-			}
-			return a.Line - b.Line
-		})
+		sortErrors(l.errs)
 		return nil, &Errors{List: l.errs}
 	}
 	t := &Table{domains: l.domains, max: l.max, hash: hex.EncodeToString(h.Sum(nil)), files: len(srcs)}
+	if l.ov != nil {
+		t.overlay = l.ov.report()
+	}
 	for name := range l.domains {
 		t.names = append(t.names, name)
 	}
@@ -105,6 +113,16 @@ func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 		t.rules = append(t.rules, l.domains[name].rules...)
 	}
 	return t, nil
+}
+
+// sortErrors orders problems by file, then line.
+func sortErrors(errs []Error) {
+	slices.SortStableFunc(errs, func(a, b Error) int {
+		if c := strings.Compare(a.File, b.File); c != 0 {
+			return c
+		}
+		return a.Line - b.Line
+	})
 }
 
 // listFiles returns the files Load reads at path, sorted.
@@ -167,6 +185,8 @@ type loader struct {
 	budget    int // descriptors left for the current file
 	zones     map[string]*time.Location
 	calendars map[calendarKey]*store.Calendar
+	ov        *overlayState // nil without an overlay
+	trail     []Entry       // the (key, value) path to the descriptor being compiled
 }
 
 func (l *loader) errorf(file string, line int, path, format string, args ...any) {
@@ -180,6 +200,14 @@ func (l *loader) errorf(file string, line int, path, format string, args ...any)
 
 // file parses one limits file into its domain.
 func (l *loader) file(name string, data []byte) {
+	if root := l.parse(name, data); root != nil {
+		l.doc(name, root)
+	}
+}
+
+// parse reads one YAML document's root node; nil (the problem reported)
+// if the file is empty, does not parse or holds a second document.
+func (l *loader) parse(name string, data []byte) *yaml.Node {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -188,7 +216,7 @@ func (l *loader) file(name string, data []byte) {
 		} else {
 			l.syntaxError(name, err)
 		}
-		return
+		return nil
 	}
 	// Without aliases no file visits more descriptors than it has nodes;
 	// aliases may add a bounded number.
@@ -198,16 +226,16 @@ func (l *loader) file(name string, data []byte) {
 	case err == io.EOF:
 	case err != nil:
 		l.syntaxError(name, err)
-		return
+		return nil
 	case len(extra.Content) > 0 && extra.Content[0].ShortTag() != "!!null":
 		l.errorf(name, extra.Line, "", "a second YAML document; put each domain in its own file")
-		return
+		return nil
 	}
 	if len(doc.Content) == 0 {
 		l.errorf(name, 0, "", "file is empty; want a domain and descriptors")
-		return
+		return nil
 	}
-	l.doc(name, resolve(doc.Content[0]))
+	return resolve(doc.Content[0])
 }
 
 // doc compiles one document's top level into its domain.

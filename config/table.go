@@ -21,6 +21,14 @@ type Options struct {
 	// MaxValueBytes is the longest key or value a counter key holds as is;
 	// longer ones are hashed. 0 means DefaultMaxValueBytes.
 	MaxValueBytes int
+	// DefaultAlgorithm is the algorithm of a rule that names none: 0
+	// means store.FixedWindow, the reference's. A token bucket's burst is
+	// then its requests_per_unit; a calendar rule that names no algorithm
+	// stays a fixed window (a token bucket has no periods).
+	DefaultAlgorithm store.Algorithm
+	// Overlay, if not nil, adds its fields to the rules it matches (see
+	// Overlay).
+	Overlay *Overlay
 }
 
 func (o Options) maxValueBytes() int {
@@ -83,6 +91,9 @@ type Rule struct {
 	// resource pushed over xDS, File is `resource "NAME"` and Line 0.
 	File string
 	Line int
+	// Overlay says what an overlay (Options.Overlay) changed, and where;
+	// nil if none did. The limits of one descriptor share it.
+	Overlay *Overlaid
 
 	group      []*Rule // the descriptor's limits, this one included
 	suffix     string  // the end of the counter key, see keySuffix
@@ -197,6 +208,7 @@ type Table struct {
 	hash    string
 	max     int
 	files   int
+	overlay OverlayReport
 }
 
 // HasDomain reports whether the config defines domain.

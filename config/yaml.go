@@ -103,6 +103,16 @@ func (l *loader) str(file, path, name string, f field) (string, bool) {
 // is what envoyproxy/ratelimit's yaml.v2 accepts. Null is false.
 func (l *loader) bool(file, path, name string, f field) (bool, bool) {
 	v := resolve(f.val)
+	if b, ok := boolValue(v); ok {
+		return b, true
+	}
+	l.errorf(file, v.Line, path, "%s: want true or false, got %s", name, describe(v))
+	return false, false
+}
+
+// boolValue reads v as bool does, reporting nothing; ok is false when v
+// is not a boolean.
+func boolValue(v *yaml.Node) (b, ok bool) {
 	if isNull(v) {
 		return false, true
 	}
@@ -114,7 +124,6 @@ func (l *loader) bool(file, path, name string, f field) (bool, bool) {
 			return false, true
 		}
 	}
-	l.errorf(file, v.Line, path, "%s: want true or false, got %s", name, describe(v))
 	return false, false
 }
 
