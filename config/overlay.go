@@ -278,16 +278,16 @@ func (l *loader) overlayDescriptors(w *overlayWalk, n *yaml.Node, path string, d
 // overlayOwned are the fields of a descriptor or rate_limit that the
 // pushed config owns: an overlay may not set them.
 var overlayOwned = map[string]string{
-	"shadow_mode":       "the pushed config sets it",
-	"detailed_metric":   "the pushed config sets it",
-	"value_to_metric":   "the pushed config's descriptors name their metrics",
-	"share_threshold":   "it changes how the pushed descriptor matches",
-	"quota_mode":        "the pushed config sets it",
-	"metadata":          "the pushed config sets it",
-	"unit":              "the pushed rule's unit stays; change it in the policy",
-	"unlimited":         "the pushed config says which rules are unlimited",
-	"name":              "rule names belong to the pushed config",
-	"replaces":          "rule names belong to the pushed config",
+	"shadow_mode":     "the pushed config sets it",
+	"detailed_metric": "the pushed config sets it",
+	"value_to_metric": "the pushed config's descriptors name their metrics",
+	"share_threshold": "it changes how the pushed descriptor matches",
+	"quota_mode":      "the pushed config sets it",
+	"metadata":        "the pushed config sets it",
+	"unit":            "the pushed rule's unit stays; change it in the policy",
+	"unlimited":       "the pushed config says which rules are unlimited",
+	"name":            "rule names belong to the pushed config",
+	"replaces":        "rule names belong to the pushed config",
 }
 
 // owned reports the fields of fields that an overlay may not set.

@@ -1,11 +1,13 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
@@ -313,4 +315,79 @@ func FuzzOverlay(f *testing.F) {
 			t.Fatalf("report %+v of %d entries", rep, o.Entries())
 		}
 	})
+}
+
+// TestReloader_Overlay: a valid overlay goes in force and the config is
+// compiled again with it; a bad one keeps the last good one, its problem
+// named with file and line; RunOverlay follows the overlay's changes.
+func TestReloader_Overlay(t *testing.T) {
+	dir, odir := t.TempDir(), t.TempDir()
+	writeFiles(t, dir, map[string]string{"eg.yaml": "domain: default/eg/http\ndescriptors:\n  - key: rule-0-match-0\n    rate_limit: {unit: hour, requests_per_unit: 60}\n"})
+	r, err := NewReloader(dir, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(odir, "o.yaml")
+	write := func(text string) {
+		t.Helper()
+		writeAtomic(t, overlay, "domain: default/eg/http\ndescriptors:\n  - key: rule-0-match-0\n    rate_limit: "+text+"\n")
+	}
+	alg := func(tbl *Table) store.Algorithm { return tbl.Rules()[0].Algorithm }
+	write("{algorithm: token_bucket, burst: 3}")
+	if err := r.LoadOverlay(odir); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Current().Rules()[0]; got.Algorithm != store.TokenBucket || got.Burst != 3 || got.Overlay == nil || got.Overlay.File != overlay {
+		t.Fatalf("after the overlay: %v %+v, want a token bucket of 3 from %s", got, got.Overlay, overlay)
+	}
+	if st, ost := r.Status(), r.OverlayStatus(); st.Successes != 2 || !ost.LastOK || ost.Successes != 1 || ost.Hash == "" {
+		t.Errorf("status %+v, overlay status %+v", st, ost)
+	}
+
+	write("{algorithm: leaky_bucket}")
+	err = r.LoadOverlay(odir)
+	if err == nil || !strings.Contains(err.Error(), overlay+":4: descriptors[0]: unknown algorithm \"leaky_bucket\"") {
+		t.Errorf("a bad overlay: %v, want its file:line", err)
+	}
+	if alg(r.Current()) != store.TokenBucket || r.Overlay() == nil {
+		t.Error("a bad overlay changed the config in force")
+	}
+	if ost := r.OverlayStatus(); ost.LastOK || ost.Failures != 1 || ost.LastError == nil {
+		t.Errorf("overlay status after a bad overlay: %+v", ost)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	events := make(chan *Table, 16)
+	r.OnReload(func(tbl *Table, _ error) {
+		select {
+		case events <- tbl:
+		case <-ctx.Done():
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- r.RunOverlay(ctx, odir) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunOverlay: %v", err)
+		}
+	}()
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		write("{algorithm: sliding_window}")
+		select {
+		case tbl := <-events:
+			if alg(tbl) == store.SlidingWindow {
+				if ost := r.OverlayStatus(); !ost.LastOK {
+					t.Errorf("overlay status after the fix: %+v", ost)
+				}
+				return
+			}
+		case <-tick.C:
+		case <-deadline:
+			t.Fatal("the changed overlay was not applied within 30 s")
+		}
+	}
 }

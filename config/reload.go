@@ -51,11 +51,17 @@ type Reloader struct {
 	src Source
 	log *slog.Logger
 
-	cur atomic.Pointer[Table]
+	cur     atomic.Pointer[Table]
+	overlay atomic.Pointer[Overlay] // the overlay in force; nil if none
 
-	mu     sync.Mutex // serialises updates; guards status and hooks
+	mu     sync.Mutex // serialises updates; guards the fields below
 	status ReloadStatus
 	hooks  []func(*Table, error)
+	// last is the compile of the config in force, run again when the
+	// overlay changes.
+	last     func() (*Table, error)
+	ostatus  ReloadStatus // the overlay's load history
+	overlaid bool         // an overlay was ever asked for
 }
 
 // NewReloader loads the config at path once and returns a Reloader for it.
@@ -112,7 +118,7 @@ func (r *Reloader) Reload() error {
 	if !ok {
 		return fmt.Errorf("config: %s: reload on demand needs a file source", r.src)
 	}
-	return r.Update(f.load)
+	return r.Update(func() (*Table, error) { return f.load(r.Overlay()) })
 }
 
 // Update compiles a new config with compile and, if it is valid, swaps it
@@ -131,6 +137,11 @@ func (r *Reloader) Update(compile func() (*Table, error)) error {
 func (r *Reloader) UpdateVersion(version string, compile func() (*Table, error)) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.update(version, compile)
+}
+
+// update is UpdateVersion with r.mu held.
+func (r *Reloader) update(version string, compile func() (*Table, error)) error {
 	t, err := compile()
 	cur := r.cur.Load()
 	if err != nil {
@@ -141,7 +152,9 @@ func (r *Reloader) UpdateVersion(version string, compile func() (*Table, error))
 		if cur == nil || cur.Hash() != t.Hash() {
 			r.cur.Store(t)
 			r.log.Info("config loaded", "source", r.src.String(), "domains", len(t.Domains()), "rules", len(t.Rules()), "files", t.Files(), "hash", t.Hash())
+			r.logOverlay(t)
 		}
+		r.last = compile
 		cur = r.cur.Load()
 		r.status.LastOK, r.status.LastError = true, nil
 		r.status.Successes++
@@ -153,6 +166,96 @@ func (r *Reloader) UpdateVersion(version string, compile func() (*Table, error))
 		fn(cur, err)
 	}
 	return err
+}
+
+// Overlay returns the overlay in force (see LoadOverlay); nil if none. A
+// Source's compile gives it to the config as Options.Overlay.
+func (r *Reloader) Overlay() *Overlay { return r.overlay.Load() }
+
+// OverlayStatus reports the overlay's load history (Hash is the overlay's,
+// Version empty); the zero status when no overlay was loaded.
+func (r *Reloader) OverlayStatus() ReloadStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ostatus
+}
+
+// HasOverlay reports whether LoadOverlay was ever called.
+func (r *Reloader) HasOverlay() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.overlaid
+}
+
+// LoadOverlay reads the overlay at path (see config.LoadOverlay). A valid
+// one goes in force, and the config in force is compiled again with it
+// (a reload like any other, through the OnReload hooks); an invalid one
+// is logged with every problem's file and line and counted in
+// OverlayStatus, and the overlay in force stays. The error is the load's.
+func (r *Reloader) LoadOverlay(path string) error {
+	o, err := LoadOverlay(path)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.overlaid = true
+	if err != nil {
+		r.ostatus.LastOK, r.ostatus.LastError = false, err
+		r.ostatus.Failures++
+		r.logProblems(err, "overlay not loaded", "overlay not reloaded; the previous overlay stays in force", r.overlay.Load() != nil, path)
+		return err
+	}
+	r.ostatus.LastOK, r.ostatus.LastError = true, nil
+	r.ostatus.Successes++
+	r.ostatus.LastSuccess = time.Now()
+	if cur := r.overlay.Load(); cur != nil && cur.Hash() == o.Hash() {
+		return nil
+	}
+	r.ostatus.Hash = o.Hash()
+	r.overlay.Store(o)
+	r.log.Info("overlay loaded", "path", path, "files", o.files, "entries", len(o.entries), "hash", o.Hash())
+	if r.last != nil {
+		// The config in force compiled before; with an overlay that
+		// cannot break it, it compiles again.
+		_ = r.update(r.status.Version, r.last)
+	}
+	return nil
+}
+
+// RunOverlay watches the overlay at path as a files source's Run watches
+// limits files, and loads it again (LoadOverlay) after changes settle,
+// until ctx is done.
+func (r *Reloader) RunOverlay(ctx context.Context, path string) error {
+	return watchPath(ctx, path, DefaultDebounce, r.log, func() { _ = r.LoadOverlay(path) }, func() {
+		o, err := LoadOverlay(path)
+		cur := r.Overlay()
+		if err == nil && (cur == nil || cur.Hash() != o.Hash()) || err != nil && cur != nil {
+			_ = r.LoadOverlay(path)
+		}
+	})
+}
+
+// Bound of the overlay entries logged after a load.
+const maxLoggedMisses = 10
+
+// logOverlay warns of the overlay entries of t that change no rule or
+// cannot apply to one.
+func (r *Reloader) logOverlay(t *Table) {
+	rep := t.Overlay()
+	n := 0
+	for _, list := range [][]OverlayMiss{rep.Problems, rep.Unmatched} {
+		for _, m := range list {
+			if n++; n > maxLoggedMisses {
+				continue
+			}
+			msg := "overlay entry matches no rule"
+			if m.Rule != "" {
+				msg = "overlay entry cannot apply to a rule; the rule keeps its pushed limit"
+			}
+			r.log.Warn(msg, "file", m.File, "line", m.Line, "entry", clip(m.Match, maxLoggedBytes), "rule", clip(m.Rule, maxLoggedBytes), "reason", clip(m.Reason, maxLoggedBytes))
+		}
+	}
+	if n > maxLoggedMisses {
+		r.log.Warn("overlay entries not applied", "total", n, "not_logged", n-maxLoggedMisses)
+	}
 }
 
 // Keep records that the source's config is, again, the one in force,
@@ -182,18 +285,24 @@ const (
 // logError logs a failed load: its first problems, one a line, then how
 // many more there are.
 func (r *Reloader) logError(err error, kept bool) {
-	msg := "config not loaded"
+	r.logProblems(err, "config not loaded", "config not reloaded; the previous config stays in force", kept, r.src.String())
+}
+
+// logProblems logs a failed load of source, msg or, when the previous load
+// stays in force, keptMsg: its first problems, one a line, then how many
+// more there are.
+func (r *Reloader) logProblems(err error, msg, keptMsg string, kept bool, source string) {
 	if kept {
-		msg = "config not reloaded; the previous config stays in force"
+		msg = keptMsg
 	}
 	var es *Errors
 	if !errors.As(err, &es) {
-		r.log.Error(msg, "source", r.src.String(), "err", clip(err.Error(), maxLoggedBytes))
+		r.log.Error(msg, "source", source, "err", clip(err.Error(), maxLoggedBytes))
 		return
 	}
 	for i, e := range es.List {
 		if i == maxLoggedProblems {
-			r.log.Error(msg, "source", r.src.String(), "problems", len(es.List), "not_logged", len(es.List)-i)
+			r.log.Error(msg, "source", source, "problems", len(es.List), "not_logged", len(es.List)-i)
 			return
 		}
 		r.log.Error(msg, "file", clip(e.File, maxLoggedBytes), "line", e.Line, "descriptor", clip(e.Path, maxLoggedBytes), "err", clip(e.Msg, maxLoggedBytes))
@@ -210,7 +319,12 @@ type files struct {
 
 func (f *files) String() string { return f.path }
 
-func (f *files) load() (*Table, error) { return Load(f.path, f.opts) }
+// load compiles the files with overlay o (nil: none).
+func (f *files) load(o *Overlay) (*Table, error) {
+	opts := f.opts
+	opts.Overlay = o
+	return Load(f.path, opts)
+}
 
 // Run watches the config directory (a file's parent directory) and reloads
 // after changes settle, until ctx is done. Watching the directory rather
@@ -222,16 +336,25 @@ func (f *files) load() (*Table, error) { return Load(f.path, f.opts) }
 // picks the path up when it appears. Run returns nil when ctx is done, or
 // an error if it cannot watch at all.
 func (f *files) Run(ctx context.Context, r *Reloader) error {
+	return watchPath(ctx, f.path, f.debounce, r.log, func() { _ = r.Reload() }, func() { f.catchUp(r) })
+}
+
+// watchPath watches path's directory (see files.Run) and calls reload after
+// changes settle, until ctx is done; catchUp, once the watch is in place,
+// reloads if path changed since its last load. reload and catchUp log and
+// count their own failures.
+func watchPath(ctx context.Context, path string, debounce time.Duration, log *slog.Logger, reload, catchUp func()) error {
+	f := &files{path: path, debounce: debounce}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("config: watch: %w", err)
 	}
 	defer w.Close()
-	dirs := &watchSet{w: w, src: f, log: r.log, watched: map[string]string{}}
+	dirs := &watchSet{w: w, src: f, log: log, watched: map[string]string{}}
 	if err := dirs.follow(); err != nil && len(dirs.watched) == 0 {
 		return err
 	}
-	f.catchUp(r)
+	catchUp()
 	// Reload once things have been quiet for the debounce time, or at the
 	// latest ten debounce times after the first event of a burst.
 	timer := time.NewTimer(time.Hour)
@@ -246,7 +369,7 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 			if !ok {
 				return nil
 			}
-			r.log.Debug("config change", "event", ev.String())
+			log.Debug("config change", "event", ev.String())
 			dirs.gone(ev)
 			now := time.Now()
 			if first.IsZero() {
@@ -257,7 +380,7 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 			if !ok {
 				return nil
 			}
-			r.log.Warn("config watch", "err", err)
+			log.Warn("config watch", "err", err)
 			// Events may have been lost (queue overflow): reload to be sure.
 			timer.Reset(f.debounce)
 		case <-timer.C:
@@ -265,9 +388,9 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 			// Watch the right directories before reading, so that no
 			// change after the read goes unseen.
 			if err := dirs.follow(); err != nil {
-				r.log.Error("config watch", "err", err)
+				log.Error("config watch", "err", err)
 			}
-			_ = r.Reload() // logged and counted; the old table stays
+			reload() // logged and counted; the old config stays
 		}
 	}
 }
@@ -277,7 +400,7 @@ func (f *files) Run(ctx context.Context, r *Reloader) error {
 // more and reloads when they load to another table, or fail to load where
 // they loaded before.
 func (f *files) catchUp(r *Reloader) {
-	t, err := f.load()
+	t, err := f.load(r.Overlay())
 	cur := r.Current()
 	if err == nil && (cur == nil || cur.Hash() != t.Hash()) || err != nil && cur != nil {
 		_ = r.Reload() // logged and counted; the old table stays

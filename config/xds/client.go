@@ -425,8 +425,8 @@ func digestOf(resp *discoverypb.DiscoveryResponse) [sha256.Size]byte {
 	return d
 }
 
-// apply decodes and compiles a response's resources and puts them in
-// force with r.UpdateVersion, all in one table. A response that does not
+// apply decodes and compiles a response's resources, with r's overlay,
+// and puts them in force with r.UpdateVersion, all in one table. A response that does not
 // decode counts as a failed reload like one that does not compile.
 func (c *Client) apply(resp *discoverypb.DiscoveryResponse, r *config.Reloader) error {
 	return r.UpdateVersion(resp.GetVersionInfo(), func() (*config.Table, error) {
@@ -443,7 +443,9 @@ func (c *Client) apply(resp *discoverypb.DiscoveryResponse, r *config.Reloader) 
 				return nil, fmt.Errorf("xds: resources[%d]: %w", i, err)
 			}
 		}
-		return config.CompileRateLimitConfigs(cfgs, c.opts.Config)
+		opts := c.opts.Config
+		opts.Overlay = r.Overlay()
+		return config.CompileRateLimitConfigs(cfgs, opts)
 	})
 }
 
