@@ -111,6 +111,55 @@ func (c configCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// OverlayStatuser reports an overlay's load history and the table it
+// applies to; *config.Reloader is one.
+type OverlayStatuser interface {
+	OverlayStatus() config.ReloadStatus
+	Current() *config.Table
+}
+
+// RegisterOverlay registers the metrics of the overlay on pushed limits
+// (--xds-overlay), read from src at each scrape.
+func RegisterOverlay(reg prometheus.Registerer, src OverlayStatuser) error {
+	return reg.Register(overlayCollector{src})
+}
+
+var (
+	overlayReloadsDesc = prometheus.NewDesc("sluice_xds_overlay_reloads_total",
+		"Overlay load attempts by result (success, failure), the first load included.", []string{"result"}, nil)
+	overlayLastOKDesc = prometheus.NewDesc("sluice_xds_overlay_last_reload_successful",
+		"1 if the last overlay load attempt succeeded, else 0 (the previous overlay stays in force).", nil, nil)
+	overlayUnmatchedDesc = prometheus.NewDesc("sluice_xds_overlay_unmatched",
+		"Overlay entries that change no rule of the config in force (they match none, or cannot apply to those they match).", nil, nil)
+	overlayProblemsDesc = prometheus.NewDesc("sluice_xds_overlay_problems",
+		"Overlay entries that match a rule of the config in force but cannot apply to it (the rule keeps its pushed limit).", nil, nil)
+)
+
+type overlayCollector struct{ src OverlayStatuser }
+
+func (c overlayCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{overlayReloadsDesc, overlayLastOKDesc, overlayUnmatchedDesc, overlayProblemsDesc} {
+		ch <- d
+	}
+}
+
+func (c overlayCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.src.OverlayStatus()
+	ch <- prometheus.MustNewConstMetric(overlayReloadsDesc, prometheus.CounterValue, float64(s.Successes), "success")
+	ch <- prometheus.MustNewConstMetric(overlayReloadsDesc, prometheus.CounterValue, float64(s.Failures), "failure")
+	ok := 0.0
+	if s.LastOK {
+		ok = 1
+	}
+	ch <- prometheus.MustNewConstMetric(overlayLastOKDesc, prometheus.GaugeValue, ok)
+	var rep config.OverlayReport
+	if t := c.src.Current(); t != nil {
+		rep = t.Overlay()
+	}
+	ch <- prometheus.MustNewConstMetric(overlayUnmatchedDesc, prometheus.GaugeValue, float64(len(rep.Unmatched)))
+	ch <- prometheus.MustNewConstMetric(overlayProblemsDesc, prometheus.GaugeValue, float64(len(rep.Problems)))
+}
+
 // MemoryStatser reports a memory store's counts; *memory.Store is one.
 type MemoryStatser interface {
 	Stats() memory.Stats

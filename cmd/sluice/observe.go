@@ -51,6 +51,11 @@ func (f *obsFlags) setup(_ context.Context, x *serveContext) error {
 	if err := observe.RegisterConfig(reg, x.Config); err != nil {
 		return err
 	}
+	if x.Config.HasOverlay() {
+		if err := observe.RegisterOverlay(reg, x.Config); err != nil {
+			return err
+		}
+	}
 	if ms, ok := x.Store.(observe.MemoryStatser); ok {
 		if err := observe.RegisterMemory(reg, ms); err != nil {
 			return err

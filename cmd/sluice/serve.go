@@ -286,10 +286,14 @@ func (s *servers) listen(grpcAddr, httpAddr string, socketMode socketMode) error
 
 // followConfig makes health follow the config: serving only with a
 // table, so before the first one (--allow-empty-config) health says
-// NOT_SERVING and requests get UNAVAILABLE.
+// NOT_SERVING and requests get UNAVAILABLE. With --xds-overlay it adds the
+// overlay's watcher to the tasks.
 func (f *serveFlags) followConfig(x *serveContext) {
 	x.Config.OnReload(func(t *config.Table, _ error) { x.Health.SetServing(x.serving(t)) })
 	x.UpdateHealth()
+	if p := f.source.xdsOverlay; p != "" {
+		x.Run = append(x.Run, func(ctx context.Context) error { return x.Config.RunOverlay(ctx, p) })
+	}
 	if x.Config.Current() == nil {
 		x.Logger.Warn("no config loaded yet; NOT_SERVING until one is", "config", f.configName())
 	} else if f.source.startWithoutConfig {

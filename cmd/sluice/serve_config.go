@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/config/xds"
+	"github.com/sluicehq/sluice/store"
 )
 
 // sourceFlags choose where the limits come from: files (--config) or an
@@ -30,6 +31,8 @@ type sourceFlags struct {
 	xdsMaxRecvMsgSize  int
 	startWithoutConfig bool
 	requireDomain      bool
+	xdsOverlay         string
+	defaultAlgorithm   string
 }
 
 func (f *sourceFlags) register(fs *flag.FlagSet) {
@@ -49,21 +52,30 @@ func (f *sourceFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.xdsMaxRecvMsgSize, "xds-max-recv-msg-size", 0, "largest xDS response in bytes (0: gRPC's 4 MiB)")
 	fs.BoolVar(&f.startWithoutConfig, "start-without-config", false, "with --config-source=xds: before the first push, report SERVING and answer every request with no limit (default: NOT_SERVING until then)")
 	fs.BoolVar(&f.requireDomain, "require-domain", false, "report NOT_SERVING while the config in force defines no domain")
+	fs.StringVar(&f.xdsOverlay, "xds-overlay", "", "overlay `path` (a file or a directory of them, watched): Sluice's own fields (algorithm, burst, unit_multiplier, calendar, rate_limits, ...) for the limits pushed over xDS, by domain and descriptor path")
+	fs.StringVar(&f.defaultAlgorithm, "default-algorithm", "fixed_window", "`algorithm` of every rule that names none, in files and pushed over xDS: fixed_window (the reference's) | sliding_window | token_bucket (burst = requests_per_unit)")
 }
+
+// algorithms are the --default-algorithm values.
+var algorithms = map[string]store.Algorithm{"fixed_window": store.FixedWindow, "sliding_window": store.SlidingWindow, "token_bucket": store.TokenBucket}
 
 // openConfig returns the Reloader of the config source the flags choose.
 // For files it has loaded them; an xDS source starts with no table, or an
 // empty one with --start-without-config, until Run receives a push.
 func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
-	opts := config.Options{MergeDomains: f.mergeDomains, MaxValueBytes: f.maxValueBytes}
 	s := &f.source
+	alg, ok := algorithms[s.defaultAlgorithm]
+	if !ok {
+		return nil, fmt.Errorf("--default-algorithm %q: want fixed_window, sliding_window or token_bucket", s.defaultAlgorithm)
+	}
+	opts := config.Options{MergeDomains: f.mergeDomains, MaxValueBytes: f.maxValueBytes, DefaultAlgorithm: alg}
 	switch s.kind {
 	case "file":
 		if f.config == "" {
 			return nil, errors.New("--config is required (a limits file or directory; see examples/config), or --config-source=xds")
 		}
-		if s.xdsServer != "" || s.startWithoutConfig {
-			return nil, errors.New("--xds-server and --start-without-config need --config-source=xds")
+		if s.xdsServer != "" || s.startWithoutConfig || s.xdsOverlay != "" {
+			return nil, errors.New("--xds-server, --xds-overlay and --start-without-config need --config-source=xds (limits files set Sluice's fields themselves)")
 		}
 		r, err := config.NewReloader(f.config, opts, logger)
 		if err != nil && !(f.allowEmptyConfig && errors.Is(err, config.ErrEmpty)) {
@@ -106,7 +118,14 @@ func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
 	if s.startWithoutConfig {
 		initial = config.Empty()
 	}
-	return config.NewSourceReloader(c, initial, logger), nil
+	r := config.NewSourceReloader(c, initial, logger)
+	if s.xdsOverlay != "" {
+		// At startup there is no overlay to keep: a bad one stops serve.
+		if err := r.LoadOverlay(s.xdsOverlay); err != nil {
+			return nil, fmt.Errorf("--xds-overlay: %w", err)
+		}
+	}
+	return r, nil
 }
 
 // configName names the config source in the "serving" log line.

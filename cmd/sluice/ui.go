@@ -70,7 +70,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	if x.Quota != nil { // RLQS registers before the page (file name order)
 		q = x.Quota
 	}
-	page, err := ui.New(ui.Options{
+	opts := ui.Options{
 		Quota:  q,
 		Tables: x.Config,
 		Reload: x.Config,
@@ -86,7 +86,11 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 		Started:  time.Now(),
 		Counters: counters,
 		Resets:   x.Counters != nil && x.Counters.Resets(),
-	})
+	}
+	if x.Config.HasOverlay() {
+		opts.Overlay = x.Config.OverlayStatus
+	}
+	page, err := ui.New(opts)
 	if err != nil {
 		return err
 	}

@@ -75,6 +75,9 @@ type Options struct {
 	Tables limiter.Tables
 	// Reload reports the config's load history; nil hides it.
 	Reload observe.ReloadStatuser
+	// Overlay reports the load history of the overlay on pushed limits
+	// (--xds-overlay); nil when there is none.
+	Overlay func() config.ReloadStatus
 	// Source describes where the config comes from; nil hides it.
 	Source func() Source
 	// Traffic gives the live traffic; nil shows none.
@@ -251,6 +254,41 @@ type ConfigStatus struct {
 	Failures    uint64     `json:"failures"`
 	// LastError is the last attempt's failure; nil if it succeeded.
 	LastError *LoadError `json:"last_error"`
+	// Overlay is the overlay on pushed limits; nil without one.
+	Overlay *OverlayStatus `json:"overlay"`
+}
+
+// OverlayStatus is the overlay's load history and what it did to the
+// config in force.
+type OverlayStatus struct {
+	Files     int        `json:"files"`
+	Entries   int        `json:"entries"`
+	Hash      string     `json:"hash"`
+	LastOK    bool       `json:"last_ok"`
+	Successes uint64     `json:"successes"`
+	Failures  uint64     `json:"failures"`
+	LastError *LoadError `json:"last_error"`
+	// Unmatched are the entries that change no rule; Problems the
+	// entries that cannot apply to a rule they match. At most
+	// MaxProblems each.
+	Unmatched []OverlayMiss `json:"unmatched"`
+	Problems  []OverlayMiss `json:"problems"`
+}
+
+// OverlayMiss is an overlay entry not applied (config.OverlayMiss).
+type OverlayMiss struct {
+	File   string `json:"file"`
+	Line   int    `json:"line"`
+	Match  string `json:"match"`
+	Rule   string `json:"rule,omitempty"`
+	Reason string `json:"reason"`
+}
+
+// RuleOverlay is what an overlay changed in a rule, and where.
+type RuleOverlay struct {
+	File   string   `json:"file"`
+	Line   int      `json:"line"`
+	Fields []string `json:"fields"`
 }
 
 // LoadError is a failed load: its message and, for a config that did not
@@ -296,6 +334,9 @@ func (u *UI) Overview() Overview {
 		c.Domains, c.Rules = len(t.Domains()), len(t.Rules())
 		c.FileNames = fileNames(t)
 	}
+	if u.opts.Overlay != nil {
+		c.Overlay = overlayStatus(u.opts.Overlay(), u.opts.Tables.Current())
+	}
 	if u.opts.Reload == nil {
 		c.LastOK = c.Loaded
 		return o
@@ -307,6 +348,34 @@ func (u *UI) Overview() Overview {
 	}
 	if s.LastError != nil {
 		c.LastError = loadError(s.LastError)
+	}
+	return o
+}
+
+// overlayStatus describes the overlay whose load history is s, applied
+// to t (nil before the first config).
+func overlayStatus(s config.ReloadStatus, t *config.Table) *OverlayStatus {
+	o := &OverlayStatus{Hash: s.Hash, LastOK: s.LastOK, Successes: s.Successes, Failures: s.Failures,
+		Unmatched: []OverlayMiss{}, Problems: []OverlayMiss{}}
+	if s.LastError != nil {
+		o.LastError = loadError(s.LastError)
+	}
+	if t == nil {
+		return o
+	}
+	rep := t.Overlay()
+	o.Files, o.Entries = rep.Files, rep.Entries
+	for _, l := range []struct {
+		from []config.OverlayMiss
+		to   *[]OverlayMiss
+	}{{rep.Unmatched, &o.Unmatched}, {rep.Problems, &o.Problems}} {
+		for i, m := range l.from {
+			if i == MaxProblems {
+				break
+			}
+			*l.to = append(*l.to, OverlayMiss{File: m.File, Line: m.Line, Match: truncate(m.Match, maxErrorBytes),
+				Rule: truncate(m.Rule, maxErrorBytes), Reason: truncate(m.Reason, maxErrorBytes)})
+		}
 	}
 	return o
 }
@@ -377,6 +446,9 @@ type RuleInfo struct {
 	Flags []string `json:"flags,omitempty"`
 	File  string   `json:"file"`
 	Line  int      `json:"line"`
+	// Overlay is what the overlay on pushed limits changed, and where;
+	// nil if it changed nothing.
+	Overlay *RuleOverlay `json:"overlay,omitempty"`
 }
 
 // LimitsView is the limits JSON.
@@ -415,6 +487,9 @@ func limits(t *config.Table) LimitsView {
 func ruleInfo(r *config.Rule) RuleInfo {
 	i := RuleInfo{Domain: r.Domain, Path: r.Path, Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode,
 		Replaces: r.Replaces, File: r.File, Line: r.Line}
+	if ov := r.Overlay; ov != nil {
+		i.Overlay = &RuleOverlay{File: ov.File, Line: ov.Line, Fields: ov.Fields}
+	}
 	for _, f := range []struct {
 		on   bool
 		name string

@@ -119,20 +119,46 @@ async function refreshOverview() {
   box.hidden = !c.last_error;
   if (c.last_error) {
     const e = c.last_error;
-    const items = e.problems.length
-      ? e.problems.map((p) => el('li', null, el('code', null, p.file + (p.line ? ':' + p.line : '')), ' ', p.path ? p.path + ': ' : '', p.msg))
-      : [el('li', null, e.message)];
-    if (e.more) items.push(el('li', null, e.more + ' more'));
+    const items = problemItems(e);
     const sig = JSON.stringify(e);
     if (box.dataset.sig !== sig) {
       box.dataset.sig = sig;
       $('#config-problems').replaceChildren(...items);
     }
   }
+  showOverlay(c.overlay);
   if (c.hash !== configHash) {
     configHash = c.hash;
     await refreshLimits();
   }
+}
+
+// problemItems lists load problems, each with its file:line.
+function problemItems(e) {
+  const items = e.problems.length
+    ? e.problems.map((p) => el('li', null, el('code', null, p.file + (p.line ? ':' + p.line : '')), ' ', p.path ? p.path + ': ' : '', p.msg))
+    : [el('li', null, e.message)];
+  if (e.more) items.push(el('li', null, e.more + ' more'));
+  return items;
+}
+
+// showOverlay shows the overlay on pushed limits (--xds-overlay): its
+// load history and the entries that change no rule.
+function showOverlay(o) {
+  $('#overlay').hidden = !o;
+  if (!o) return;
+  setText('#overlay-size', o.files + ' file(s), ' + o.entries + ' entr' + (o.entries === 1 ? 'y' : 'ies') +
+    ', ' + o.unmatched.length + ' changing no rule');
+  setText('#overlay-loads', o.successes + ' ok, ' + o.failures + ' failed');
+  if (!o.last_ok) badge('#overlay-state', 'last load failed', 'warn');
+  else if (o.unmatched.length || o.problems.length) badge('#overlay-state', 'entries not applied', 'warn');
+  else badge('#overlay-state', 'ok', 'ok');
+  $('#overlay-error').hidden = !o.last_error;
+  if (o.last_error) $('#overlay-problems').replaceChildren(...problemItems(o.last_error));
+  const misses = o.problems.concat(o.unmatched);
+  $('#overlay-misses').hidden = !misses.length;
+  $('#overlay-miss-list').replaceChildren(...misses.map((m) => el('li', null, el('code', null, m.file + ':' + m.line), ' ',
+    m.match, ': ', m.rule ? 'not applied to ' + m.rule + ': ' : '', m.reason)));
 }
 
 // ---- Limits and live traffic -----------------------------------------------
@@ -152,6 +178,10 @@ async function refreshLimits() {
     if (r.unlimited) opts.push(el('span', {class: 'pill unlimited'}, 'unlimited'));
     for (const n of r.replaces || []) opts.push(el('span', {class: 'pill'}, 'replaces ' + n));
     for (const f of r.flags || []) opts.push(el('span', {class: 'pill'}, f));
+    if (r.overlay) {
+      opts.push(el('span', {class: 'pill overlay', title: 'set by the overlay at ' + r.overlay.file + ':' + r.overlay.line},
+        'overlay ' + r.overlay.file.split('/').pop() + ':' + r.overlay.line + ': ' + r.overlay.fields.join(', ')));
+    }
     const cells = {
       allowed: el('td', {class: 'num allowed'}, '0'),
       denied: el('td', {class: 'num denied'}, '0'),
