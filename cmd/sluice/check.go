@@ -18,11 +18,17 @@ func init() {
 	register(command{name: "check", summary: "validate limits files offline and summarise them", run: runCheck})
 }
 
-const checkUsage = `usage: sluice check --config PATH [--merge-domains]
+const checkUsage = `usage: sluice check --config PATH [--merge-domains] [--default-algorithm ALG] [--xds-overlay OVERLAY]
 
 Validates the limits files at PATH (a file, or the *.yaml and *.yml files
 of a directory) exactly as serve loads them. Prints a summary and exits 0,
 or prints every problem with its file, line and descriptor and exits 1.
+
+With --xds-overlay, PATH stands for the limits an xDS server pushes (one
+file per RateLimitConfig, as Envoy Gateway's dump shows them) and the
+overlay is applied to them as serve applies it to the pushed limits: the
+summary marks each rule the overlay changed with the overlay's file:line,
+and an overlay entry that changes no rule is listed and makes check exit 1.
 
 flags:
 `
@@ -33,6 +39,8 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() { fmt.Fprint(stderr, checkUsage); fs.PrintDefaults() }
 	path := fs.String("config", "", "limits `path`: a YAML file or a directory of them")
 	merge := fs.Bool("merge-domains", false, "let several files define the same domain (merged)")
+	overlay := fs.String("xds-overlay", "", "overlay `path` (a file or a directory of them) to apply to the limits, as serve --xds-overlay applies it to pushed limits")
+	defAlg := fs.String("default-algorithm", "fixed_window", "`algorithm` of every rule that names none: fixed_window | sliding_window | token_bucket")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -47,7 +55,25 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sluice check: --config is required")
 		return 2
 	}
-	tbl, err := config.Load(*path, config.Options{MergeDomains: *merge})
+	opts := config.Options{MergeDomains: *merge}
+	var ok bool
+	if opts.DefaultAlgorithm, ok = algorithms[*defAlg]; !ok {
+		fmt.Fprintf(stderr, "sluice check: --default-algorithm %q: want fixed_window, sliding_window or token_bucket\n", *defAlg)
+		return 2
+	}
+	if *overlay != "" {
+		o, err := config.LoadOverlay(*overlay)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			var es *config.Errors
+			if errors.As(err, &es) {
+				fmt.Fprintf(stderr, "%s: %d %s\n", *overlay, len(es.List), plural(len(es.List), "error", "errors"))
+			}
+			return 1
+		}
+		opts.Overlay = o
+	}
+	tbl, err := config.Load(*path, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		var es *config.Errors
@@ -57,7 +83,28 @@ func runCheck(_ context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	printSummary(stdout, *path, tbl)
+	if *overlay != "" && !printOverlay(stdout, stderr, *overlay, tbl.Overlay()) {
+		return 1
+	}
 	return 0
+}
+
+// printOverlay says what the overlay did, and lists its entries that
+// changed no rule (on stderr); false if there are any.
+func printOverlay(stdout, stderr io.Writer, path string, rep config.OverlayReport) bool {
+	fmt.Fprintf(stdout, "\noverlay %s: %d %s in %d %s, %d applied\n", path, rep.Entries, plural(rep.Entries, "entry", "entries"),
+		rep.Files, plural(rep.Files, "file", "files"), rep.Entries-len(rep.Unmatched))
+	for _, m := range rep.Problems {
+		fmt.Fprintln(stderr, m)
+	}
+	for _, m := range rep.Unmatched {
+		fmt.Fprintln(stderr, m)
+	}
+	if n := len(rep.Unmatched); n > 0 {
+		fmt.Fprintf(stderr, "%s: %d %s changing no rule\n", path, n, plural(n, "entry", "entries"))
+		return false
+	}
+	return len(rep.Problems) == 0
 }
 
 // printSummary lists the domains and, for each rule, its key path, limit,
@@ -110,6 +157,9 @@ func ruleFlags(r *config.Rule) string {
 		if f.on {
 			fl = append(fl, f.name)
 		}
+	}
+	if ov := r.Overlay; ov != nil {
+		fl = append(fl, fmt.Sprintf("overlay=%s:%d", ov.File, ov.Line))
 	}
 	return strings.Join(fl, " ")
 }

@@ -141,3 +141,41 @@ func TestCheck_Usage(t *testing.T) {
 		}
 	}
 }
+
+// TestCheck_Overlay: check applies an overlay to limits as serve applies
+// it to pushed ones, marks the rules it changed with its file:line, and
+// exits 1 on an entry that changes no rule or on a bad overlay.
+func TestCheck_Overlay(t *testing.T) {
+	const limits = "testdata/envoy-gateway/limits"
+	code, out, errOut := runMain(t, "check", "--config", limits, "--xds-overlay", "../../examples/overlay")
+	if code != 0 || errOut != "" {
+		t.Fatalf("check with examples/overlay: exit %d, stderr %q\n%s", code, errOut, out)
+	}
+	for _, want := range []string{
+		".rule-0-match-0     60/hour         token_bucket burst 3  overlay=../../examples/overlay/token-bucket.yaml:11\n",
+		".rule-1-match-0[0]  10/30*second    sliding_window        overlay=../../examples/overlay/sliding-window.yaml:9\n",
+		".rule-1-match-0[1]  5000000000/day  fixed_window          overlay=../../examples/overlay/sliding-window.yaml:9\n",
+		"overlay ../../examples/overlay: 2 entries in 2 files, 2 applied\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+
+	dir := t.TempDir()
+	overlay := filepath.Join(dir, "o.yaml")
+	if err := os.WriteFile(overlay, []byte("domain: default/eg/http\ndescriptors:\n  - key: httproute/default/*\n    value: \"*\"\n    descriptors:\n      - key: rule-9-match-0\n        rate_limit: {algorithm: token_bucket}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runMain(t, "check", "--config", limits, "--xds-overlay", overlay)
+	if want := overlay + ":6: default/eg/http | httproute/default/*=* | rule-9-match-0: matches no rate_limit of the pushed config\n"; code != 1 || !strings.Contains(errOut, want) {
+		t.Errorf("an entry matching nothing: exit %d, stderr %q, want 1 and %q", code, errOut, want)
+	}
+	if err := os.WriteFile(overlay, []byte("domain: default/eg/http\ndescriptors:\n  - key: rule-0-match-0\n    rate_limit: {unit: minute}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runMain(t, "check", "--config", limits, "--xds-overlay", overlay)
+	if want := overlay + ":4: descriptors[0]: unit in rate_limit cannot be set in an overlay"; code != 1 || !strings.Contains(errOut, want) {
+		t.Errorf("a bad overlay: exit %d, stderr %q, want 1 and %q", code, errOut, want)
+	}
+}

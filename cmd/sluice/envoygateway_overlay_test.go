@@ -208,7 +208,9 @@ func TestServe_EnvoyGatewayOverlay(t *testing.T) {
 
 			// A bad overlay keeps the last good one, with its file:line.
 			writeFile(t, overlay, strings.Replace(egOverlayYAML, "burst: 3", "burst: 3, unit: minute", 1))
-			waitFor(t, func() bool { return strings.Contains(httpGet(t, base+"/metrics"), "sluice_xds_overlay_last_reload_successful 0") },
+			waitFor(t, func() bool {
+				return strings.Contains(httpGet(t, base+"/metrics"), "sluice_xds_overlay_last_reload_successful 0")
+			},
 				"sluice_xds_overlay_last_reload_successful 0")
 			if o := overlayStatus(); o.LastError == nil || len(o.LastError.Problems) != 1 || o.LastError.Problems[0].File != overlay ||
 				o.LastError.Problems[0].Line != 7 || !strings.Contains(o.LastError.Problems[0].Msg, "unit in rate_limit cannot be set in an overlay") {
