@@ -296,10 +296,6 @@ func TestServe_DefaultAlgorithm(t *testing.T) {
 			t.Errorf("request %d: %v, want OK (the bucket holds 10)", i+1, c)
 		}
 	}
-	err := serve(ctx, []string{"--config", "testdata/serve", "--default-algorithm", "leaky"}, serveEnv{}.get, &lockedBuffer{}, nil)
-	if err == nil || !strings.Contains(err.Error(), "--default-algorithm \"leaky\"") {
-		t.Errorf("--default-algorithm leaky: %v, want refused", err)
-	}
 }
 
 // writeFile replaces file name's content at once (a temporary file

@@ -100,8 +100,13 @@ func TestServe_XDSBadSettings(t *testing.T) {
 		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-headers", "authorization=Bearer hunter2"}, `--xds-headers: want key:value`},
 		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-tls-ca", "missing.crt"}, "--xds-tls-*: xds: CA: open missing.crt"},
 		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-tls-cert", "c.pem"}, "--xds-tls-*: xds: a client certificate needs both"},
-		{[]string{"--config", "testdata/serve", "--xds-server", "127.0.0.1:1"}, "--xds-server and --start-without-config need --config-source=xds"},
-		{[]string{"--config", "testdata/serve", "--start-without-config"}, "--xds-server and --start-without-config need --config-source=xds"},
+		{[]string{"--config", "testdata/serve", "--xds-server", "127.0.0.1:1"}, "--xds-server, --xds-overlay and --start-without-config need --config-source=xds"},
+		{[]string{"--config", "testdata/serve", "--start-without-config"}, "--xds-server, --xds-overlay and --start-without-config need --config-source=xds"},
+		{[]string{"--config", "testdata/serve", "--xds-overlay", "../../examples/overlay"}, "--xds-server, --xds-overlay and --start-without-config need --config-source=xds"},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-overlay", "missing"}, "--xds-overlay: config: stat missing: no such file or directory"},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--xds-overlay", "../../config/testdata/overlay/owned.yaml"},
+			"--xds-overlay: config: ../../config/testdata/overlay/owned.yaml:5: descriptors[0]: shadow_mode cannot be set in an overlay"},
+		{[]string{"--config-source", "xds", "--xds-server", "127.0.0.1:1", "--default-algorithm", "leaky_bucket"}, `--default-algorithm "leaky_bucket": want fixed_window, sliding_window or token_bucket`},
 		{nil, "--config is required"},
 	} {
 		err := serve(testCtx(t), append(c.args, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"), serveEnv{}.get, &strings.Builder{}, nil)
