@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/config/xds/xdstest"
 )
 
 // chromium finds a Chromium or Chrome binary: $SLUICE_CHROMIUM, else the
@@ -410,4 +411,60 @@ func screenshot(t *testing.T, ctx context.Context, dir, name, sel string) {
 		t.Fatal(err)
 	}
 	t.Logf("wrote %s", filepath.Join(dir, name))
+}
+
+// TestUI_BrowserOverlay: with limits pushed over xDS and an overlay, the
+// status page tags each rule the overlay changed with the overlay's
+// file:line and fields, and its Config card lists the overlay's entries
+// that change no rule; all without console errors.
+func TestUI_BrowserOverlay(t *testing.T) {
+	exe := chromium()
+	if exe == "" {
+		t.Skip("no Chromium found (install Debian's chromium: make deps; or set SLUICE_CHROMIUM): skipping the browser tests")
+	}
+	overlayDir := t.TempDir()
+	writeFile(t, filepath.Join(overlayDir, "eg.yaml"), egOverlayYAML+"  - key: gone\n    rate_limit: {algorithm: token_bucket}\n")
+	xs := xdstest.Start(t, "127.0.0.1:0", nil)
+	_, httpAddr, _ := startServe(t, nil, "--config-source", "xds", "--xds-server", xs.Addr, "--xds-node-id", egNode, "--xds-overlay", overlayDir)
+	xs.Push(t, egNode, "1", egRulesLimits("backend", 60, 10))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true))
+	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx)
+	var errs consoleErrors
+	var wg sync.WaitGroup
+	defer func() { bcancel(); wg.Wait() }()
+	if err := chromedp.Do(bctx); err != nil {
+		t.Fatalf("starting %s: %v", exe, err)
+	}
+	wg.Go(func() { errs.collect(bctx) })
+	sctx, scancel := context.WithTimeout(bctx, 60*time.Second)
+	defer scancel()
+	if err := chromedp.Do(sctx, chromedp.Navigate("http://"+httpAddr+"/"),
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#limits-table tbody tr').length === 2 && !document.querySelector('#overlay').hidden`,
+			chromedp.WithPollingTimeout(50*time.Second))); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	pills, err := chromedp.Run(sctx, chromedp.Evaluate[string](`Array.from(document.querySelectorAll('.pill.overlay')).map(p => p.textContent).join('\n')`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "overlay eg.yaml:6: algorithm: token_bucket, burst: 3\noverlay eg.yaml:8: algorithm: sliding_window, unit_multiplier: 30"
+	if pills != want {
+		t.Errorf("overlay tags %q, want %q", pills, want)
+	}
+	misses, err := chromedp.Run(sctx, chromedp.Evaluate[string](`document.querySelector('#overlay-miss-list').textContent + ' | ' + document.querySelector('#overlay-size').textContent`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(overlayDir, "eg.yaml") + ":10 default/eg/* | gone: matches no rate_limit of the pushed config | 1 file(s), 3 entries, 1 changing no rule"; misses != want {
+		t.Errorf("overlay card %q, want %q", misses, want)
+	}
+	if e := errs.get(); len(e) > 0 {
+		t.Errorf("the page logged errors:\n%s", strings.Join(e, "\n"))
+	}
 }
