@@ -19,6 +19,14 @@
 // configs with Reloader.Update, so reload status, hooks and metrics are
 // the same whatever the source.
 //
+// An Overlay (LoadOverlay) adds Sluice's own fields to pushed rules by
+// domain and descriptor path. It is one more input of the same compile
+// (Options.Overlay), not a second compiler: each matched rate_limit is
+// compiled with the overlay's fields as a file's would be. A Reloader
+// holds the overlay in force (Reloader.LoadOverlay, RunOverlay) and
+// compiles its config again when the overlay changes. Options.DefaultAlgorithm
+// is the algorithm of rules that name none.
+//
 // docs/CONFIG.md describes the file format, Sluice's extensions and the
 // counter key format.
 package config

@@ -48,7 +48,6 @@ type Overlay struct {
 type overlayEntry struct {
 	file string
 	line int
-	path string // the descriptor's path in its file, "descriptors[0].descriptors[1]"
 	// domain and steps are the patterns a pushed descriptor's domain and
 	// its (key, value) path from the domain down must match.
 	domain pattern
@@ -160,10 +159,14 @@ func (o *Overlay) Hash() string { return o.hash }
 func (o *Overlay) Entries() int { return len(o.entries) }
 
 // LoadOverlay reads an overlay at path: a file, or every *.yaml and *.yml
-// file directly inside a directory, as Load reads limits files. Every
-// problem is reported with its file and line.
+// file directly inside a directory, as Load reads limits files; a
+// directory without any is an overlay without entries. Every problem is
+// reported with its file and line.
 func LoadOverlay(path string) (*Overlay, error) {
 	files, err := listFiles(path)
+	if errors.Is(err, ErrEmpty) {
+		return compileOverlay(nil, nil)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +317,7 @@ func (l *loader) overlayDescriptor(w *overlayWalk, n *yaml.Node, path string, de
 	key, value, valid := l.keyValue(w.file, path, n, fields)
 	w.steps = append(w.steps, overlayStep{key: newPattern(key), value: newPattern(value)})
 	defer func() { w.steps = w.steps[:len(w.steps)-1] }()
-	e := &overlayEntry{file: w.file, line: n.Line, path: path, domain: w.domain, steps: slices.Clone(w.steps)}
+	e := &overlayEntry{file: w.file, line: n.Line, domain: w.domain, steps: slices.Clone(w.steps)}
 	if f, ok := fields["rate_limit"]; ok {
 		e.limit = l.overlayLimit(w.file, path, f)
 	}
@@ -426,14 +429,15 @@ func (l *loader) overlayLimits(file, path string, line int, f field) *yaml.Node 
 		p := fmt.Sprintf("%s.rate_limits[%d]", path, i)
 		item = resolve(item)
 		if item.Kind == yaml.MappingNode {
+			before := len(l.errs)
 			fields := l.fields(file, p, "", item, 0, listedLimitFields...)
 			for _, name := range []string{"unlimited", "name", "replaces", "shadow_mode"} {
 				if lf, ok := fields[name]; ok {
 					l.errorf(file, lf.key.Line, p, "%s cannot be set in an overlay's rate_limits: %s", name, overlayOwned[name])
 				}
 			}
-			if len(l.errs) > nerr {
-				continue
+			if len(l.errs) > before {
+				continue // reported; compiling it would report its fields again
 			}
 		}
 		l.rateLimitFrom(file, "", p, "", line, item, flags{}, true)

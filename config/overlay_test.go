@@ -391,3 +391,15 @@ func TestReloader_Overlay(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadOverlay_EmptyDirectory: a directory without overlay files is an
+// overlay without entries (a ConfigMap emptied), not an error.
+func TestLoadOverlay_EmptyDirectory(t *testing.T) {
+	o, err := LoadOverlay(t.TempDir())
+	if err != nil || o.Entries() != 0 {
+		t.Fatalf("LoadOverlay(empty dir) = %v, %v; want an overlay without entries", o, err)
+	}
+	if _, err := LoadOverlay(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("LoadOverlay(a missing path): no error")
+	}
+}
