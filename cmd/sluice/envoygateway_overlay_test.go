@@ -68,7 +68,8 @@ descriptors:
 // 4th is denied) and the 10-per-second rule into a sliding window of 30
 // seconds (10 pass, the 11th is denied, the limit reported with its
 // multiplier), as files saying so would; the status page shows what the
-// overlay changed and from where. A bad overlay keeps the last good one.
+// overlay changed and from where. A bad overlay keeps the last good one;
+// a fixed one applies to the limits in force without a push.
 // A push that renames the route drops the overlay's effect (the renamed
 // rule is a fixed window again: 60 pass) and the entries are reported as
 // unmatched in the log, on the status page and in
@@ -221,6 +222,18 @@ func TestServe_EnvoyGatewayOverlay(t *testing.T) {
 			}
 			if !strings.Contains(logs.String(), "overlay not reloaded; the previous overlay stays in force") {
 				t.Error("the bad overlay is not logged")
+			}
+
+			// A fixed overlay applies to the limits in force, without a
+			// new push.
+			writeFile(t, overlay, strings.Replace(egOverlayYAML, "burst: 3", "burst: 5", 1))
+			waitFor(t, func() bool {
+				r := rule(limits(), "backend", "rule-0-match-0")
+				return r.Burst == 5 && r.Overlay != nil
+			}, "the fixed overlay's burst of 5 on /ui/api/limits")
+			if m := httpGet(t, base+"/metrics"); !strings.Contains(m, "sluice_xds_overlay_last_reload_successful 1") ||
+				!strings.Contains(m, `sluice_xds_overlay_reloads_total{result="failure"} 1`) {
+				t.Error("/metrics lacks the overlay's reloads: a success last, one failure")
 			}
 
 			// A push that renames the route: its rules are as pushed, and
