@@ -78,7 +78,7 @@ func compile(srcs []source, opts Options, errs []Error) (*Table, error) {
 	// another config.
 	if o := opts.Overlay; o != nil {
 		n := len(o.entries)
-		l.ov = &overlayState{o: o, applied: make([]bool, n), problems: make([]*OverlayMiss, n)}
+		l.ov = &overlayState{o: o, matched: make([]bool, n), applied: make([]bool, n), problems: make([]*OverlayMiss, n)}
 		h.Write([]byte("overlay " + o.hash + "\n"))
 	}
 	if a := opts.DefaultAlgorithm; a != 0 && a != store.FixedWindow {

@@ -450,8 +450,9 @@ func (l *loader) overlayLimits(file, path string, line int, f field) *yaml.Node 
 
 // match returns the entry for the pushed descriptor at trail in domain:
 // the matching entry with the most literal characters, the first in file
-// order of those; -1 if none matches.
-func (o *Overlay) match(domain string, trail []Entry) int {
+// order of those; -1 if none matches. matched, if not nil, is set for
+// every entry that matches.
+func (o *Overlay) match(domain string, trail []Entry, matched []bool) int {
 	best := -1
 	for i, e := range o.entries {
 		if len(e.steps) != len(trail) || !e.domain.match(domain) {
@@ -464,7 +465,13 @@ func (o *Overlay) match(domain string, trail []Entry) int {
 				break
 			}
 		}
-		if ok && (best < 0 || e.literal > o.entries[best].literal) {
+		if !ok {
+			continue
+		}
+		if matched != nil {
+			matched[i] = true
+		}
+		if best < 0 || e.literal > o.entries[best].literal {
 			best = i
 		}
 	}
@@ -474,7 +481,8 @@ func (o *Overlay) match(domain string, trail []Entry) int {
 // overlayState is what one compile's overlay did.
 type overlayState struct {
 	o        *Overlay
-	applied  []bool
+	matched  []bool         // the entry matches a rule (whether or not it applies)
+	applied  []bool         // the entry changed a rule
 	problems []*OverlayMiss // the first of each entry
 }
 
@@ -485,7 +493,7 @@ type overlayState struct {
 // the caller then compiles the pushed rate_limit alone.
 func (l *loader) overlaid(file, dname, path, stat string, line int, single field, fl flags) []*Rule {
 	ov := l.ov
-	i := ov.o.match(dname, l.trail)
+	i := ov.o.match(dname, l.trail, ov.matched)
 	if i < 0 {
 		return nil
 	}
@@ -555,8 +563,11 @@ func (ov *overlayState) report() OverlayReport {
 		}
 		if !ov.applied[i] {
 			reason := "matches no rate_limit of the pushed config"
-			if ov.problems[i] != nil {
+			switch {
+			case ov.problems[i] != nil:
 				reason = "cannot apply to any rule it matches (see its problem)"
+			case ov.matched[i]:
+				reason = "every rule it matches takes a more specific entry"
 			}
 			r.Unmatched = append(r.Unmatched, OverlayMiss{File: e.file, Line: e.line, Match: e.String(), Reason: reason})
 		}

@@ -103,7 +103,9 @@ func TestOverlay_AppliesToPushedRules(t *testing.T) {
 		t.Fatalf("report %+v, want 4 entries, 2 unmatched", rep)
 	}
 	// The less specific entry for rule 0 lost to the more specific one.
-	if rep.Unmatched[0].Line != 17 || rep.Unmatched[1].Line != 19 || rep.Unmatched[1].Match != "default/eg/* | nothing-here" {
+	if rep.Unmatched[0].Line != 17 || rep.Unmatched[0].Reason != "every rule it matches takes a more specific entry" ||
+		rep.Unmatched[1].Line != 19 || rep.Unmatched[1].Match != "default/eg/* | nothing-here" ||
+		rep.Unmatched[1].Reason != "matches no rate_limit of the pushed config" {
 		t.Errorf("unmatched %+v", rep.Unmatched)
 	}
 
