@@ -285,7 +285,7 @@ func TestOverlay_ErrorsGolden(t *testing.T) {
 // error.
 func FuzzOverlay(f *testing.F) {
 	seeds, _ := filepath.Glob("testdata/overlay/*.yaml")
-	seeds = append(seeds, "../examples/overlay/token-bucket.yaml", "../examples/overlay/sliding-window.yaml")
+	seeds = append(seeds, "../examples/overlay/token-bucket.yaml", "../examples/overlay/sliding-window.yaml", "../examples/overlay/fixed-window.yaml")
 	for _, s := range seeds {
 		if data, err := os.ReadFile(s); err == nil {
 			f.Add(data)
