@@ -172,12 +172,23 @@ func (r *Reloader) update(version string, compile func() (*Table, error)) error 
 // Source's compile gives it to the config as Options.Overlay.
 func (r *Reloader) Overlay() *Overlay { return r.overlay.Load() }
 
-// OverlayStatus reports the overlay's load history (Hash is the overlay's,
-// Version empty); the zero status when no overlay was loaded.
-func (r *Reloader) OverlayStatus() ReloadStatus {
+// OverlayStatus is an overlay's load history (Hash is the overlay's,
+// Version empty) and the size of the overlay in force.
+type OverlayStatus struct {
+	ReloadStatus
+	Files, Entries int // 0 before a first successful load
+}
+
+// OverlayStatus reports the overlay's load history; the zero status when
+// no overlay was loaded.
+func (r *Reloader) OverlayStatus() OverlayStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.ostatus
+	st := OverlayStatus{ReloadStatus: r.ostatus}
+	if o := r.overlay.Load(); o != nil {
+		st.Files, st.Entries = o.files, len(o.entries)
+	}
+	return st
 }
 
 // HasOverlay reports whether LoadOverlay was ever called.

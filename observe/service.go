@@ -114,7 +114,7 @@ func (c configCollector) Collect(ch chan<- prometheus.Metric) {
 // OverlayStatuser reports an overlay's load history and the table it
 // applies to; *config.Reloader is one.
 type OverlayStatuser interface {
-	OverlayStatus() config.ReloadStatus
+	OverlayStatus() config.OverlayStatus
 	Current() *config.Table
 }
 

@@ -77,7 +77,7 @@ type Options struct {
 	Reload observe.ReloadStatuser
 	// Overlay reports the load history of the overlay on pushed limits
 	// (--xds-overlay); nil when there is none.
-	Overlay func() config.ReloadStatus
+	Overlay func() config.OverlayStatus
 	// Source describes where the config comes from; nil hides it.
 	Source func() Source
 	// Traffic gives the live traffic; nil shows none.
@@ -261,6 +261,8 @@ type ConfigStatus struct {
 // OverlayStatus is the overlay's load history and what it did to the
 // config in force.
 type OverlayStatus struct {
+	// Files and Entries count the overlay in force (before a first
+	// push too).
 	Files     int        `json:"files"`
 	Entries   int        `json:"entries"`
 	Hash      string     `json:"hash"`
@@ -354,9 +356,9 @@ func (u *UI) Overview() Overview {
 
 // overlayStatus describes the overlay whose load history is s, applied
 // to t (nil before the first config).
-func overlayStatus(s config.ReloadStatus, t *config.Table) *OverlayStatus {
-	o := &OverlayStatus{Hash: s.Hash, LastOK: s.LastOK, Successes: s.Successes, Failures: s.Failures,
-		Unmatched: []OverlayMiss{}, Problems: []OverlayMiss{}}
+func overlayStatus(s config.OverlayStatus, t *config.Table) *OverlayStatus {
+	o := &OverlayStatus{Files: s.Files, Entries: s.Entries, Hash: s.Hash, LastOK: s.LastOK, Successes: s.Successes,
+		Failures: s.Failures, Unmatched: []OverlayMiss{}, Problems: []OverlayMiss{}}
 	if s.LastError != nil {
 		o.LastError = loadError(s.LastError)
 	}
@@ -364,7 +366,6 @@ func overlayStatus(s config.ReloadStatus, t *config.Table) *OverlayStatus {
 		return o
 	}
 	rep := t.Overlay()
-	o.Files, o.Entries = rep.Files, rep.Entries
 	for _, l := range []struct {
 		from []config.OverlayMiss
 		to   *[]OverlayMiss
