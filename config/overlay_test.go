@@ -342,7 +342,8 @@ func TestReloader_Overlay(t *testing.T) {
 	if got := r.Current().Rules()[0]; got.Algorithm != store.TokenBucket || got.Burst != 3 || got.Overlay == nil || got.Overlay.File != overlay {
 		t.Fatalf("after the overlay: %v %+v, want a token bucket of 3 from %s", got, got.Overlay, overlay)
 	}
-	if st, ost := r.Status(), r.OverlayStatus(); st.Successes != 2 || !ost.LastOK || ost.Successes != 1 || ost.Hash == "" {
+	if st, ost := r.Status(), r.OverlayStatus(); st.Successes != 1 || st.Hash != r.Current().Hash() || !ost.LastOK || ost.Successes != 1 ||
+		ost.Hash == "" || ost.Files != 1 || ost.Entries != 1 {
 		t.Errorf("status %+v, overlay status %+v", st, ost)
 	}
 
@@ -403,5 +404,35 @@ func TestLoadOverlay_EmptyDirectory(t *testing.T) {
 	}
 	if _, err := LoadOverlay(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("LoadOverlay(a missing path): no error")
+	}
+}
+
+// TestReloader_OverlayKeepsARejectedPushVisible: after a push that was
+// rejected, a new overlay compiles the config in force (the last good
+// push) again, and the status still says the last push failed.
+func TestReloader_OverlayKeepsARejectedPushVisible(t *testing.T) {
+	r := NewSourceReloader(pushSource{}, nil, nil)
+	push := func(perHour uint32) func() (*Table, error) {
+		return func() (*Table, error) {
+			return CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{egPush("backend", perHour, 10)}, Options{Overlay: r.Overlay()})
+		}
+	}
+	if err := r.UpdateVersion("1", push(60)); err != nil {
+		t.Fatal(err)
+	}
+	bad := func() (*Table, error) { return nil, errors.New("a bad push") }
+	if err := r.UpdateVersion("2", bad); err == nil {
+		t.Fatal("the bad push: no error")
+	}
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"o.yaml": "domain: default/eg/http\ndescriptors:\n  - key: '*'\n    value: '*'\n    descriptors:\n      - key: rule-0-match-0\n        rate_limit: {algorithm: token_bucket}\n"})
+	if err := r.LoadOverlay(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Current().Rules()[0]; got.Algorithm != store.TokenBucket || got.RequestsPerUnit != 60 {
+		t.Errorf("after the overlay: %v, want push 1's rule as a token bucket", got)
+	}
+	if st := r.Status(); st.LastOK || st.Version != "1" || st.Successes != 1 || st.Failures != 1 || st.Hash != r.Current().Hash() {
+		t.Errorf("status %+v, want the failed push still the last attempt, version 1 in force", st)
 	}
 }

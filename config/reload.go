@@ -200,9 +200,9 @@ func (r *Reloader) HasOverlay() bool {
 
 // LoadOverlay reads the overlay at path (see config.LoadOverlay). A valid
 // one goes in force, and the config in force is compiled again with it
-// (a reload like any other, through the OnReload hooks); an invalid one
-// is logged with every problem's file and line and counted in
-// OverlayStatus, and the overlay in force stays. The error is the load's.
+// (recompile); an invalid one is logged with every problem's file and
+// line and counted in OverlayStatus, and the overlay in force stays. The
+// error is the load's.
 func (r *Reloader) LoadOverlay(path string) error {
 	o, err := LoadOverlay(path)
 	r.mu.Lock()
@@ -223,12 +223,37 @@ func (r *Reloader) LoadOverlay(path string) error {
 	r.ostatus.Hash = o.Hash()
 	r.overlay.Store(o)
 	r.log.Info("overlay loaded", "path", path, "files", o.files, "entries", len(o.entries), "hash", o.Hash())
-	if r.last != nil {
-		// The config in force compiled before; with an overlay that
-		// cannot break it, it compiles again.
-		_ = r.update(r.status.Version, r.last)
-	}
+	r.recompile()
 	return nil
+}
+
+// recompile compiles the config in force again, with the overlay now in
+// force, and swaps the table in if it changed, calling the OnReload
+// hooks. It is not a load of the source: Status keeps its counts and its
+// last attempt (a push rejected since stays the last attempt, and
+// failed). Called with r.mu held.
+func (r *Reloader) recompile() {
+	if r.last == nil {
+		return // nothing in force yet: the first load takes the overlay
+	}
+	t, err := r.last()
+	if err != nil {
+		// It compiled before, and an overlay makes no errors: only a
+		// file source whose files changed since gets here. Its watch
+		// reloads them.
+		r.log.Error("config not compiled again with the new overlay; the config in force stays", "source", r.src.String(), "err", clip(err.Error(), maxLoggedBytes))
+		return
+	}
+	if cur := r.cur.Load(); cur != nil && cur.Hash() == t.Hash() {
+		return
+	}
+	r.cur.Store(t)
+	r.status.Hash = t.Hash()
+	r.log.Info("config compiled again with the new overlay", "source", r.src.String(), "rules", len(t.Rules()), "hash", t.Hash())
+	r.logOverlay(t)
+	for _, fn := range r.hooks {
+		fn(t, nil)
+	}
 }
 
 // RunOverlay watches the overlay at path as a files source's Run watches
