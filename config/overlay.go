@@ -140,7 +140,6 @@ type OverlayReport struct {
 	// Files and Entries count the overlay's files and the entries
 	// (descriptors that set fields) in them; 0 without an overlay.
 	Files, Entries int
-	Hash           string
 	// Unmatched lists the entries that changed no rule, in file order.
 	Unmatched []OverlayMiss
 	// Problems lists entries that match a rule but cannot apply to it
@@ -556,7 +555,7 @@ func mergeLimit(base, over *yaml.Node) *yaml.Node {
 
 // report is what the overlay did, for the table.
 func (ov *overlayState) report() OverlayReport {
-	r := OverlayReport{Files: ov.o.files, Entries: len(ov.o.entries), Hash: ov.o.hash}
+	r := OverlayReport{Files: ov.o.files, Entries: len(ov.o.entries)}
 	for i, e := range ov.o.entries {
 		if p := ov.problems[i]; p != nil {
 			r.Problems = append(r.Problems, *p)
