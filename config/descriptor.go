@@ -106,7 +106,7 @@ func (l *loader) wildcard(file, path string, nd *node, value string, fields map[
 	wildcard := strings.Contains(value, "*")
 	if l.flag(file, path, fields, "share_threshold") {
 		if wildcard {
-			nd.pattern = escapePart(value, l.max)
+			nd.pattern, nd.share = escapePart(value, l.max), value
 		} else {
 			l.errorf(file, fields["share_threshold"].key.Line, path, "share_threshold needs a wildcard value (with '*'), got %s", quoteOrNone(value))
 		}

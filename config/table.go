@@ -163,6 +163,7 @@ type node struct {
 	// pattern is the escaped wildcard value written into counter keys
 	// instead of the request's value (share_threshold); "" otherwise.
 	pattern string
+	share   string // the wildcard value as written (share_threshold), for PlainKey
 	part    string // the key's counter-key part: "|" + escaped key + "="
 	glob    glob
 	file    string

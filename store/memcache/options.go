@@ -47,6 +47,10 @@ type Options struct {
 	MaxIdleConns int
 	// KeyPrefix is put before every key.
 	KeyPrefix string
+	// PlainJitterMax adds a random 0 to PlainJitterMax-1 seconds to the
+	// expiry of each key in envoyproxy/ratelimit's layout (store.Hit.Plain,
+	// store.PlainKeys), as its EXPIRATION_JITTER_MAX_SECONDS does.
+	PlainJitterMax int64
 	// Clock, when set, is read when a denied batch rolls back what it
 	// took (as memory.Options.Clock). Nil rolls back as of the batch's now.
 	Clock store.Clock
