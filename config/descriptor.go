@@ -55,6 +55,7 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	seg := statPath(stat, key, value)
 	nd := &node{file: file, line: n.Line}
 	l.wildcard(file, path, nd, value, fields)
+	d.shares = d.shares || nd.share != ""
 	fl := l.descriptorFlags(file, path, fields)
 	l.limits(file, dname, d, nd, path, seg, fields, fl)
 	if f, ok := fields["descriptors"]; ok {

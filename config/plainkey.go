@@ -24,11 +24,11 @@ func (r *Rule) Plainable() bool {
 // as the wildcard.
 func (t *Table) PlainKey(dst []byte, domainName string, entries []Entry) []byte {
 	d := t.domains[domainName]
-	dst = append(append(dst, domainName...), '_')
-	var lv *level
-	if d != nil {
-		lv = d.root
+	if d == nil || !d.shares {
+		return PlainOverrideKey(dst, domainName, entries)
 	}
+	dst = append(append(dst, domainName...), '_')
+	lv := d.root
 	for _, e := range entries {
 		v := e.Value
 		if lv != nil {

@@ -188,6 +188,9 @@ type domain struct {
 	file  string // where it was first defined
 	line  int
 	rules []*Rule
+	// shares: a descriptor has share_threshold (else PlainKey need not
+	// find the nodes)
+	shares bool
 }
 
 // Table is a compiled config. It is immutable and safe for concurrent use.

@@ -133,7 +133,7 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
 		plain: store.PlainKeys{Prefix: opt.KeyPrefix, JitterMax: opt.PlainJitterMax},
-		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
+		addr:  strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
 	if co.Sentinel.MasterSet != "" {
 		s.addr = "sentinel master " + co.Sentinel.MasterSet + " via " + s.addr
 	}
