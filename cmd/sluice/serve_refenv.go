@@ -252,7 +252,7 @@ var refCaches = []refVar{
 	{name: "EXPIRATION_JITTER_MAX_SECONDS", when: onRefStore, def: "300", apply: refApply{
 		doc: "with the reference's Redis or memcached settings (`REDIS_URL`, or `BACKEND_TYPE` `redis` or `memcache`), even unset (the reference's default: 300): " +
 			"`--key-format reference` (unless `SLUICE_KEY_FORMAT` or `--key-format` says otherwise: docs/MIGRATION.md), and " +
-			"`--redis-expiry-jitter` and `--memcache-expiry-jitter` of this many seconds",
+			"`--redis-expiry-jitter` and `--memcache-expiry-jitter` of this many seconds; with `BACKEND_TYPE=memcache`, `--memcache-modulo` (the reference's placement of keys on servers)",
 		fn: func(e *refEnv, v string) error {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
@@ -261,6 +261,9 @@ var refCaches = []refVar{
 			e.set("key-format", "reference")
 			e.set("redis-expiry-jitter", strconv.FormatInt(n, 10)+"s")
 			e.set("memcache-expiry-jitter", strconv.FormatInt(n, 10)+"s")
+			if onMemcache.holds(e) {
+				e.set("memcache-modulo", "true")
+			}
 			return nil
 		}}},
 	{name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", ignore: "Sluice never counts denied hits (see --denied-hits)"},

@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -350,6 +351,11 @@ func TestRefEnv_KeyFormat(t *testing.T) {
 		}
 		if got, jit := flagValue(fs, "key-format"), flagValue(fs, "redis-expiry-jitter"); got != c.format || jit != c.jit {
 			t.Errorf("%s: --key-format %s --redis-expiry-jitter %s, want %s and %s", c.name, got, jit, c.format, c.jit)
+		}
+		// The reference's placement of keys on memcached servers comes
+		// with its memcached settings.
+		if got, want := flagValue(fs, "memcache-modulo"), strconv.FormatBool(c.env["BACKEND_TYPE"] == "memcache"); got != want {
+			t.Errorf("%s: --memcache-modulo %s, want %s", c.name, got, want)
 		}
 	}
 	if _, _, err := parseServe(t, nil, serveEnv{"REDIS_URL": "127.0.0.1:6379", "EXPIRATION_JITTER_MAX_SECONDS": "-1"}); err == nil ||

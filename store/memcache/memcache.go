@@ -57,7 +57,7 @@ type Stats struct {
 // (resolved here, once). It does not connect: Ping does.
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
-	s := &Store{sel: &selector{}, opt: opt}
+	s := &Store{sel: &selector{modulo: opt.ModuloServers}, opt: opt}
 	switch {
 	case opt.KeyPrefix != "" && (!legal(opt.KeyPrefix) || len(opt.KeyPrefix) > maxKeyLen/2):
 		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
