@@ -67,18 +67,15 @@ func (c *call) build(pk store.PlainKeys, hits []store.Hit, window bool, now int6
 		for i := range hits {
 			r := hits[i].Rule
 			end := windowEnd(r, now)
-			for j, v := range [4]uint64{min(hits[i].Cost, r.Limit()+1), r.Limit(), end, windowTTL(end, now)} {
-				switch {
-				case !hits[i].Plain:
-					c.buf = strconv.AppendUint(c.buf, v, 10)
-				case j == 2:
-					c.buf = append(c.buf, 'p')
-				case j == 3:
-					c.buf = strconv.AppendInt(c.buf, pk.TTL(r)*1000, 10)
-				default:
-					c.buf = strconv.AppendUint(c.buf, v, 10)
-				}
-				c.offs = append(c.offs, len(c.buf))
+			c.arg(strconv.AppendUint(c.buf, min(hits[i].Cost, r.Limit()+1), 10))
+			c.arg(strconv.AppendUint(c.buf, r.Limit(), 10))
+			if hits[i].Plain {
+				// (the window is in the key's name; the reference's expiry)
+				c.arg(append(c.buf, 'p'))
+				c.arg(strconv.AppendInt(c.buf, pk.TTL(r)*1000, 10))
+			} else {
+				c.arg(strconv.AppendUint(c.buf, end, 10))
+				c.arg(strconv.AppendUint(c.buf, windowTTL(end, now), 10))
 			}
 		}
 	}
@@ -92,6 +89,12 @@ func (c *call) build(pk store.PlainKeys, hits []store.Hit, window bool, now int6
 			c.args = append(c.args, part)
 		}
 	}
+}
+
+// arg ends an argument that buf, c.buf grown, holds at its end.
+func (c *call) arg(buf []byte) {
+	c.buf = buf
+	c.offs = append(c.offs, len(buf))
 }
 
 // windowBatch reports whether window.lua can run hits: narrow fixed
