@@ -55,6 +55,7 @@ func (l *loader) descriptor(file, dname string, d *domain, lv *level, n *yaml.No
 	seg := statPath(stat, key, value)
 	nd := &node{file: file, line: n.Line}
 	l.wildcard(file, path, nd, value, fields)
+	d.shares = d.shares || nd.share != ""
 	fl := l.descriptorFlags(file, path, fields)
 	l.trail = append(l.trail, Entry{Key: key, Value: value})
 	l.limits(file, dname, d, nd, path, seg, fields, fl)
@@ -108,7 +109,7 @@ func (l *loader) wildcard(file, path string, nd *node, value string, fields map[
 	wildcard := strings.Contains(value, "*")
 	if l.flag(file, path, fields, "share_threshold") {
 		if wildcard {
-			nd.pattern = escapePart(value, l.max)
+			nd.pattern, nd.share = escapePart(value, l.max), value
 		} else {
 			l.errorf(file, fields["share_threshold"].key.Line, path, "share_threshold needs a wildcard value (with '*'), got %s", quoteOrNone(value))
 		}

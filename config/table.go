@@ -174,6 +174,7 @@ type node struct {
 	// pattern is the escaped wildcard value written into counter keys
 	// instead of the request's value (share_threshold); "" otherwise.
 	pattern string
+	share   string // the wildcard value as written (share_threshold), for PlainKey
 	part    string // the key's counter-key part: "|" + escaped key + "="
 	glob    glob
 	file    string
@@ -198,6 +199,9 @@ type domain struct {
 	file  string // where it was first defined
 	line  int
 	rules []*Rule
+	// shares: a descriptor has share_threshold (else PlainKey need not
+	// find the nodes)
+	shares bool
 }
 
 // Table is a compiled config. It is immutable and safe for concurrent use.

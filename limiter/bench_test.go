@@ -56,6 +56,17 @@ func TestCheck_NoAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("Check with several limits allocates %.1f times per request, want 0", allocs)
 	}
+	// The reference's keys: none either.
+	lim = limiter.New(tables{loadTable(t, limits)}, allowStore{}, limiter.Options{ReferenceKeys: true})
+	req = benchRequest()
+	allocs = testing.AllocsPerRun(1000, func() {
+		if err := lim.Check(ctx, req, resp); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Check with the reference's keys allocates %.1f times per request, want 0", allocs)
+	}
 }
 
 // countObserver counts observations without retaining anything.
@@ -100,8 +111,14 @@ func BenchmarkCheckLimits(b *testing.B) {
 	}
 }
 
-func BenchmarkCheck(b *testing.B) {
-	lim := limiter.New(tables{loadTable(b, limits)}, allowStore{}, limiter.Options{})
+func BenchmarkCheck(b *testing.B) { benchCheck(b, limiter.Options{}) }
+
+// BenchmarkCheck_ReferenceKeys is BenchmarkCheck with the reference's keys
+// (--key-format reference).
+func BenchmarkCheck_ReferenceKeys(b *testing.B) { benchCheck(b, limiter.Options{ReferenceKeys: true}) }
+
+func benchCheck(b *testing.B, opts limiter.Options) {
+	lim := limiter.New(tables{loadTable(b, limits)}, allowStore{}, opts)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		req, resp := benchRequest(), new(limiter.Response)

@@ -121,6 +121,12 @@ type Options struct {
 	Clock store.Clock
 	// Observer, if not nil, is told about every decision.
 	Observer Observer
+	// ReferenceKeys counts what envoyproxy/ratelimit's keys can express
+	// (config.Rule.Plainable, and limit overrides of one unit) in the
+	// reference's counters (store.Hit.Plain), so that its pods and this
+	// limiter count every hit once (--key-format=reference). Other rules
+	// keep Sluice's keys.
+	ReferenceKeys bool
 }
 
 // Limiter applies a limits table to requests through a store. It is the
@@ -190,6 +196,7 @@ type planLimit struct {
 	keyEnd   int
 	dropped  bool // replaced by another descriptor's rule
 	hit      int  // index into hits, -1 when none
+	plain    bool // the key is the reference's (store.Hit.Plain)
 }
 
 // Validate checks a request's shape: a domain, at least one descriptor,
@@ -298,11 +305,18 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			}
 			p.override = true
 			start := len(s.keys)
-			s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit, r.Wide())
-			if m := d.Override.UnitMultiplier; m > 1 {
-				s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
+			plain := l.opts.ReferenceKeys && d.Override.UnitMultiplier <= 1 && r.Plainable()
+			switch {
+			case plain:
+				s.keys = config.PlainOverrideKey(s.keys, req.Domain, d.Entries)
+			default:
+				s.keys = table.OverrideKey(s.keys, req.Domain, d.Entries, d.Override.Unit, r.Wide())
+				if m := d.Override.UnitMultiplier; m > 1 {
+					s.keys = strconv.AppendUint(append(s.keys, 'x'), uint64(m), 10)
+				}
 			}
 			s.addPlanLimit(nil, r, start)
+			s.lims[len(s.lims)-1].plain = plain
 			p.n = 1
 			continue
 		}
@@ -319,6 +333,13 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 		s.replacing = s.replacing || len(rule.Replaces) > 0
 		if rule.Unlimited {
 			p.unlimited = true
+			continue
+		}
+		if l.opts.ReferenceKeys && rule.Plainable() {
+			s.keys = table.PlainKey(s.keys[:start], req.Domain, d.Entries)
+			s.addPlanLimit(rule, rule.Limit, start)
+			s.lims[len(s.lims)-1].plain = true
+			p.n = 1
 			continue
 		}
 		s.addPlanLimit(rule, rule.Limit, start)
@@ -348,7 +369,7 @@ func (s *scratch) addPlanLimit(rule *config.Rule, limit *store.Rule, start int) 
 		s.lims = append(s.lims, planLimit{})
 	}
 	lp := &s.lims[n]
-	lp.rule, lp.limit, lp.keyStart, lp.keyEnd, lp.dropped, lp.hit = rule, limit, start, len(s.keys), false, -1
+	lp.rule, lp.limit, lp.keyStart, lp.keyEnd, lp.dropped, lp.hit, lp.plain = rule, limit, start, len(s.keys), false, -1, false
 }
 
 // replace drops the limits named in the replaces list of a limit matched
@@ -424,11 +445,12 @@ func (l *Limiter) build(s *scratch) {
 			}
 			lp.hit = len(s.hits)
 			s.hits = append(s.hits, store.Hit{
-				Key:  keyString(s.keys[lp.keyStart:lp.keyEnd]),
-				Rule: lp.limit,
-				Cost: p.cost,
-				Veto: lp.rule == nil || !lp.rule.ShadowMode,
-				Mode: l.mode(p.kind),
+				Key:   keyString(s.keys[lp.keyStart:lp.keyEnd]),
+				Rule:  lp.limit,
+				Cost:  p.cost,
+				Veto:  lp.rule == nil || !lp.rule.ShadowMode,
+				Mode:  l.mode(p.kind),
+				Plain: lp.plain,
 			})
 		}
 	}

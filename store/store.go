@@ -93,6 +93,12 @@ type Hit struct {
 	Veto bool
 	// Mode says what the hit consumes; the zero value is ModeTake.
 	Mode Mode
+	// Plain asks for envoyproxy/ratelimit's layout of a fixed window's
+	// counter (see PlainKeys), so that its pods and this store count in
+	// one place: Key is then the reference's cache key up to the window
+	// start. Only for a narrow fixed window of one of the reference's units
+	// (Rule.Plainable); stores without shared state ignore it.
+	Plain bool
 }
 
 // Always reports whether a store applies the hit whatever its batch's

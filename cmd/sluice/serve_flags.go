@@ -30,6 +30,7 @@ type serveFlags struct {
 	dynamicMetadata  bool
 	ietfHeaders      bool
 	deniedHits       string
+	keyFormat        string
 	failureMode      string
 	maxDescriptors   int
 	maxEntries       int
@@ -67,6 +68,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.quotaMode, "quota-mode", false, "global quota mode: every descriptor is a quota descriptor; a request is over only if all of them are")
 	fs.BoolVar(&f.dynamicMetadata, "response-dynamic-metadata", false, "fill Envoy's dynamic_metadata with the domain, descriptors, hits addend and the matched rules' metadata")
 	fs.StringVar(&f.deniedHits, "denied-hits", "drop", "what a denied hit consumes: drop (nothing) | saturate (up to the limit)")
+	fs.StringVar(&f.keyFormat, "key-format", "sluice", "counter keys in Redis and memcached: sluice | reference (envoyproxy/ratelimit's keys for the fixed windows it can express, so that its pods and Sluice's count together: docs/MIGRATION.md)")
 	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
 	fs.IntVar(&f.maxDescriptors, "max-descriptors", limiter.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&f.maxEntries, "max-entries", limiter.DefaultMaxEntries, "most entries in one descriptor")
@@ -116,6 +118,13 @@ func (f *serveFlags) limiterOptions() (limiter.Options, error) {
 		o.SaturateDenied = true
 	default:
 		return o, fmt.Errorf("--denied-hits %q: want drop or saturate", f.deniedHits)
+	}
+	switch f.keyFormat {
+	case "sluice":
+	case "reference":
+		o.ReferenceKeys = true
+	default:
+		return o, fmt.Errorf("--key-format %q: want sluice or reference", f.keyFormat)
 	}
 	m, err := limiter.ParseFailureMode(f.failureMode)
 	if err != nil {

@@ -34,6 +34,8 @@ type memcacheConfig struct {
 	maxIdleConns int
 	timeout      time.Duration
 	keyPrefix    string
+	jitter       time.Duration
+	modulo       bool
 	health       bool
 	tls          storeTLSFlags
 }
@@ -47,6 +49,8 @@ func newMemcacheConfig(fs *flag.FlagSet) storeConfig {
 	fs.IntVar(&c.maxIdleConns, "memcache-max-idle-conns", memcache.DefaultMaxIdleConns, "memcache store: idle connections kept per server (each call in flight holds one)")
 	fs.DurationVar(&c.timeout, "memcache-timeout", memcache.DefaultTimeout, "memcache store: most time one round trip to memcached may take, dialling included")
 	fs.StringVar(&c.keyPrefix, "memcache-key-prefix", "", "memcache store: prefix of every memcached key")
+	fs.DurationVar(&c.jitter, "memcache-expiry-jitter", 0, "memcache store: with --key-format reference, a key in the reference's format expires up to this much later, at random, in whole seconds (EXPIRATION_JITTER_MAX_SECONDS)")
+	fs.BoolVar(&c.modulo, "memcache-modulo", false, "memcache store: place each key on a server as envoyproxy/ratelimit does (CRC-32 of the key modulo the servers, in the order given) instead of by rendezvous hashing, so that its pods and Sluice's share keys on several servers (docs/MIGRATION.md); adding or removing a server then moves most keys")
 	fs.BoolVar(&c.health, "memcache-health", false, "memcache store: report NOT_SERVING while a memcached server is unreachable")
 	c.tls.register(fs, "memcache", "memcache store: ", "memcached", "the other --memcache-tls-* flags")
 	return c
@@ -54,7 +58,8 @@ func newMemcacheConfig(fs *flag.FlagSet) storeConfig {
 
 func (c *memcacheConfig) options() (memcache.Options, error) {
 	o := memcache.Options{Servers: splitList(c.servers), SRV: c.srv, SRVRefresh: c.srvRefresh,
-		MaxIdleConns: c.maxIdleConns, Timeout: c.timeout, KeyPrefix: c.keyPrefix}
+		MaxIdleConns: c.maxIdleConns, Timeout: c.timeout, KeyPrefix: c.keyPrefix, PlainJitterMax: int64(c.jitter / time.Second),
+		ModuloServers: c.modulo}
 	switch {
 	case len(o.Servers) == 0 && o.SRV == "":
 		return o, errors.New("memcache store: give --memcache-servers or --memcache-srv")

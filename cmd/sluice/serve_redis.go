@@ -29,6 +29,7 @@ type redisFlags struct {
 	health     bool
 	localCache bool
 	keyPrefix  string
+	jitter     time.Duration
 	clock      string
 }
 
@@ -75,6 +76,7 @@ func (f *redisFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.health, "redis-health", false, "redis store: report NOT_SERVING while Redis (either, with --redis-persecond-*) is unreachable")
 	fs.BoolVar(&f.localCache, "redis-local-cache", true, "redis store: answer keys known to be over their limit without asking Redis")
 	fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
+	fs.DurationVar(&f.jitter, "redis-expiry-jitter", 0, "redis store: with --key-format reference, each write of a key in the reference's format expires up to this much later, at random, in whole seconds (EXPIRATION_JITTER_MAX_SECONDS)")
 	fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
 }
 
@@ -310,7 +312,7 @@ func (f *redisConn) deployment() string {
 func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	o := redis.Options{URL: conn.url, SentinelMaster: conn.sentinelMaster, Username: conn.username,
 		Password: conn.password, SentinelPassword: conn.sentinelPassword, Timeout: conn.timeout, PipelineWindow: conn.pipelineWindow,
-		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
+		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache, PlainJitterMax: int64(f.jitter / time.Second)}
 	if conn.sentinel != "" {
 		o.SentinelAddrs = splitList(conn.sentinel)
 	}
@@ -428,7 +430,8 @@ var redisRefVars = slices.Concat([]refVar{
 			e.set("memcache-key-prefix", v)
 			return nil
 		}},
-		differs: "the keys after the prefix are Sluice's (docs/REDIS.md, docs/MEMCACHED.md), not the reference's: counters do not carry over between the two"},
+		differs: "with the reference's store settings the fixed windows it can express keep its keys after the prefix (`--key-format reference`, see `EXPIRATION_JITTER_MAX_SECONDS`); " +
+			"token buckets, sliding windows, calendar periods, unit multipliers, wide limits and several limits per descriptor keep Sluice's (docs/MIGRATION.md)"},
 })
 
 var (

@@ -249,10 +249,33 @@ func refUnread(why string, names ...string) []refVar {
 // The settings the reference applies to every store.
 var refCaches = []refVar{
 	{name: "LOCAL_CACHE_SIZE_IN_BYTES", ignore: "the memory store holds all counters; see --memory-max-keys"},
-	{name: "EXPIRATION_JITTER_MAX_SECONDS", ignore: "not needed by Sluice's stores"},
+	{name: "EXPIRATION_JITTER_MAX_SECONDS", when: onRefStore, def: "300", apply: refApply{
+		doc: "with the reference's Redis or memcached settings (`REDIS_URL`, or `BACKEND_TYPE` `redis` or `memcache`), even unset (the reference's default: 300): " +
+			"`--key-format reference` (unless `SLUICE_KEY_FORMAT` or `--key-format` says otherwise: docs/MIGRATION.md), and " +
+			"`--redis-expiry-jitter` and `--memcache-expiry-jitter` of this many seconds; with `BACKEND_TYPE=memcache`, `--memcache-modulo` (the reference's placement of keys on servers)",
+		fn: func(e *refEnv, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return fmt.Errorf("EXPIRATION_JITTER_MAX_SECONDS=%q: want a number of seconds, 0 or more", v)
+			}
+			e.set("key-format", "reference")
+			e.set("redis-expiry-jitter", strconv.FormatInt(n, 10)+"s")
+			e.set("memcache-expiry-jitter", strconv.FormatInt(n, 10)+"s")
+			if onMemcache.holds(e) {
+				e.set("memcache-modulo", "true")
+			}
+			return nil
+		}}},
 	{name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", ignore: "Sluice never counts denied hits (see --denied-hits)"},
 	{name: "NEAR_LIMIT_RATIO", flag: "near-limit-ratio"},
 }
+
+// onRefStore: the reference's environment names a Redis or memcached
+// store (its default backend is Redis, named by REDIS_URL alone).
+var onRefStore = &refCond{doc: "`REDIS_URL` set, or `BACKEND_TYPE` `redis` or `memcache`", holds: func(e *refEnv) bool {
+	b := strings.ToLower(e.getenv("BACKEND_TYPE"))
+	return b == "redis" || b == "memcache" || b == "" && e.has("REDIS_URL")
+}}
 
 // The limiter and its answers.
 var refPolicy = []refVar{

@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -88,7 +89,7 @@ func TestRefTable_Rows(t *testing.T) {
 			t.Errorf("%s: read with %s, which has no row", r.name, r.with)
 		}
 		if (r.unmet != "" && r.when == nil) || (r.accept != "" && (r.refuse == "" || r.boolean)) ||
-			(r.def != "" && (r.flag == "" || r.boolean)) || (r.conv.fn != nil && r.flag == "") || (r.apply.fn != nil) != (r.apply.doc != "") ||
+			(r.def != "" && (r.flag == "" && r.apply.fn == nil || r.boolean)) || (r.conv.fn != nil && r.flag == "") || (r.apply.fn != nil) != (r.apply.doc != "") ||
 			(r.differs != "" && r.flag == "" && r.apply.fn == nil && r.note == "") {
 			t.Errorf("%s: a malformed row", r.name)
 		}
@@ -323,4 +324,42 @@ func (c *refCond) docs() string {
 		return c.within.docs() + " and " + c.doc
 	}
 	return c.doc
+}
+
+// TestRefEnv_KeyFormat: with the reference's Redis or memcached settings
+// the keys are the reference's and expire with its jitter (300 s unless
+// EXPIRATION_JITTER_MAX_SECONDS says otherwise), unless the operator opts
+// out; without them, and for `sluice serve` alone, Sluice's.
+func TestRefEnv_KeyFormat(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		args        []string
+		env         serveEnv
+		format, jit string
+	}{
+		{"sluice alone", nil, serveEnv{}, "sluice", "0s"},
+		{"REDIS_URL", nil, serveEnv{"REDIS_URL": "127.0.0.1:6379"}, "reference", "5m0s"},
+		{"memcache", nil, serveEnv{"BACKEND_TYPE": "memcache", "MEMCACHE_HOST_PORT": "127.0.0.1:11211"}, "reference", "5m0s"},
+		{"jitter 0", nil, serveEnv{"REDIS_URL": "127.0.0.1:6379", "EXPIRATION_JITTER_MAX_SECONDS": "0"}, "reference", "0s"},
+		{"memory", nil, serveEnv{"BACKEND_TYPE": "memory"}, "sluice", "0s"},
+		{"opt out by SLUICE_KEY_FORMAT", nil, serveEnv{"REDIS_URL": "127.0.0.1:6379", "SLUICE_KEY_FORMAT": "sluice"}, "sluice", "5m0s"},
+		{"opt out by flag", []string{"--key-format", "sluice"}, serveEnv{"REDIS_URL": "127.0.0.1:6379"}, "sluice", "5m0s"},
+	} {
+		fs, _, err := parseServe(t, c.args, c.env)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got, jit := flagValue(fs, "key-format"), flagValue(fs, "redis-expiry-jitter"); got != c.format || jit != c.jit {
+			t.Errorf("%s: --key-format %s --redis-expiry-jitter %s, want %s and %s", c.name, got, jit, c.format, c.jit)
+		}
+		// The reference's placement of keys on memcached servers comes
+		// with its memcached settings.
+		if got, want := flagValue(fs, "memcache-modulo"), strconv.FormatBool(c.env["BACKEND_TYPE"] == "memcache"); got != want {
+			t.Errorf("%s: --memcache-modulo %s, want %s", c.name, got, want)
+		}
+	}
+	if _, _, err := parseServe(t, nil, serveEnv{"REDIS_URL": "127.0.0.1:6379", "EXPIRATION_JITTER_MAX_SECONDS": "-1"}); err == nil ||
+		!strings.Contains(err.Error(), "EXPIRATION_JITTER_MAX_SECONDS") {
+		t.Errorf("EXPIRATION_JITTER_MAX_SECONDS=-1: %v, want refused", err)
+	}
 }

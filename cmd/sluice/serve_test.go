@@ -151,8 +151,8 @@ func TestServe_EnvRefusedAndIgnored(t *testing.T) {
 	if _, _, err := parseServe(t, nil, serveEnv{"CONFIG_TYPE": "FILE"}); err != nil {
 		t.Errorf("CONFIG_TYPE=FILE: %v", err)
 	}
-	_, warnings, err := parseServe(t, nil, serveEnv{"REDIS_POOL_SIZE": "10", "EXPIRATION_JITTER_MAX_SECONDS": "300"})
-	if err != nil || len(warnings) != 2 || !strings.Contains(warnings[1], "EXPIRATION_JITTER_MAX_SECONDS is ignored") {
+	_, warnings, err := parseServe(t, nil, serveEnv{"REDIS_POOL_SIZE": "10", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"})
+	if err != nil || len(warnings) != 2 || !strings.Contains(warnings[1], "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is ignored") {
 		t.Errorf("ignored variables: warnings %q err %v, want 2 warnings", warnings, err)
 	}
 }

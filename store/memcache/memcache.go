@@ -57,7 +57,7 @@ type Stats struct {
 // (resolved here, once). It does not connect: Ping does.
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
-	s := &Store{sel: &selector{}, opt: opt}
+	s := &Store{sel: &selector{modulo: opt.ModuloServers}, opt: opt}
 	switch {
 	case opt.KeyPrefix != "" && (!legal(opt.KeyPrefix) || len(opt.KeyPrefix) > maxKeyLen/2):
 		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
@@ -256,7 +256,7 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 		h := &hits[i]
 		key := s.key(h.Key, 0)
 		if h.Rule.Algorithm() == store.FixedWindow {
-			key = s.key(h.Key, h.Rule.WindowEnd(now))
+			key = s.windowKey(h, h.Rule.WindowEnd(now), now)
 		}
 		if err := s.c.Delete(key); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
 			return fmt.Errorf("memcache: reset %q: %w", h.Key, err)
@@ -291,7 +291,7 @@ func (s *Store) load(h *store.Hit, now int64) (store.State, error) {
 	r := h.Rule
 	if r.Algorithm() == store.FixedWindow {
 		end := r.WindowEnd(now)
-		n, err := s.count(s.key(h.Key, end))
+		n, err := s.count(s.windowKey(h, end, now))
 		return windowState(r, end, n), err
 	}
 	it, err := s.c.Get(s.key(h.Key, 0))
@@ -409,7 +409,7 @@ func backoff(n int) {
 func (s *Store) applyWindow(h *store.Hit, now int64) (taken, store.Decision, error) {
 	r := h.Rule
 	end := r.WindowEnd(now)
-	key := s.key(h.Key, end)
+	key := s.windowKey(h, end, now)
 	var inc uint64
 	switch h.Mode {
 	case store.ModeTake:
@@ -433,7 +433,14 @@ func (s *Store) applyWindow(h *store.Hit, now int64) (taken, store.Decision, err
 		}
 		before = n
 	} else {
-		n, err := s.incr(key, inc, windowExpiry(end, now))
+		exp := windowExpiry(end, now)
+		if h.Plain {
+			// (the reference writes this as is: a month's with jitter and
+			// a year's, past 30 days, memcached reads as a time in 1970,
+			// already past)
+			exp = expiryIn(s.plainKeys().TTL(r))
+		}
+		n, err := s.incr(key, inc, exp)
 		if err != nil {
 			return taken{}, store.Decision{}, err
 		}
@@ -631,6 +638,26 @@ func (s *Store) key(k string, end uint64) string {
 	}
 	sum := sha256.Sum256([]byte(k))
 	return s.opt.KeyPrefix + "#" + hex.EncodeToString(sum[:]) + suffix
+}
+
+// windowKey is the key of the hit's fixed window ending at end: Sluice's,
+// or for a Plain hit the reference's (store.PlainKeys), which memcached
+// refuses where it holds a space or a control character or is longer
+// than 250 bytes (as it refuses the reference's), and so is hashed as
+// Sluice's keys are.
+func (s *Store) windowKey(h *store.Hit, end uint64, now int64) string {
+	if !h.Plain {
+		return s.key(h.Key, end)
+	}
+	k := s.plainKeys().Append(nil, h.Key, h.Rule, now)
+	if legal(string(k)) && len(k) <= maxKeyLen {
+		return string(k)
+	}
+	return s.key(h.Key, end)
+}
+
+func (s *Store) plainKeys() store.PlainKeys {
+	return store.PlainKeys{Prefix: s.opt.KeyPrefix, JitterMax: s.opt.PlainJitterMax}
 }
 
 func legal(k string) bool {

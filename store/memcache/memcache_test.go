@@ -287,6 +287,30 @@ func TestSelector_MovesFewKeys(t *testing.T) {
 	}
 }
 
+// TestSelector_Modulo: with modulo every key goes to the server that
+// gomemcache's ServerList, envoyproxy/ratelimit's client, picks for the
+// same list in the same order (src/memcached/cache_impl.go,
+// newMemcacheFromSettings: memcache.New(MEMCACHE_HOST_PORT...)).
+func TestSelector_Modulo(t *testing.T) {
+	names := []string{"10.0.0.3:11211", "10.0.0.1:11211", "10.0.0.2:11211"}
+	sel := selector{modulo: true}
+	if err := sel.set(context.Background(), nil, names); err != nil {
+		t.Fatal(err)
+	}
+	var ref memcache.ServerList
+	if err := ref.SetServers(names...); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5000 {
+		k := fmt.Sprintf("rl:api_user_u%d_1795930020", i)
+		got, _ := sel.PickServer(k)
+		want, _ := ref.PickServer(k)
+		if got.String() != want.String() {
+			t.Fatalf("key %q: %v, the reference's client picks %v", k, got, want)
+		}
+	}
+}
+
 // twoOnSRV starts two memcached, m1 and m2, named mc1 and mc2 (their
 // host:port), and a DNS server whose SRV name targets mc1.
 func twoOnSRV(t *testing.T, name string) (m1, m2 *memcachetest.Server, mc1, mc2 string, dns *memcachetest.DNS) {

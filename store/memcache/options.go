@@ -47,6 +47,17 @@ type Options struct {
 	MaxIdleConns int
 	// KeyPrefix is put before every key.
 	KeyPrefix string
+	// ModuloServers places each key on a server as envoyproxy/ratelimit's
+	// memcached client does (gomemcache's ServerList: the CRC-32 of the
+	// key modulo the number of servers, in the order given), instead of
+	// by rendezvous hashing, so that with several servers its pods and
+	// this store find a key on the same server (docs/MIGRATION.md). Adding
+	// or removing a server then moves most keys.
+	ModuloServers bool
+	// PlainJitterMax adds a random 0 to PlainJitterMax-1 seconds to the
+	// expiry of each key in envoyproxy/ratelimit's layout (store.Hit.Plain,
+	// store.PlainKeys), as its EXPIRATION_JITTER_MAX_SECONDS does.
+	PlainJitterMax int64
 	// Clock, when set, is read when a denied batch rolls back what it
 	// took (as memory.Options.Clock). Nil rolls back as of the batch's now.
 	Clock store.Clock

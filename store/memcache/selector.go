@@ -3,6 +3,7 @@ package memcache
 import (
 	"context"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"net/netip"
 	"regexp"
@@ -20,9 +21,13 @@ import (
 // gains or held (about 1/n of them), where the library's ServerList
 // (crc32 modulo n) moves most keys, and a moved key starts its count
 // afresh. Every replica with the same server names picks the same server
-// for a key. Safe for concurrent use.
+// for a key. With modulo, it picks as the library's ServerList does
+// instead (the CRC-32 of the key modulo the number of servers, in the
+// order given), as envoyproxy/ratelimit's pods do. Safe for concurrent
+// use.
 type selector struct {
 	servers atomic.Pointer[[]server]
+	modulo  bool
 }
 
 type server struct {
@@ -34,15 +39,18 @@ type server struct {
 var _ memcache.ServerSelector = (*selector)(nil)
 
 // set replaces the servers. Names are host:port or a Unix socket's path;
-// duplicates count once. It resolves every name first (host names by r,
-// nil for the system's resolver) and changes nothing if one fails.
+// duplicates count once (with modulo, each as given). It resolves every
+// name first (host names by r, nil for the system's resolver) and changes
+// nothing if one fails.
 func (s *selector) set(ctx context.Context, r *net.Resolver, names []string) error {
 	if len(names) == 0 {
 		return fmt.Errorf("memcache: no servers")
 	}
-	names = slices.Clone(names)
-	slices.Sort(names)
-	names = slices.Compact(names)
+	if !s.modulo {
+		names = slices.Clone(names)
+		slices.Sort(names)
+		names = slices.Compact(names)
+	}
 	list := make([]server, len(names))
 	for i, n := range names {
 		a, err := resolve(ctx, r, n)
@@ -86,7 +94,7 @@ func resolve(ctx context.Context, r *net.Resolver, name string) (net.Addr, error
 	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip.Unmap(), uint16(p))), nil
 }
 
-// names lists the servers' names, sorted.
+// names lists the servers' names, sorted (with modulo, as given).
 func (s *selector) names() []string {
 	p := s.servers.Load()
 	if p == nil {
@@ -122,6 +130,9 @@ func (s *selector) PickServer(key string) (net.Addr, error) {
 	list := *p
 	if len(list) == 1 {
 		return list[0].addr, nil
+	}
+	if s.modulo {
+		return list[crc32.ChecksumIEEE([]byte(key))%uint32(len(list))].addr, nil
 	}
 	k := fnv(key)
 	best, bestW := 0, uint64(0)

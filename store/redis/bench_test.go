@@ -28,13 +28,18 @@ func BenchmarkTake(b *testing.B) {
 		name    string
 		rules   []*store.Rule
 		callers int
+		plain   bool // the reference's keys (store.Hit.Plain)
 	}{
-		{"1hit/fixed_window", []*store.Rule{fw}, 0},
-		{"1hit/token_bucket", []*store.Rule{tb}, 0},
-		{"4hits/fixed_window", []*store.Rule{fw, fw, fw, fw}, 0},
-		{"4hits/mixed", []*store.Rule{fw, tb, fw, tb}, 0},
-		{"1hit/fixed_window/c50", []*store.Rule{fw}, 50},
-		{"4hits/fixed_window/c50", []*store.Rule{fw, fw, fw, fw}, 50},
+		{"1hit/fixed_window", []*store.Rule{fw}, 0, false},
+		{"1hit/token_bucket", []*store.Rule{tb}, 0, false},
+		{"4hits/fixed_window", []*store.Rule{fw, fw, fw, fw}, 0, false},
+		{"4hits/mixed", []*store.Rule{fw, tb, fw, tb}, 0, false},
+		{"1hit/fixed_window/c50", []*store.Rule{fw}, 50, false},
+		{"4hits/fixed_window/c50", []*store.Rule{fw, fw, fw, fw}, 50, false},
+		{"1hit/fixed_window/plain", []*store.Rule{fw}, 0, true},
+		{"4hits/fixed_window/plain", []*store.Rule{fw, fw, fw, fw}, 0, true},
+		{"4hits/mixed/plain", []*store.Rule{fw, tb, fw, tb}, 0, true},
+		{"4hits/fixed_window/c50/plain", []*store.Rule{fw, fw, fw, fw}, 50, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			if c.callers > 0 {
@@ -50,7 +55,8 @@ func BenchmarkTake(b *testing.B) {
 				g := strconv.FormatInt(seq.Add(1), 10)
 				hits := make([]store.Hit, len(c.rules))
 				for i, r := range c.rules {
-					hits[i] = store.Hit{Key: "bench" + g + "/" + strconv.Itoa(i), Rule: r, Cost: 1, Veto: true}
+					hits[i] = store.Hit{Key: "bench" + g + "/" + strconv.Itoa(i), Rule: r, Cost: 1, Veto: true,
+						Plain: c.plain && r.Plainable()}
 				}
 				out := make([]store.Decision, len(hits))
 				for pb.Next() {

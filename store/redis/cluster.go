@@ -153,6 +153,9 @@ func refundEnd(h *store.Hit, final store.State) string {
 		return "s" + strconv.FormatUint(final.Word>>32, 10) + ":" + strconv.FormatUint(bits, 10) + ":" + strconv.FormatUint(g, 10)
 	}
 	end := strconv.FormatUint(final.Word>>32, 10) + ":"
+	if h.Plain {
+		end = "p"
+	}
 	if b := windowBound(h.Rule); b > h.Rule.Limit() {
 		end += strconv.FormatUint(b, 10)
 	}

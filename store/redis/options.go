@@ -45,6 +45,10 @@ type Options struct {
 	PipelineWindow time.Duration
 	// KeyPrefix is put before every key (e.g. "sluice:").
 	KeyPrefix string
+	// PlainJitterMax adds a random 0 to PlainJitterMax-1 seconds to the
+	// expiry of each key in envoyproxy/ratelimit's layout (store.Hit.Plain,
+	// store.PlainKeys), as its EXPIRATION_JITTER_MAX_SECONDS does.
+	PlainJitterMax int64
 	// ServerClock makes token buckets read the time from Redis TIME
 	// instead of the now passed to Take, so that instances with skewed
 	// clocks agree. Fixed windows always use the caller's now.

@@ -55,6 +55,7 @@ type Store struct {
 	cluster bool
 	addr    string // Redis's (or the sentinels' or seeds') addresses, for logs
 	opt     Options
+	plain   store.PlainKeys // Plain hits' keys
 	breaker *breaker
 	cache   *overCache // nil when disabled
 	comb    combiner
@@ -131,7 +132,8 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("redis: connect: %w", err)
 	}
 	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
-		addr: strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
+		plain: store.PlainKeys{Prefix: opt.KeyPrefix, JitterMax: opt.PlainJitterMax},
+		addr:  strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
 	if co.Sentinel.MasterSet != "" {
 		s.addr = "sentinel master " + co.Sentinel.MasterSet + " via " + s.addr
 	}
@@ -458,6 +460,10 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		// sums exact.
 		bound := windowBound(r)
 		end := windowEnd(r, now)
+		if h.Plain {
+			return append(args, "f", flags, strconv.FormatUint(min(h.Cost, bound), 10), strconv.FormatUint(r.Limit(), 10),
+				strconv.FormatUint(end, 10), strconv.FormatInt(s.plain.TTL(r)*1000, 10), strconv.FormatUint(bound, 10), "p")
+		}
 		return append(args, "f", flags, strconv.FormatUint(min(h.Cost, bound), 10), strconv.FormatUint(r.Limit(), 10),
 			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), strconv.FormatUint(bound, 10), "")
 	}

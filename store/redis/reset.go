@@ -20,7 +20,7 @@ var _ store.Resetter = (*Store)(nil)
 // forgets the keys in this instance's local cache. Other instances' local
 // caches may still deny a key they hold as over its limit until their
 // entry lapses (see docs/REDIS.md).
-func (s *Store) Reset(ctx context.Context, _ int64, hits []store.Hit) error {
+func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 	if len(hits) == 0 {
 		return nil
 	}
@@ -29,6 +29,9 @@ func (s *Store) Reset(ctx context.Context, _ int64, hits []store.Hit) error {
 	cmds := make(rueidis.Commands, 0, len(hits))
 	for i := range hits {
 		k := s.opt.KeyPrefix + hits[i].Key
+		if hits[i].Plain {
+			k = string(s.plain.Append(nil, hits[i].Key, hits[i].Rule, now))
+		}
 		keys = append(keys, k)
 		cmds = append(cmds, c.B().Del().Key(k).Build())
 	}

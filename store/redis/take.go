@@ -47,12 +47,17 @@ type call struct {
 
 var calls = sync.Pool{New: func() any { return &call{job: job{done: make(chan struct{}, 1)}} }}
 
-// build sets c.keys to the hits' keys with prefix and, if window, c.args
-// to window.lua's arguments at now.
-func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
+// build sets c.keys to the hits' keys with pk's prefix (in pk's layout
+// for a Plain hit) and, if window, c.args to window.lua's arguments at
+// now.
+func (c *call) build(pk store.PlainKeys, hits []store.Hit, window bool, now int64) {
 	c.buf, c.offs = c.buf[:0], append(c.offs[:0], 0)
 	for i := range hits {
-		c.buf = append(append(c.buf, prefix...), hits[i].Key...)
+		if hits[i].Plain {
+			c.buf = pk.Append(c.buf, hits[i].Key, hits[i].Rule, now)
+		} else {
+			c.buf = append(append(c.buf, pk.Prefix...), hits[i].Key...)
+		}
 		c.offs = append(c.offs, len(c.buf))
 	}
 	nkeys := len(hits)
@@ -62,9 +67,15 @@ func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
 		for i := range hits {
 			r := hits[i].Rule
 			end := windowEnd(r, now)
-			for _, v := range [4]uint64{min(hits[i].Cost, r.Limit()+1), r.Limit(), end, windowTTL(end, now)} {
-				c.buf = strconv.AppendUint(c.buf, v, 10)
-				c.offs = append(c.offs, len(c.buf))
+			c.arg(strconv.AppendUint(c.buf, min(hits[i].Cost, r.Limit()+1), 10))
+			c.arg(strconv.AppendUint(c.buf, r.Limit(), 10))
+			if hits[i].Plain {
+				// (the window is in the key's name; the reference's expiry)
+				c.arg(append(c.buf, 'p'))
+				c.arg(strconv.AppendInt(c.buf, pk.TTL(r)*1000, 10))
+			} else {
+				c.arg(strconv.AppendUint(c.buf, end, 10))
+				c.arg(strconv.AppendUint(c.buf, windowTTL(end, now), 10))
 			}
 		}
 	}
@@ -78,6 +89,12 @@ func (c *call) build(prefix string, hits []store.Hit, window bool, now int64) {
 			c.args = append(c.args, part)
 		}
 	}
+}
+
+// arg ends an argument that buf, c.buf grown, holds at its end.
+func (c *call) arg(buf []byte) {
+	c.buf = buf
+	c.offs = append(c.offs, len(buf))
 }
 
 // windowBatch reports whether window.lua can run hits: narrow fixed
@@ -111,7 +128,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	}
 	c := calls.Get().(*call)
 	window := !s.cluster && windowBatch(hits)
-	c.build(s.opt.KeyPrefix, hits, window, now)
+	c.build(s.plain, hits, window, now)
 	keys := c.keys
 	if s.cache != nil && s.cache.answer(s, &c.sc, now, hits, keys, out) {
 		s.localAnswers.Add(1)

@@ -9,7 +9,7 @@
 --          clock); "0": every time is given by the caller; "r": refunds
 --          (see below).
 -- ARGV[2+8(i-1) ...] are the 8 fields of hit i, on KEYS[i]:
---   "f", flags, cost, limit, e, ttl, bound, ""
+--   "f", flags, cost, limit, e, ttl, bound, layout
 --   "s", flags, cost, limit, j, "g:bits", ttl, bms
 --   "t", flags, ck, a, b, c, d, m
 -- flags is a number, the sum of 1 for veto, 2 for a cost beyond the
@@ -17,7 +17,12 @@
 -- 3 refund) and 16 for a cost of 0 (a check). For a fixed window, cost is
 -- at most bound, the most a count holds (2^32-2 or 2^53), e is the end
 -- (Unix seconds) of the window holding now and ttl the milliseconds until
--- a second after it. For a sliding window, cost is at most 2^33, j is the
+-- a second after it; layout is "" for Sluice's state ("end:count") or "p"
+-- for a key in envoyproxy/ratelimit's layout (store.PlainKeys): the
+-- window is in the key's name, the value is the bare count (held here
+-- as a state of window e, at most bound), and ttl is the milliseconds of
+-- the reference's expiry, set at every write as its EXPIRE after each
+-- INCRBY. For a sliding window, cost is at most 2^33, j is the
 -- index of the bucket holding now modulo 2^32, g the buckets per window,
 -- bits the width of each bucket's count, ttl the milliseconds until a
 -- second after now's bucket leaves the window and bms a bucket's length in
@@ -37,8 +42,11 @@
 if #KEYS == 1 and ARGV[2] == 'f' and ARGV[1] ~= 'r' and tonumber(ARGV[3]) % 16 < 8 then
   local key, f = KEYS[1], tonumber(ARGV[3])
   local cost, limit, we, ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+  local plain = ARGV[9] == 'p'
   local v, oe, oc = redis.call('GET', key), 0, 0
-  if v then
+  if v and plain then
+    oe, oc = we, math.min(tonumber(v), tonumber(ARGV[8]))
+  elseif v then
     local a, b = string.match(v, '^(%d+):(%d+)$')
     oe, oc = tonumber(a), tonumber(b)
   end
@@ -53,8 +61,12 @@ if #KEYS == 1 and ARGV[2] == 'f' and ARGV[1] ~= 'r' and tonumber(ARGV[3]) % 16 <
     e, c = cur, count + math.min(cost, limit - count)
   end
   if e ~= oe or c ~= oc then
-    if e > we then ttl = tonumber(ttl) + (e - we) * 1000 end
-    redis.call('SET', key, string.format('%d:%d', e, c), 'PX', ttl)
+    if plain then
+      redis.call('SET', key, string.format('%d', c), 'PX', ttl)
+    else
+      if e > we then ttl = tonumber(ttl) + (e - we) * 1000 end
+      redis.call('SET', key, string.format('%d:%d', e, c), 'PX', ttl)
+    end
   end
   local committed = 1
   if f % 2 == 1 and not ok then committed = 0 end
@@ -216,7 +228,8 @@ local ZERO, ONE = {0}, {1}
 -- cost*k) and, for a fixed window, the end of the window of the take and
 -- the bound at which its count is saturated ("" if never), joined by ":"
 -- ("" for a token bucket; for a sliding window "s" then the bucket of the
--- take, the width of a count and the buckets per window, joined by ":").
+-- take, the width of a count and the buckets per window, joined by ":";
+-- for a key in the reference's layout "p" and the bound).
 -- They are store.Rollback, except that a sliding window in debt is left as
 -- it is (denying more, never granting more); the expiry stays.
 if ARGV[1] == 'r' then
@@ -239,6 +252,12 @@ if ARGV[1] == 'r' then
       if si == te and (bound == '' or c < tonumber(bound)) then
         c = math.max(c - tonumber(a), 0)
         redis.call('SET', KEYS[i], string.format('%d:%d', tonumber(si), c), 'KEEPTTL')
+      end
+    elseif v and string.sub(e, 1, 1) == 'p' then
+      -- a key in the reference's layout: "p" then the bound ("" if none)
+      local c, bound = tonumber(v), string.sub(e, 2)
+      if c and (bound == '' or c < tonumber(bound)) then
+        redis.call('SET', KEYS[i], string.format('%d', math.max(c - tonumber(a), 0)), 'KEEPTTL')
       end
     elseif v and e == '' then
       local q, t = num(a), num(v)
@@ -275,6 +294,7 @@ for i = 1, #KEYS do
   if h.alg == 'f' then
     h.cost, h.limit = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
     h.e, h.ttl, h.bound = tonumber(ARGV[o + 4]), ARGV[o + 5], tonumber(ARGV[o + 6])
+    h.plain = ARGV[o + 7] == 'p'
   elseif h.alg == 's' then
     local g, bits = string.match(ARGV[o + 5], '^(%d+):(%d+)$')
     h.cost, h.limit, h.j = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
@@ -318,7 +338,11 @@ for i = 1, #hits do
     for j = 1, #distinct do
       if distinct[j] == h.key then v = vals[j] break end
     end
-    if h.alg ~= 't' then
+    if h.plain then
+      local e, c = 0, 0
+      if v then e, c = h.e, math.min(tonumber(v), h.bound) end
+      orig[h.key] = {e = e, c = c, debt = 0}
+    elseif h.alg ~= 't' then
       local e, c, debt = 0, 0, 0
       if v then
         local a, d, b = string.match(v, '^(%d+):(d?)(%d+)$')
@@ -612,6 +636,8 @@ for i = 1, n do
         redis.call('SET', h.key, fmt(v), 'PX', string.format('%.0f', math.min(math.ceil(ttl), 1e15)))
       elseif h.alg == 's' and v.e ~= h.j then
         redis.call('SET', h.key, fmt(v), 'KEEPTTL')
+      elseif h.plain then
+        redis.call('SET', h.key, string.format('%d', v.c), 'PX', h.ttl)
       else
         local ttl = h.ttl
         if h.alg == 'f' and v.e > h.e then ttl = tonumber(ttl) + (v.e - h.e) * 1000 end

@@ -11,7 +11,10 @@
 -- fields of the hit on each of its n keys (the next n of KEYS): cost (at
 -- most limit+1; 0 checks whether one more would fit), limit, e, the end of
 -- the window holding now, and ttl, the milliseconds from now until a
--- second after e.
+-- second after e; or, for a key in envoyproxy/ratelimit's layout (store.PlainKeys:
+-- the window is in the key's name, the value is the bare count), e is "p"
+-- and ttl the milliseconds of the reference's expiry, set at every write
+-- as its EXPIRE after each INCRBY.
 -- Returns, for each request in turn, 1 if committed, 0 if denied, -1 if
 -- left to take.lua, then each key's count in the window ending at e before
 -- the request (0 for no key or an older window): integers only, which cost
@@ -36,7 +39,13 @@ while a <= na do
     local v = written[KEYS[k + i]]
     if v == nil then v = vals[k + i] end
     local count = 0
-    if v then
+    if v and e == 'p' then
+      count = tonumber(v)
+      if not count then status = -1 break end
+      -- (a reference pod's INCRBY counts on past the limit; the bound of
+      -- a count here, as take.lua clamps it)
+      count = math.min(count, 4294967294)
+    elseif v then
       local p = string.find(v, ':', 1, true)
       if not p then status = -1 break end
       local ve = string.sub(v, 1, p - 1)
@@ -58,7 +67,10 @@ while a <= na do
       local o = a + 4 * (i - 1)
       if ARGV[o] ~= '0' then
         local s
-        if out[base + 1 + i] > 0 then
+        if ARGV[o + 2] == 'p' then
+          s = counts[i]
+          redis.call('SET', KEYS[k + i], s, 'PX', ARGV[o + 3])
+        elseif out[base + 1 + i] > 0 then
           -- (counts below 10^14 concatenate as plain integers)
           s = ARGV[o + 2] .. ':' .. counts[i]
           -- A count of this window was written with its expiry (cheaper).
