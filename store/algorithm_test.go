@@ -67,7 +67,7 @@ func TestFixedWindow_ResetsAtBoundary(t *testing.T) {
 	}
 	steps = append(steps,
 		step{"eleventh is denied", 5 * time.Second, 1, deny(10, 0, 55*time.Second, 55*time.Second)},
-		step{"check on a full window", 30 * time.Second, 0, deny(10, 0, 30*time.Second, 30*time.Second)},
+		step{"a check on a full window: at the limit, not past it", 30 * time.Second, 0, ok(10, 0, 30*time.Second)},
 		step{"last nanosecond of the window", time.Minute - 1, 1, deny(10, 0, 1, 1)},
 		step{"boundary opens a new window", time.Minute, 1, ok(10, 9, time.Minute)},
 		step{"two windows later", 3*time.Minute + 500*time.Millisecond, 4, ok(10, 6, 59*time.Second+500*time.Millisecond)},
@@ -82,18 +82,31 @@ func TestFixedWindow_DeniedConsumesNothing(t *testing.T) {
 		{"take 7", 0, 7, ok(10, 3, time.Second)},
 		{"4 does not fit", 0, 4, deny(10, 3, time.Second, time.Second)},
 		{"3 still fits", 0, 3, ok(10, 0, time.Second)},
-		{"cost 0 on an exhausted window: one more does not fit", 0, 0, deny(10, 0, time.Second, time.Second)},
+		{"cost 0 on an exhausted window: at the limit, allowed", 0, 0, ok(10, 0, time.Second)},
 	})
 }
 
-func TestFixedWindow_LimitZeroDeniesAll(t *testing.T) {
+// A limit of 0 denies every take; a check passes until a charge counts
+// (envoyproxy/ratelimit's "a limit of 0 admits one call"), then is denied
+// until the window ends.
+func TestFixedWindow_LimitZero(t *testing.T) {
 	r := mustWindow(t, 0, time.Hour)
 	s := runSteps(t, r, t0, []step{
 		{"take", 0, 1, deny(0, 0, time.Hour, Never)},
-		{"check", 0, 0, deny(0, 0, time.Hour, Never)},
+		{"check", 0, 0, ok(0, 0, time.Hour)},
 	})
 	if s != (State{}) {
 		t.Errorf("state = %#x, want 0", s)
+	}
+	s, d := Charge(s, r, t0, 3)
+	if d != deny(0, 0, time.Hour, Never) || windowCount(s, windowEnd(r, uint64(t0))) != 3 {
+		t.Fatalf("charge 3: %#x %+v, want 3 counted", s, d)
+	}
+	if _, d = Take(s, r, t0+int64(time.Minute), 0); d != deny(0, 0, 59*time.Minute, 59*time.Minute) {
+		t.Fatalf("check after the charge: %+v", d)
+	}
+	if _, d = Take(s, r, t0+int64(time.Hour), 0); d != ok(0, 0, time.Hour) {
+		t.Fatalf("check in the next window: %+v", d)
 	}
 }
 
@@ -267,7 +280,7 @@ func TestTokenBucket_ClockBackwards(t *testing.T) {
 	runSteps(t, r, t0, []step{
 		{"drain at 10s", 10 * time.Second, 2, ok(2, 0, 2*time.Second)},
 		{"back to 5s", 5 * time.Second, 1, deny(2, 0, 7*time.Second, 6*time.Second)},
-		{"check at 5s waits for one token", 5 * time.Second, 0, deny(2, 0, 7*time.Second, 6*time.Second)},
+		{"check at 5s waits until the bucket is no longer past empty", 5 * time.Second, 0, deny(2, 0, 7*time.Second, 5*time.Second)},
 		{"back before the epoch", time.Duration(-t0) - time.Hour, 1, deny(2, 0, time.Duration(t0)+12*time.Second, time.Duration(t0)+11*time.Second)},
 		{"11s", 11 * time.Second, 1, ok(2, 0, 2*time.Second)},
 		{"13s", 13 * time.Second, 0, ok(2, 2, 0)},

@@ -280,7 +280,8 @@ func TestCalendarSliding_MonthBuckets(t *testing.T) {
 		{"Mar 31, last ns", 59*day - 1, 1, deny(4, 0, 1, 1)},
 		// Mar bucket 2 leaves when April's bucket 3 starts (90 h each).
 		{"Apr 1", 59 * day, 3, ok(4, 0, 3*90*time.Hour)},
-		{"clock back a day counts in April: one more does not fit", 58 * day, 0, deny(4, 0, 3*90*time.Hour+day, 3*90*time.Hour+day)},
+		{"clock back a day counts in April: one more does not fit", 58 * day, 1, deny(4, 0, 3*90*time.Hour+day, 3*90*time.Hour+day)},
+		{"a check there: at the limit, allowed", 58 * day, 0, ok(4, 0, 3*90*time.Hour+day)},
 	})
 }
 
@@ -332,14 +333,14 @@ func FuzzCalendarWindow(f *testing.F) {
 				count = mCount
 			}
 			want := Decision{Limit: limit, ResetAfter: time.Duration(end*nsPerSec - uint64(now))}
-			switch need := max(cost, 1); {
-			case count < limit && need <= limit-count:
+			switch {
+			case count <= limit && cost <= limit-count:
 				want.Allowed = true
 				if cost > 0 {
 					count += cost
 					mEnd, mCount = end, count
 				}
-			case need > limit:
+			case cost > limit:
 				want.RetryAfter = Never
 			default:
 				want.RetryAfter = want.ResetAfter

@@ -53,8 +53,10 @@ func TestCharge_FixedWindowOverspent(t *testing.T) {
 	})
 }
 
-// A peek exactly at the limit asks whether one more unit fits: it does
-// not. (The reference answers OK there; see docs/BUDGETS.md.)
+// A peek exactly at the limit is allowed by default, as the reference
+// allows it (used + 0 is not over the limit), with nothing remaining;
+// under PeekStrict it asks whether one more unit fits: it does not. One
+// unit past the limit, both deny. A peek never changes the state.
 func TestCharge_PeekAtTheLimit(t *testing.T) {
 	for _, r := range []*Rule{mustWindow(t, 5, time.Minute), mustSliding(t, 5, time.Minute), mustBucket(t, 5, time.Minute, 5)} {
 		t.Run(r.Algorithm().String(), func(t *testing.T) {
@@ -62,11 +64,32 @@ func TestCharge_PeekAtTheLimit(t *testing.T) {
 			if !d.Allowed || d.Remaining != 0 {
 				t.Fatalf("charge 5 of 5: %+v", d)
 			}
-			if _, d = Take(s, r, t0, 0); d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 {
-				t.Fatalf("peek at the limit: %+v, want denied with a retry", d)
+			for _, mode := range []Mode{ModeTake, ModeSaturate, ModeCharge} {
+				within := Hit{Rule: r, Mode: mode}
+				strict := Hit{Rule: r, Mode: mode, Peek: PeekStrict}
+				if s2, d := within.Apply(s, t0); d != View(s, r, t0) || d.Remaining != 0 || s2 != s {
+					t.Fatalf("%v peek at the limit: %+v, want allowed with nothing left", mode, d)
+				}
+				if s2, d := strict.Apply(s, t0); d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 || s2 != s {
+					t.Fatalf("%v strict peek at the limit: %+v, want denied with a retry", mode, d)
+				}
+				if d := strict.Check(s, t0); d.Allowed {
+					t.Fatalf("%v strict peek in a denied batch: %+v", mode, d)
+				}
+				if d := within.Check(s, t0); !d.Allowed {
+					t.Fatalf("%v peek in a denied batch: %+v", mode, d)
+				}
 			}
-			if s2, _ := Take(s, r, t0, 0); s2 != s {
-				t.Fatal("a denied peek changed the state")
+			over, _ := Apply(s, r, t0, 1, ModeCharge)
+			for _, p := range []Peek{PeekWithin, PeekStrict} {
+				h := Hit{Rule: r, Peek: p}
+				if s2, d := h.Apply(over, t0); d.Allowed || d.RetryAfter <= 0 || s2 != over {
+					t.Fatalf("peek %d one past the limit: %+v, want denied", p, d)
+				}
+			}
+			// A refund of 0 is a refund under either rule.
+			if _, d := (&Hit{Rule: r, Mode: ModeRefund, Peek: PeekStrict}).Apply(s, t0); !d.Allowed {
+				t.Fatalf("strict refund of 0: %+v", d)
 			}
 		})
 	}
@@ -81,9 +104,11 @@ func TestCharge_TokenBucketDebt(t *testing.T) {
 	const tok = 100 * time.Millisecond
 	runOps(t, r, []op{
 		{"charge 30", 0, ModeCharge, 30, deny(10, 0, 3*time.Second, 21*tok)},
-		{"peek at 1 s", time.Second, ModeTake, 0, deny(10, 0, 2*time.Second, 11*tok)},
+		{"peek at 1 s: past empty until 2 s", time.Second, ModeTake, 0, deny(10, 0, 2*time.Second, time.Second)},
+		{"peek 1 ns before empty", 20*tok - 1, ModeTake, 0, deny(10, 0, 10*tok+1, 1)},
+		{"peek at 2 s: empty, not past it", 20 * tok, ModeTake, 0, ok(10, 0, 10*tok)},
 		{"a request of 1 at 2 s", 2 * time.Second, ModeTake, 1, deny(10, 0, time.Second, tok)},
-		{"peek 1 ns before a token", 21*tok - 1, ModeTake, 0, deny(10, 0, 9*tok+1, 1)},
+		{"a request 1 ns before a token", 21*tok - 1, ModeTake, 1, deny(10, 0, 9*tok+1, 1)},
 		{"peek at 2.1 s", 21 * tok, ModeTake, 0, ok(10, 1, 9*tok)},
 		{"take the token", 21 * tok, ModeTake, 1, ok(10, 0, time.Second)},
 		{"3 s later: full", 41 * tok, ModeTake, 0, ok(10, 10, 0)},
@@ -120,8 +145,9 @@ func TestCharge_SlidingWindowDebt(t *testing.T) {
 	runOps(t, r, []op{
 		{"take 4 in bucket 0", 0, ModeTake, 4, ok(10, 6, 6*b)},
 		{"charge 26 in bucket 1: full and 20 owed", b, ModeCharge, 26, deny(10, 0, 18*b, 18*b)},
-		{"peek: debt", 2 * b, ModeTake, 0, deny(10, 0, 17*b, 17*b)},
-		{"bucket 7: 10 of the debt entered", 7 * b, ModeTake, 0, deny(10, 0, 12*b, 12*b)},
+		{"peek: debt, until its last part enters", 2 * b, ModeTake, 0, deny(10, 0, 17*b, 11*b)},
+		{"bucket 7: 10 of the debt entered", 7 * b, ModeTake, 0, deny(10, 0, 12*b, 6*b)},
+		{"a request of 1 waits for the window to free", 7 * b, ModeTake, 1, deny(10, 0, 12*b, 12*b)},
 		{"refund 5 of the debt", 8 * b, ModeRefund, 5, ok(10, 0, 5*b)},
 		{"bucket 13: the last 5 entered, 5 left", 13 * b, ModeTake, 5, ok(10, 0, 6*b)},
 		{"bucket 19: empty", 19 * b, ModeTake, 0, ok(10, 10, 0)},
@@ -131,10 +157,6 @@ func TestCharge_SlidingWindowDebt(t *testing.T) {
 		{"refund 30: the window's 10 less 5", b, ModeRefund, 30, ok(10, 5, 5*b)},
 		{"a charge of 0 is a check", 2 * b, ModeCharge, 0, ok(10, 5, 4*b)},
 	})
-	zero := mustSliding(t, 0, time.Second)
-	if s, d := Charge(State{}, zero, t0, 5); s != (State{}) || d.Allowed || d.RetryAfter != Never {
-		t.Fatalf("charge on a limit of 0: %#x %+v", s, d)
-	}
 }
 
 func TestRefund_NeverBelowEmptyNorAboveCapacity(t *testing.T) {
@@ -249,7 +271,7 @@ func TestWide_FixedWindow(t *testing.T) {
 		{"all but one", 0, ModeTake, u32 - 1, ok(u32, 1, h)},
 		{"the last one", 0, ModeTake, 1, ok(u32, 0, h)},
 		{"one more is denied", 0, ModeTake, 1, deny(u32, 0, h, h)},
-		{"peek", 0, ModeTake, 0, deny(u32, 0, h, h)},
+		{"peek at the limit", 0, ModeTake, 0, ok(u32, 0, h)},
 		{"charge 2^32 past it", 0, ModeCharge, 1 << 32, deny(u32, 0, h, h)},
 		{"refund 2^33-1: empty", 0, ModeRefund, 1<<33 - 1, ok(u32, u32, h)},
 	})

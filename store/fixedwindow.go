@@ -80,8 +80,10 @@ func saturated(count uint64, r *Rule) bool {
 // whose state is s, returning the new state and the decision.
 //
 // The hit is allowed iff the window's count plus cost is at most the
-// limit; cost 0 checks, and is allowed iff one more request would fit (so
-// a limit of 0 denies checks too). An allowed hit adds cost to the count;
+// limit; cost 0 checks, and is allowed iff the count is at most the limit
+// (envoyproxy/ratelimit's rule: a check at the limit, or of a limit of 0
+// before anything is counted, is allowed; Check of 1 asks whether one
+// more request fits). An allowed hit adds cost to the count;
 // a denied hit consumes nothing. ResetAfter is the time until the window
 // ends, never 0; a denied hit may retry when the window ends, or Never if
 // cost exceeds the limit. If the clock steps back into an earlier window,
@@ -91,14 +93,14 @@ func TakeWindow(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	end := currentWindow(s, r, t)
 	count := windowCount(s, end)
 	d := Decision{Limit: r.limit, ResetAfter: time.Duration(end*nsPerSec - t)}
-	switch need := max(cost, 1); {
-	case count < r.limit && need <= r.limit-count:
+	switch {
+	case count <= r.limit && cost <= r.limit-count:
 		d.Allowed = true
 		if cost > 0 {
 			count += cost
 			s = packWindow(end, count)
 		}
-	case need > r.limit:
+	case cost > r.limit:
 		d.RetryAfter = Never
 	default:
 		d.RetryAfter = d.ResetAfter
@@ -110,12 +112,11 @@ func TakeWindow(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 }
 
 // chargeWindow adds cost to the count of the window holding now (or the
-// later one s holds), past the limit, up to the rule's bound. A limit of 0
-// records nothing.
+// later one s holds), past the limit, up to the rule's bound.
 func chargeWindow(s State, r *Rule, now int64, cost uint64) State {
 	end := currentWindow(s, r, clampNow(now))
 	count := windowCount(s, end)
-	if b := countBound(r); count < b && cost > 0 && r.limit > 0 {
+	if b := countBound(r); count < b && cost > 0 {
 		return packWindow(end, count+min(cost, b-count))
 	}
 	return s

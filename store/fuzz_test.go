@@ -186,13 +186,12 @@ func (m *windowModel) apply(now int64, cost uint64, mode Mode) Decision {
 		bound = MaxLimit
 	}
 	exact := count < bound || bound == r.limit
-	need := max(cost, 1)
-	fit := need <= r.limit && count+need <= r.limit
+	fit := count <= r.limit && cost <= r.limit-count
 	write := func(c uint64) { m.end, m.count, count = end, c, c }
 	switch {
 	case fit && cost > 0 && mode != ModeRefund:
 		write(count + cost)
-	case mode == ModeCharge && !fit && count < bound && cost > 0 && r.limit > 0:
+	case mode == ModeCharge && !fit && count < bound && cost > 0:
 		write(count + min(cost, bound-count))
 	case mode == ModeSaturate && !fit && count < r.limit && cost > 0:
 		write(count + min(cost, r.limit-count))
@@ -206,7 +205,9 @@ func (m *windowModel) apply(now int64, cost uint64, mode Mode) Decision {
 	switch {
 	case mode == ModeRefund || fit:
 		d.Allowed = mode == ModeRefund || fit
-	case mode == ModeCharge && r.limit > 0 || need <= r.limit:
+	case mode == ModeCharge && r.limit > 0, mode != ModeCharge && cost <= r.limit:
+		// (A charge that does not fit reports what a take of one unit
+		// of the charged state does.)
 		d.RetryAfter = d.ResetAfter
 	default:
 		d.RetryAfter = Never
@@ -288,7 +289,7 @@ func checkWindowDecision(t *testing.T, op int, r *Rule, s0, s State, now int64, 
 		if s != s0 {
 			t.Fatalf("op %d: a denial consumed", op)
 		}
-		if (d.RetryAfter == Never) != (cost > r.limit || r.limit == 0) {
+		if (d.RetryAfter == Never) != (cost > r.limit) {
 			t.Fatalf("op %d: cost %d limit %d retry %v", op, cost, r.limit, d.RetryAfter)
 		}
 		if d.RetryAfter != Never {

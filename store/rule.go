@@ -86,7 +86,7 @@ type Rule struct {
 // NewFixedWindow returns a fixed-window rule of limit requests per window,
 // at most MaxLimit. The window is a whole number of seconds; windows start
 // at multiples of it since the Unix epoch. A limit of 0 denies every
-// request. A limit above MaxFixedWindowLimit makes a wide rule.
+// request of a cost above 0; a peek (PeekWithin) until a charge counts. A limit above MaxFixedWindowLimit makes a wide rule.
 func NewFixedWindow(limit uint64, window time.Duration) (*Rule, error) {
 	if window < time.Second || window%time.Second != 0 {
 		return nil, fmt.Errorf("store: fixed window of %v: must be a whole number of seconds", window)
@@ -139,7 +139,8 @@ const maxSlidingBuckets = 8
 // of a multiple of 3 s) up to 15, 5 up to 31, 4 up to 63, 2 (3 for windows
 // of a multiple of 3 s) up to 255, 2 up to 1023, 1 up to
 // MaxSlidingWindowLimit. A hit stays counted for at most window/G longer
-// than the window. A limit of 0 denies every request.
+// than the window. A limit of 0 denies every request of a cost above 0;
+// a peek (PeekWithin) until a charge counts.
 func NewSlidingWindow(limit uint64, window time.Duration) (*Rule, error) {
 	if window < time.Second || window%time.Second != 0 {
 		return nil, fmt.Errorf("store: sliding window of %v: must be a whole number of seconds", window)

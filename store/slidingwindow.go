@@ -20,7 +20,9 @@ import (
 //     price is that a hit stays counted until its bucket has left the
 //     window entirely: between T and T+T/G after it was taken. Every
 //     counts state holds at most limit in total, so no field overflows
-//     and the low half is never all ones (see Tombstone).
+//     and the low half is never all ones (see Tombstone); except at a
+//     limit of 0, whose charges mark their buckets (a field of one bit
+//     each: G+1 = 9 bits, never all of the low half).
 //   - Debt (top bit set), left by a charge past the limit: bits 62–32
 //     hold the index of a bucket b modulo 2^31, the low 32 bits a debt
 //     D ≥ 1. The window counts its whole limit N, all in bucket b (a
@@ -204,8 +206,10 @@ func slidingAt(r *Rule, i, t uint64) time.Duration {
 //
 // The hit is allowed iff the counts of the last G+1 buckets plus cost are
 // at most the limit and no debt is owed; cost 0 checks, and is allowed
-// iff one more unit would fit (so a limit of 0 denies checks too). An
-// allowed hit adds cost to now's bucket; a denied hit consumes nothing.
+// iff no debt is owed and the counts are at most the limit (a full
+// window, or a limit of 0 with nothing counted, allows it; Check of 1
+// asks whether one more unit fits). An allowed hit adds cost to now's
+// bucket; a denied hit consumes nothing.
 // ResetAfter is the time until Remaining next grows: the oldest bucket
 // still counting leaves the window, or the debt's last part enters it; 0
 // when nothing counts. A denied hit may retry when enough buckets have
@@ -215,14 +219,13 @@ func slidingAt(r *Rule, i, t uint64) time.Duration {
 func TakeSliding(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	t := clampNow(now)
 	st := settle(s.Word, r, t)
-	need := max(cost, 1)
 	d := Decision{Limit: r.limit}
 	if st&debtBit != 0 {
 		b0, last := debtEnd(st, r, r.bucketOf(t))
 		switch {
-		case need > r.limit:
+		case cost > r.limit:
 			d.RetryAfter = Never
-		case last+need <= r.limit:
+		case last+cost <= r.limit:
 			d.RetryAfter = slidingAt(r, b0, t)
 		default:
 			d.RetryAfter = slidingAt(r, b0+r.g+1, t)
@@ -237,22 +240,22 @@ func TakeSliding(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	n, c := slidingView(st, r, t)
 	used := slidingSum(c, r)
 	switch {
-	case used < r.limit && need <= r.limit-used:
+	case used <= r.limit && cost <= r.limit-used:
 		d.Allowed = true
 		if cost > 0 {
 			c += cost
 			used += cost
 			s = State{Word: packCounts(n, c)}
 		}
-	case need > r.limit:
+	case cost > r.limit:
 		d.RetryAfter = Never
 	default:
 		// The first bucket boundary after which the buckets still in
-		// the window leave room for need.
+		// the window leave room for cost.
 		m := uint64(1)
 		for left := used; ; m++ {
 			left -= c >> ((r.g + 1 - m) * r.bw) & (1<<r.bw - 1)
-			if left+need <= r.limit {
+			if left+cost <= r.limit {
 				break
 			}
 		}
@@ -271,13 +274,18 @@ func TakeSliding(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 
 // chargeSliding records cost that does not fit: the window becomes full
 // in now's bucket and the rest is debt (added to a debt already owed), up
-// to slidingDebtBound. A limit of 0 records nothing.
+// to slidingDebtBound. A limit of 0, which never repays a debt, marks
+// now's bucket as used instead (its count field is one bit wide).
 func chargeSliding(s State, r *Rule, now int64, cost uint64) State {
-	if r.limit == 0 || cost == 0 {
+	if cost == 0 {
 		return s
 	}
 	t := clampNow(now)
 	st := settle(s.Word, r, t)
+	if r.limit == 0 {
+		n, c := slidingView(st, r, t)
+		return State{Word: packCounts(n, c|1)}
+	}
 	if st&debtBit != 0 {
 		debt := st & lowMask
 		return State{Word: st + min(cost, slidingDebtBound(r)-debt)}

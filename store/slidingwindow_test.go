@@ -67,7 +67,8 @@ func TestSlidingWindow_NoBurstAcrossBoundary(t *testing.T) {
 		{"1 ns before bucket 0 leaves", 9*b - 1, 1, deny(4, 0, 1, 1)},
 		{"two do not fit before bucket 1 leaves", 9 * b, 2, deny(4, 1, 10*b-9*b, 10*b-9*b)},
 		{"bucket 0 has left", 9 * b, 1, ok(4, 0, b)},
-		{"check on the full window: one more fits when bucket 1 leaves", 10*b - 1, 0, deny(4, 0, 1, 1)},
+		{"one more fits when bucket 1 leaves", 10*b - 1, 1, deny(4, 0, 1, 1)},
+		{"a check on the full window: at the limit, allowed", 10*b - 1, 0, ok(4, 0, 1)},
 		{"bucket 1 has left", 10 * b, 3, ok(4, 0, 8*b)}, // bucket 9's hit is the oldest now
 		{"idle for 50 days", 50 * 24 * time.Hour, 4, ok(4, 0, 9*b)},
 	})
@@ -84,11 +85,29 @@ func TestSlidingWindow_DeniedConsumesNothing(t *testing.T) {
 	})
 }
 
-func TestSlidingWindow_LimitZeroDeniesAll(t *testing.T) {
-	r := mustSliding(t, 0, time.Second)
-	runSteps(t, r, t0, []step{
-		{"check", 0, 0, deny(0, 0, 0, Never)},
+// A limit of 0 denies every take; a check passes until a charge marks a
+// bucket, then is denied until that bucket leaves the window.
+func TestSlidingWindow_LimitZero(t *testing.T) {
+	r := mustSliding(t, 0, time.Second) // 8 buckets of 125 ms
+	const b = 125 * time.Millisecond
+	s := runSteps(t, r, t0, []step{
+		{"check", 0, 0, ok(0, 0, 0)},
 		{"take", time.Second, 1, deny(0, 0, 0, Never)},
+	})
+	s, d := Charge(s, r, t0+int64(b), 5)
+	if d != deny(0, 0, 9*b, Never) {
+		t.Fatalf("charge 5 in bucket 1: %+v", d)
+	}
+	if _, d = Take(s, r, t0+int64(10*b), 0); d != ok(0, 0, 0) {
+		t.Fatalf("check once bucket 1 has left: %+v", d)
+	}
+	runOps(t, r, []op{
+		{"charge 5 in bucket 1", b, ModeCharge, 5, deny(0, 0, 9*b, Never)},
+		{"check in bucket 2: denied until bucket 1 leaves", 2 * b, ModeTake, 0, deny(0, 0, 8*b, 8*b)},
+		{"charge in bucket 3", 3 * b, ModeCharge, 1, deny(0, 0, 7*b, Never)},
+		{"bucket 1 has left: bucket 3 still counts", 10 * b, ModeTake, 0, deny(0, 0, 2*b, 2*b)},
+		{"refund 1: nothing counted", 10 * b, ModeRefund, 1, ok(0, 0, 0)},
+		{"check", 10 * b, ModeTake, 0, ok(0, 0, 0)},
 	})
 }
 
@@ -216,7 +235,7 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 	t := clampNow(now)
 	j := m.bucket(t)
 	m.settle(j)
-	need := max(cost, 1)
+	need := cost
 	d := Decision{Limit: r.limit}
 	if m.debt > 0 {
 		switch mode {
@@ -271,7 +290,7 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 	}
 	n := max(j, m.n)
 	used := sum(n-r.g, n)
-	fit := need <= r.limit && used+need <= r.limit
+	fit := used <= r.limit && cost <= r.limit-used
 	add := func(x uint64) {
 		m.counts[n] += x
 		m.n = n
@@ -295,9 +314,16 @@ func (m *slidingModel) apply(now int64, cost uint64, mode Mode) Decision {
 		m.debt = min(cost-(r.limit-used), slidingDebtBound(r))
 		m.debtAt, m.n = n, n
 		m.counts = map[uint64]uint64{}
-		return m.apply(now, 0, ModeTake)
+		return m.apply(now, 0, ModeCharge)
+	case mode == ModeCharge && cost > 0:
+		// A limit of 0 marks now's bucket used.
+		used += 1 - m.counts[n]
+		m.counts[n], m.n = 1, n
 	case mode == ModeSaturate && used < r.limit && cost > 0:
 		add(min(cost, r.limit-used))
+	}
+	if mode == ModeCharge && !fit {
+		need = 1 // (a charge reports what a take of one unit of the charged state does)
 	}
 	switch {
 	case fit || mode == ModeRefund:

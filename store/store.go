@@ -84,8 +84,8 @@ type Hit struct {
 	// Rule is the compiled limit. Never nil.
 	Rule *Rule
 	// Cost is the number of requests or tokens to take, charge or refund.
-	// Zero checks the state without consuming: it is allowed when one
-	// more unit would fit.
+	// Zero checks the state without consuming (a peek): Peek says when it
+	// is allowed.
 	Cost uint64
 	// Veto is true when a denial of this hit denies the whole batch.
 	// Shadow-mode rules set it false: they are reported but never deny.
@@ -99,11 +99,56 @@ type Hit struct {
 	// start. Only for a narrow fixed window of one of the reference's units
 	// (Rule.Plainable); stores without shared state ignore it.
 	Plain bool
+	// Peek says when a hit of Cost 0 that is not a refund is allowed;
+	// the zero value is PeekWithin.
+	Peek Peek
 }
 
 // Always reports whether a store applies the hit whatever its batch's
 // outcome: a saturating hit, a charge or a refund.
 func (h *Hit) Always() bool { return h.Mode != ModeTake }
+
+// Peek is the rule for a peek: a hit of cost 0 (a take, a saturating hit
+// or a charge), which consumes nothing.
+type Peek uint8
+
+const (
+	// PeekWithin allows a peek unless the state is past its limit: a
+	// window counting more than its limit, a token bucket or a sliding
+	// window in debt (strictly past empty). A state exactly at its limit,
+	// and a fresh state of a limit of 0, allow it. It is
+	// envoyproxy/ratelimit's rule (over only when used + hits > limit), so
+	// a budget peeked before each request and charged after it admits
+	// one request more once used up to the limit exactly.
+	PeekWithin Peek = iota
+	// PeekStrict allows a peek only when one more unit would fit: no
+	// request is admitted once the limit is reached, at the price of
+	// answering differently from the reference at the limit.
+	PeekStrict
+)
+
+// Need is what the hit needs to find to be allowed: its Cost, except 1
+// for a peek under PeekStrict.
+func (h *Hit) Need() uint64 {
+	if h.Cost == 0 && h.Peek == PeekStrict && h.Mode != ModeRefund {
+		return 1
+	}
+	return h.Cost
+}
+
+// Apply applies the hit at now (Unix nanoseconds) to state s: Apply of
+// its rule, cost and mode, or for a peek that needs more than it costs
+// (PeekStrict) Check of what it needs, consuming nothing.
+func (h *Hit) Apply(s State, now int64) (State, Decision) {
+	if n := h.Need(); n != h.Cost {
+		return s, Check(s, h.Rule, now, n)
+	}
+	return Apply(s, h.Rule, now, h.Cost, h.Mode)
+}
+
+// Check is what the hit gets at now from state s when it must consume
+// nothing (its batch was denied): Check of what it needs.
+func (h *Hit) Check(s State, now int64) Decision { return Check(s, h.Rule, now, h.Need()) }
 
 // State is one key's state as the algorithms see it. The zero State is
 // the fresh state of every algorithm (a lapsed or empty window, a full

@@ -35,8 +35,8 @@ func Apply(s State, r *Rule, now int64, cost uint64, m Mode) (State, Decision) {
 
 // Take applies cost at now (Unix nanoseconds) to state s by the rule's
 // algorithm (TakeWindow, TakeTokens or TakeSliding): consumed if it fits,
-// nothing otherwise. Cost 0 checks whether one more unit would fit,
-// consuming nothing.
+// nothing otherwise. Cost 0 checks, consuming nothing: allowed unless the
+// state is past its limit (PeekWithin; Check of 1 is PeekStrict's).
 func Take(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	switch r.alg {
 	case TokenBucket:
@@ -55,6 +55,17 @@ func View(s State, r *Rule, now int64) Decision {
 	_, d := Take(s, r, now, 0)
 	d.Allowed, d.RetryAfter = true, 0
 	return d
+}
+
+// Check is what a take of cost at now reports from state s, consuming
+// nothing: its denial, or when it fits what View reports. Check of 1 is a
+// strict peek's decision (PeekStrict): allowed only when one more unit
+// fits.
+func Check(s State, r *Rule, now int64, cost uint64) Decision {
+	if _, d := Take(s, r, now, cost); !d.Allowed {
+		return d
+	}
+	return View(s, r, now)
 }
 
 // Rollback undoes an allowed Take of cost that left the state after,
@@ -84,16 +95,20 @@ func Saturate(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 // (until the window ends) or the debt of a token bucket or sliding window
 // (repaid by refills before anything else is granted), bounded (see
 // docs/STORE.md). A charge that does not fit is reported denied, with
-// what a check of the charged state reports: no remaining, and the time
-// until one unit fits again (a state charged past its limit fits no
-// unit). A rule with a limit of 0 records nothing.
+// what Check of one unit on the charged state reports: no remaining, and
+// the time until one unit fits again (a state charged past its limit fits
+// no unit). On a rule with a limit of 0 a fixed window counts the charge;
+// a sliding window marks the bucket holding now as used (it is counted
+// until that bucket leaves the window: nothing past a limit of 0 is ever
+// repaid, so a debt would never end).
 func Charge(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	return pastLimit(s, r, now, cost, ModeCharge)
 }
 
 // pastLimit is Take for a saturating hit or a charge: a hit that does not
 // fit moves the state by the algorithm's saturate or charge, and reports
-// what a take of cost (saturate) or a check (charge) of the result gets.
+// what a take of cost (saturate) or of one unit (charge) on the result
+// gets.
 func pastLimit(s State, r *Rule, now int64, cost uint64, m Mode) (State, Decision) {
 	n, d := Take(s, r, now, cost)
 	if d.Allowed {
@@ -101,7 +116,7 @@ func pastLimit(s State, r *Rule, now int64, cost uint64, m Mode) (State, Decisio
 	}
 	move, check := beyond[r.alg][0], cost
 	if m == ModeCharge {
-		move, check = beyond[r.alg][1], 0
+		move, check = beyond[r.alg][1], 1
 	}
 	n = move(s, r, now, cost)
 	_, d = Take(n, r, now, check)

@@ -83,19 +83,19 @@ func until(r *Rule, now, q uint64) time.Duration {
 //
 // The hit is allowed iff cost tokens are in the bucket: cost ≤ burst and,
 // for a bucket not full, the debt after the take is at most the capacity;
-// cost 0 checks, and is allowed iff one token is there. An allowed hit
+// cost 0 checks, and is allowed iff the bucket is not in debt past empty
+// (an empty bucket allows it; Check of 1 asks for a token). An allowed hit
 // consumes cost tokens; a denied hit consumes nothing. RetryAfter is the
-// exact time until cost tokens (one for a check) exist, or Never if cost
-// exceeds the burst. A clock that steps back makes the bucket look
+// exact time until cost tokens exist (for a check, until the bucket is no
+// longer past empty), or Never if cost exceeds the burst. A clock that steps back makes the bucket look
 // emptier for a while: the TAT is never lowered.
 func TakeTokens(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 	t := clampNow(now)
 	nowF, nowC := quanta(r, t)
 	d := Decision{Limit: r.burst}
 	tat := s.Word
-	need := max(cost, 1)
 	switch {
-	case need > r.burst:
+	case cost > r.burst:
 		d.RetryAfter = Never
 	case tat <= nowF:
 		// cost*k ≤ tol: the take fits in a full bucket. Anchoring at
@@ -104,13 +104,13 @@ func TakeTokens(s State, r *Rule, now int64, cost uint64) (State, Decision) {
 		if cost > 0 {
 			tat = nowC + cost*r.k
 		}
-	case tat-nowF <= r.tol-need*r.k:
+	case tat-nowF <= r.tol-cost*r.k:
 		d.Allowed = true
 		tat += cost * r.k
 	default:
-		// The earliest quantum q with tat + need*k - q ≤ tol; q > nowF,
+		// The earliest quantum q with tat + cost*k - q ≤ tol; q > nowF,
 		// so RetryAfter ≥ 1ns.
-		d.RetryAfter = until(r, t, tat-(r.tol-need*r.k))
+		d.RetryAfter = until(r, t, tat-(r.tol-cost*r.k))
 	}
 	fillTokens(&d, tat, r, t, nowF)
 	return State{Word: tat}, d

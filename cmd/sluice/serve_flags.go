@@ -31,6 +31,7 @@ type serveFlags struct {
 	ietfHeaders      bool
 	deniedHits       string
 	keyFormat        string
+	strictPeeks      bool
 	failureMode      string
 	maxDescriptors   int
 	maxEntries       int
@@ -69,6 +70,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.dynamicMetadata, "response-dynamic-metadata", false, "fill Envoy's dynamic_metadata with the domain, descriptors, hits addend and the matched rules' metadata")
 	fs.StringVar(&f.deniedHits, "denied-hits", "drop", "what a denied hit consumes: drop (nothing) | saturate (up to the limit)")
 	fs.StringVar(&f.keyFormat, "key-format", "sluice", "counter keys in Redis and memcached: sluice | reference (envoyproxy/ratelimit's keys for the fixed windows it can express, so that its pods and Sluice's count together: docs/MIGRATION.md)")
+	fs.BoolVar(&f.strictPeeks, "strict-peeks", false, "a descriptor's hits_addend of 0 (a peek) is OVER_LIMIT unless one more unit fits; default: only past the limit, as envoyproxy/ratelimit")
 	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
 	fs.IntVar(&f.maxDescriptors, "max-descriptors", limiter.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&f.maxEntries, "max-entries", limiter.DefaultMaxEntries, "most entries in one descriptor")
@@ -111,7 +113,8 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 
 // limiterOptions checks the policy flags.
 func (f *serveFlags) limiterOptions() (limiter.Options, error) {
-	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode}
+	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode,
+		StrictPeeks: f.strictPeeks}
 	switch f.deniedHits {
 	case "drop":
 	case "saturate":

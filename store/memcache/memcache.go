@@ -280,10 +280,7 @@ func (s *Store) peek(h *store.Hit, now int64) (store.Decision, error) {
 	if err != nil {
 		return store.Decision{}, err
 	}
-	if _, d := store.Take(st, h.Rule, now, h.Cost); !d.Allowed {
-		return d, nil
-	}
-	return store.View(st, h.Rule, now), nil
+	return h.Check(st, now), nil
 }
 
 // load reads the state of the hit's key at now, fresh if it has none.
@@ -370,7 +367,7 @@ func (s *Store) applyCAS(ctx context.Context, h *store.Hit, now int64) (taken, s
 				return taken{}, store.Decision{}, err
 			}
 		}
-		after, d := store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+		after, d := h.Apply(before, now)
 		if after == before {
 			return taken{}, d, nil
 		}
@@ -419,9 +416,7 @@ func (s *Store) applyWindow(h *store.Hit, now int64) (taken, store.Decision, err
 	case store.ModeSaturate:
 		inc = min(h.Cost, r.Limit())
 	case store.ModeCharge:
-		if r.Limit() > 0 {
-			inc = min(h.Cost, countBound(r))
-		}
+		inc = min(h.Cost, countBound(r))
 	case store.ModeRefund:
 		return s.refundWindow(h, end, key, now)
 	}
@@ -447,7 +442,7 @@ func (s *Store) applyWindow(h *store.Hit, now int64) (taken, store.Decision, err
 		before = n - inc
 	}
 	bs := windowState(r, end, before)
-	_, d := store.Apply(bs, r, now, h.Cost, h.Mode)
+	_, d := h.Apply(bs, now)
 	var undo uint64
 	switch h.Mode {
 	case store.ModeTake:

@@ -195,7 +195,7 @@ func (s *Store) apply(h *store.Hit, now int64) (sl slot, before, after store.Sta
 	for {
 		c, ok := s.m.Load(h.Key)
 		if !ok {
-			if after, d = store.Apply(store.State{}, h.Rule, now, h.Cost, h.Mode); after == (store.State{}) {
+			if after, d = h.Apply(store.State{}, now); after == (store.State{}) {
 				return slot{}, before, after, d
 			}
 			c = insert(s, s.m, h.Key, now, func() *cell {
@@ -212,10 +212,10 @@ func (s *Store) apply(h *store.Hit, now int64) (sl slot, before, after store.Sta
 				break
 			}
 			before = store.State{Word: w}
-			if h.Mode == store.ModeTake {
+			if h.Mode == store.ModeTake && h.Cost > 0 {
 				after, d = store.Take(before, h.Rule, now, h.Cost) // (one call less: the hot path)
 			} else {
-				after, d = store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+				after, d = h.Apply(before, now)
 			}
 			if after.Word == w || c.state.CompareAndSwap(w, after.Word) {
 				return slot{c: c}, before, after, d
@@ -232,7 +232,7 @@ func (s *Store) applyWide(h *store.Hit, now int64) (sl slot, before, after store
 	for {
 		w, ok := s.wm.Load(h.Key)
 		if !ok {
-			if after, d = store.Apply(store.State{}, h.Rule, now, h.Cost, h.Mode); after == (store.State{}) {
+			if after, d = h.Apply(store.State{}, now); after == (store.State{}) {
 				return slot{}, before, after, d
 			}
 			w = insert(s, s.wm, h.Key, now, func() *wideCell {
@@ -250,7 +250,7 @@ func (s *Store) applyWide(h *store.Hit, now int64) (sl slot, before, after store
 				break
 			}
 			before = *p
-			after, d = store.Apply(before, h.Rule, now, h.Cost, h.Mode)
+			after, d = h.Apply(before, now)
 			if after == before {
 				return slot{w: w}, before, after, d
 			}
@@ -298,11 +298,7 @@ func rollback(t taken, h *store.Hit, now int64) {
 // peek decides a hit of a denied batch without consuming: a denial as
 // Take reports it, or a fit reported as Allowed with what remains now.
 func (s *Store) peek(h *store.Hit, now int64) store.Decision {
-	st := s.load(h)
-	if _, d := store.Take(st, h.Rule, now, h.Cost); !d.Allowed {
-		return d
-	}
-	return store.View(st, h.Rule, now)
+	return h.Check(s.load(h), now)
 }
 
 // load returns the state of the hit's key, fresh if it has none.

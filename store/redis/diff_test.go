@@ -64,7 +64,8 @@ func randomCost(rng *rand.Rand, r *store.Rule) uint64 {
 // through the memory store and through the store package's algorithms on
 // states kept in Go: the decisions must be identical to the nanosecond.
 // (Take itself also checks each final state the script wrote against the
-// algorithms.) Hits take, saturate, charge and refund. Seeds from 8 on
+// algorithms.) Hits take, saturate, charge and refund; a quarter of them
+// peek by store.PeekStrict. Seeds from 8 on
 // send what window.lua runs: fixed windows only, every hit a vetoing
 // take, keys mostly distinct.
 func TestTake_MatchesAlgorithms(t *testing.T) {
@@ -104,6 +105,9 @@ func TestTake_MatchesAlgorithms(t *testing.T) {
 					Veto: windows || rng.IntN(4) != 0}
 				if !windows && rng.IntN(3) == 0 {
 					hits[i].Mode = store.Mode(1 + rng.IntN(3))
+				}
+				if rng.IntN(4) == 0 {
+					hits[i].Peek = store.PeekStrict
 				}
 			}
 			got := make([]store.Decision, n)

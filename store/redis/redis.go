@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"net"
 	"strconv"
@@ -453,7 +454,9 @@ func quanta(r *store.Rule, now int64) (lo, hi uint64) {
 // appendArgs appends the script arguments of one hit (see take.lua).
 func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 	r := h.Rule
-	flags := flagSets[b2i(h.Veto)|b2i(h.Cost > r.Capacity())<<1|int(h.Mode)<<2|b2i(h.Cost == 0)<<4]
+	// A check (cost 0) sends what it needs as its cost (store.Hit.Need).
+	need := h.Need()
+	flags := flagSets[b2i(h.Veto)|b2i(need > r.Capacity())<<1|int(h.Mode)<<2|b2i(h.Cost == 0)<<4]
 	if r.Algorithm() == store.FixedWindow {
 		// A cost above the limit never fits (the flags say so); above the
 		// most a count holds it counts as that, which keeps the script's
@@ -461,10 +464,10 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		bound := windowBound(r)
 		end := windowEnd(r, now)
 		if h.Plain {
-			return append(args, "f", flags, strconv.FormatUint(min(h.Cost, bound), 10), strconv.FormatUint(r.Limit(), 10),
+			return append(args, "f", flags, strconv.FormatUint(min(need, bound), 10), strconv.FormatUint(r.Limit(), 10),
 				strconv.FormatUint(end, 10), strconv.FormatInt(s.plain.TTL(r)*1000, 10), strconv.FormatUint(bound, 10), "p")
 		}
-		return append(args, "f", flags, strconv.FormatUint(min(h.Cost, bound), 10), strconv.FormatUint(r.Limit(), 10),
+		return append(args, "f", flags, strconv.FormatUint(min(need, bound), 10), strconv.FormatUint(r.Limit(), 10),
 			strconv.FormatUint(end, 10), strconv.FormatUint(windowTTL(end, now), 10), strconv.FormatUint(bound, 10), "")
 	}
 	if r.Algorithm() == store.SlidingWindow {
@@ -482,7 +485,7 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		}
 		// (A sliding window's debt stays below 2^32: 2^33 stands for
 		// every larger cost.)
-		return append(args, "s", flags, strconv.FormatUint(min(h.Cost, 1<<33), 10), strconv.FormatUint(r.Limit(), 10),
+		return append(args, "s", flags, strconv.FormatUint(min(need, 1<<33), 10), strconv.FormatUint(r.Limit(), 10),
 			strconv.FormatUint(uint64(uint32(j)), 10), strconv.FormatUint(g, 10)+":"+strconv.FormatUint(bits, 10),
 			strconv.FormatUint(ttl, 10), strconv.FormatFloat(bms, 'g', 17, 64))
 	}
@@ -499,20 +502,29 @@ func (s *Store) appendArgs(args []string, h *store.Hit, now int64) []string {
 		strconv.FormatUint(lo+tol, 10), strconv.FormatUint(hi+tol, 10), ms)
 }
 
-// tokenQuanta is a token-bucket hit's cost in quanta for the script: one
-// token for a check, at most the burst for a take or a saturating hit (a
-// larger cost never fits), and for a charge or a refund the cost up to
-// the capacity, the debt bound and one quantum (every larger cost moves
-// the state as far).
+// tokenQuanta is a token-bucket hit's cost in quanta for the script: what
+// a check needs (no token, or one under store.PeekStrict), at most the
+// burst for a take or a saturating hit (a larger cost never fits), for a
+// charge the cost up to the capacity, the debt bound and one quantum
+// (every larger cost moves the state as far), and for a refund the cost
+// up to 2^64-1. (A refund may meet a state further past now than the
+// debt bound, charged before the clock stepped back; every state is less
+// than 2^64-1 quanta past any now, so a larger refund empties the bucket
+// as store.Refund does.)
 func tokenQuanta(h *store.Hit, k, tol uint64) uint64 {
 	switch {
 	case h.Cost == 0:
-		return k
+		return h.Need() * k
 	case h.Mode == store.ModeTake || h.Mode == store.ModeSaturate:
 		return min(h.Cost, h.Rule.Burst()) * k // at most tol ≤ 2^62
 	}
 	hi, lo := bits.Mul64(h.Cost, k)
-	if hi != 0 || lo > tol+store.MaxDebt+1 {
+	switch {
+	case h.Mode == store.ModeRefund && hi != 0:
+		return math.MaxUint64
+	case h.Mode == store.ModeRefund:
+		return lo
+	case hi != 0 || lo > tol+store.MaxDebt+1:
 		return tol + store.MaxDebt + 1
 	}
 	return lo

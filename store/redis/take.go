@@ -98,11 +98,12 @@ func (c *call) arg(buf []byte) {
 }
 
 // windowBatch reports whether window.lua can run hits: narrow fixed
-// windows on distinct keys, every hit a vetoing take.
+// windows on distinct keys, every hit a vetoing take that needs no more
+// than it costs (not a strict peek).
 func windowBatch(hits []store.Hit) bool {
 	for i := range hits {
 		h := &hits[i]
-		if h.Rule.Algorithm() != store.FixedWindow || h.Rule.Wide() || !h.Veto || h.Mode != store.ModeTake {
+		if h.Rule.Algorithm() != store.FixedWindow || h.Rule.Wide() || !h.Veto || h.Mode != store.ModeTake || h.Need() != h.Cost {
 			return false
 		}
 		for j := range i {
@@ -402,14 +403,11 @@ func (s *Store) decide(sc *scratch, now int64, tbNow []int64, hits []store.Hit, 
 	apply := func(i int) (before, after store.State) {
 		h, f := &hits[i], first[i]
 		before = cur[f]
-		cur[f], out[i] = store.Apply(before, h.Rule, at[i], h.Cost, h.Mode)
+		cur[f], out[i] = h.Apply(before, at[i])
 		return before, cur[f]
 	}
 	peek := func(i int) {
-		h, st := &hits[i], cur[first[i]]
-		if _, out[i] = store.Take(st, h.Rule, at[i], h.Cost); out[i].Allowed {
-			out[i] = store.View(st, h.Rule, at[i])
-		}
+		out[i] = hits[i].Check(cur[first[i]], at[i])
 	}
 	denied := false
 	for i, h := range hits {

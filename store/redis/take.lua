@@ -14,7 +14,9 @@
 --   "t", flags, ck, a, b, c, d, m
 -- flags is a number, the sum of 1 for veto, 2 for a cost beyond the
 -- capacity (it never fits), 4 × the mode (0 take, 1 saturate, 2 charge,
--- 3 refund) and 16 for a cost of 0 (a check). For a fixed window, cost is
+-- 3 refund) and 16 for a check (a hit of cost 0, a peek: it consumes
+-- nothing, and its cost field holds what it needs to find, 0 or, under
+-- store.PeekStrict, 1: store.Hit.Need). For a fixed window, cost is
 -- at most bound, the most a count holds (2^32-2 or 2^53), e is the end
 -- (Unix seconds) of the window holding now and ttl the milliseconds until
 -- a second after it; layout is "" for Sluice's state ("end:count") or "p"
@@ -53,11 +55,11 @@ if #KEYS == 1 and ARGV[2] == 'f' and ARGV[1] ~= 'r' and tonumber(ARGV[3]) % 16 <
   local e, c = oe, oc
   local cur, count = math.max(we, oe), 0
   if oe == cur then count = oc end
-  local need = math.max(cost, 1)
-  local ok = f % 4 < 2 and count < limit and need <= limit - count
+  local check = f >= 16
+  local ok = f % 4 < 2 and count <= limit and cost <= limit - count
   if ok then
-    if cost > 0 then e, c = cur, count + cost end
-  elseif f % 16 >= 4 and count < limit and cost > 0 then
+    if not check then e, c = cur, count + cost end
+  elseif f % 16 >= 4 and count < limit and not check then
     e, c = cur, count + math.min(cost, limit - count)
   end
   if e ~= oe or c ~= oc then
@@ -431,16 +433,16 @@ local function take(h, s)
     if st.debt > 0 then return s, false end
     local n, c = slide(h, st)
     local u = used(h, c)
-    if not h.beyond and u < h.limit and math.max(h.cost, 1) <= h.limit - u then
-      if h.cost == 0 then return s, true end
+    if not h.beyond and u <= h.limit and h.cost <= h.limit - u then
+      if h.zero then return s, true end
       return {e = n, c = c + h.cost, debt = 0}, true
     end
     return s, false
   end
   if h.alg == 'f' then
     local e, c = window(h, s)
-    if not h.beyond and c < h.limit and math.max(h.cost, 1) <= h.limit - c then
-      if h.cost == 0 then return s, true end
+    if not h.beyond and c <= h.limit and h.cost <= h.limit - c then
+      if h.zero then return s, true end
       return {e = e, c = c + h.cost, debt = 0}, true
     end
     return s, false
@@ -486,12 +488,17 @@ end
 
 -- charge is take, except that a hit that does not fit is recorded whole:
 -- past a fixed window's limit up to its bound, as a token bucket's or a
--- sliding window's debt up to theirs.
+-- sliding window's debt up to theirs; a sliding window of a limit of 0
+-- marks now's bucket used (its count is one bit).
 local function charge(h, s)
   local n, ok = take(h, s)
   if ok or h.zero or h.cost == 0 then return n, ok end
   if h.alg == 's' then
-    if h.limit == 0 then return s, false end
+    if h.limit == 0 then
+      local e, c = slide(h, s)
+      if c % 2 == 0 then c = c + 1 end
+      return {e = e, c = c, debt = 0}, false
+    end
     local st, db = settle(h, s), debtBound(h)
     if st.debt > 0 then
       return {e = st.e, c = 0, debt = st.debt + math.min(h.cost, db - st.debt)}, false
@@ -502,7 +509,7 @@ local function charge(h, s)
   end
   if h.alg == 'f' then
     local e, c = window(h, s)
-    if c >= h.bound or h.limit == 0 then return s, false end
+    if c >= h.bound then return s, false end
     return {e = e, c = c + math.min(h.cost, h.bound - c), debt = 0}, false
   end
   local base = s

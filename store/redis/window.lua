@@ -9,7 +9,8 @@
 --
 -- ARGV holds, for each request in turn, n, its number of keys, then the 4
 -- fields of the hit on each of its n keys (the next n of KEYS): cost (at
--- most limit+1; 0 checks whether one more would fit), limit, e, the end of
+-- most limit+1; 0 checks, and fits unless the count is past the limit:
+-- store.PeekWithin; strict checks go to take.lua), limit, e, the end of
 -- the window holding now, and ttl, the milliseconds from now until a
 -- second after e; or, for a key in envoyproxy/ratelimit's layout (store.PlainKeys:
 -- the window is in the key's name, the value is the bare count), e is "p"
@@ -58,8 +59,8 @@ while a <= na do
       end
     end
     out[base + 1 + i], counts[i] = count, count + cost
-    -- (A check, cost 0, fits when one more would.)
-    if not (count < limit and math.max(cost, 1) <= limit - count) then status = 0 end
+    -- (A check, cost 0, fits unless the count is past the limit.)
+    if not (count <= limit and cost <= limit - count) then status = 0 end
   end
   out[base + 1] = status
   if status == 1 then

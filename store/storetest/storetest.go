@@ -4,7 +4,8 @@
 // Run(t, newStore) checks exact decisions (to the nanosecond) for every
 // algorithm at fixed instants, calendar windows across months of every
 // length and changes of daylight-saving time, all-or-nothing batches,
-// shadow and saturating hits, checks of cost 0, duplicate keys in a
+// shadow and saturating hits, checks of cost 0 (peeks) by either rule
+// (store.PeekWithin and store.PeekStrict), duplicate keys in a
 // batch, charges recorded whole past the limit (overshoot and debt),
 // refunds, limits past 32 bits, the bounds of charged states, and
 // concurrent takes and charges that must grant exactly the budget and
@@ -94,6 +95,7 @@ func RunOptions(t *testing.T, newStore func(t *testing.T) store.Store, opts Opti
 		{"SlidingWindowSteps", testSlidingWindowSteps},
 		{"SlidingWindowBatches", testSlidingWindowBatches},
 		{"CostZeroChecks", testCostZero},
+		{"Peeks", testPeeks},
 		{"KeysIndependent", testKeysIndependent},
 		{"BatchAllOrNothing", testBatchAllOrNothing},
 		{"BatchDuplicateKeys", testBatchDuplicateKeys},
@@ -186,6 +188,12 @@ func (x *tester) charge(key string, r *store.Rule, cost uint64) store.Hit {
 func (x *tester) refund(key string, r *store.Rule, cost uint64) store.Hit {
 	h := x.hit(key, r, cost)
 	h.Mode = store.ModeRefund
+	return h
+}
+
+// strict returns h as a peek under store.PeekStrict.
+func strict(h store.Hit) store.Hit {
+	h.Peek = store.PeekStrict
 	return h
 }
 
@@ -294,7 +302,7 @@ func testFixedWindowSteps(t *testing.T, x *tester) {
 	x.steps("fw", r, steps)
 	x.steps("zero", Window(t, 0, time.Hour), []step{
 		{"limit 0 denies", 0, 1, deny(0, 0, time.Hour, store.Never)},
-		{"limit 0 denies checks", 0, 0, deny(0, 0, time.Hour, store.Never)},
+		{"a check of limit 0 with nothing counted passes", 0, 0, allow(0, 0, time.Hour)},
 	})
 	max := uint64(store.MaxFixedWindowLimit)
 	x.steps("max", Window(t, max, time.Second), []step{
@@ -311,7 +319,7 @@ func testFixedWindowClockBack(t *testing.T, x *tester) {
 	x.steps("fw", Window(t, 10, time.Minute), []step{
 		{"fill the second window", time.Minute + time.Second, 10, allow(10, 0, 59*time.Second)},
 		{"clock back into the first window counts in the second", 59 * time.Second, 1, deny(10, 0, 61*time.Second, 61*time.Second)},
-		{"check there: one more does not fit", 59 * time.Second, 0, deny(10, 0, 61*time.Second, 61*time.Second)},
+		{"a check there: at the limit", 59 * time.Second, 0, allow(10, 0, 61*time.Second)},
 	})
 }
 
@@ -369,12 +377,14 @@ func testSlidingWindowSteps(t *testing.T, x *tester) {
 		{"1 ns before bucket 0 leaves", 9*b - 1, 1, deny(4, 0, 1, 1)},
 		{"two wait for bucket 1", 9 * b, 2, deny(4, 1, b, b)},
 		{"bucket 0 has left", 9 * b, 1, allow(4, 0, b)},
-		{"clock back 30 s counts in the newer bucket", 9*b - 30*time.Second, 0, deny(4, 0, b+30*time.Second, b+30*time.Second)},
+		{"clock back 30 s counts in the newer bucket", 9*b - 30*time.Second, 1, deny(4, 0, b+30*time.Second, b+30*time.Second)},
+		{"a check there: at the limit", 9*b - 30*time.Second, 0, allow(4, 0, b+30*time.Second)},
 		{"bucket 1 has left", 10 * b, 3, allow(4, 0, 8*b)},
 		{"50 days idle", 50 * 24 * time.Hour, 4, allow(4, 0, 9*b)},
 	})
 	x.steps("zero", Sliding(t, 0, time.Second), []step{
-		{"limit 0 denies checks", 0, 0, deny(0, 0, 0, store.Never)},
+		{"limit 0 denies", 0, 1, deny(0, 0, 0, store.Never)},
+		{"a check of limit 0 with nothing counted passes", 0, 0, allow(0, 0, 0)},
 	})
 	max := uint64(store.MaxSlidingWindowLimit)
 	x.steps("max", Sliding(t, max, time.Hour), []step{
@@ -410,7 +420,7 @@ func testSlidingWindowBatches(t *testing.T, x *tester) {
 	shadow.Veto = false
 	x.expect("denied batch drains a saturating sliding hit", x.take(at(2), x.hit("w", w, 4), sat, shadow),
 		deny(5, 3, time.Minute-2*q, time.Minute-2*q), deny(5, 0, 7*q, 9*q), deny(5, 5, 0, store.Never))
-	x.expect("drained", x.take(at(2), x.hit("s", s, 0)), deny(5, 0, 7*q, 7*q))
+	x.expect("drained", x.take(at(2), x.hit("s", s, 1)), deny(5, 0, 7*q, 7*q))
 	x.expect("bucket 0 has left", x.take(at(9), x.hit("s", s, 2)), allow(5, 0, q))
 }
 
@@ -426,8 +436,71 @@ func testCostZero(t *testing.T, x *tester) {
 	x.expect("check with one left", got, allow(3, 1, time.Minute), allow(3, 1, 2*time.Second))
 	x.take(T0, x.hit("w", w, 1), x.hit("b", b, 1))
 	got = x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0))
-	x.expect("check when exhausted: one more does not fit", got, deny(3, 0, time.Minute, time.Minute), deny(3, 0, 3*time.Second, time.Second))
+	x.expect("check when exhausted: at the limit, not past it", got, allow(3, 0, time.Minute), allow(3, 0, 3*time.Second))
 	x.expect("nothing consumed by the checks", x.take(T0+int64(time.Second), x.hit("b", b, 1)), allow(3, 0, 3*time.Second))
+}
+
+// testPeeks: a peek (a hit of cost 0) on every algorithm, alone, in a
+// batch and in a denied batch, by either rule. Under store.PeekWithin,
+// the default and envoyproxy/ratelimit's rule, it is allowed at the limit
+// (nothing remaining) and of a limit of 0 with nothing counted, and
+// denied only past the limit: a window counting more, a token bucket or
+// sliding window in debt. Under store.PeekStrict it is allowed only when
+// one more unit fits. A peek consumes nothing either way.
+func testPeeks(t *testing.T, x *tester) {
+	const m, q = time.Minute, 125 * time.Millisecond
+	w := Window(t, 2, m)
+	b := Bucket(t, 1, time.Second, 2)
+	s := Sliding(t, 2, time.Second) // 8 buckets of 125 ms
+	peeks := func(peek func(store.Hit) store.Hit, mode store.Mode) []store.Hit {
+		hs := []store.Hit{x.hit("w", w, 0), x.hit("b", b, 0), x.hit("s", s, 0)}
+		for i := range hs {
+			hs[i].Mode = mode
+			hs[i] = peek(hs[i])
+		}
+		return hs
+	}
+	within := func(h store.Hit) store.Hit { return h }
+	x.expect("fill each to its limit", x.take(T0, x.hit("w", w, 2), x.hit("b", b, 2), x.hit("s", s, 2)),
+		allow(2, 0, m), allow(2, 0, 2*time.Second), allow(2, 0, 9*q))
+	atLimit := []store.Decision{allow(2, 0, m), allow(2, 0, 2*time.Second), allow(2, 0, 9*q)}
+	oneMore := []store.Decision{deny(2, 0, m, m), deny(2, 0, 2*time.Second, time.Second), deny(2, 0, 9*q, 9*q)}
+	for _, mode := range []store.Mode{take, store.ModeSaturate, charge} {
+		for i, h := range peeks(within, mode) {
+			x.expect(fmt.Sprintf("%v of 0 at the limit, alone", mode), x.take(T0, h), atLimit[i])
+		}
+		for i, h := range peeks(strict, mode) {
+			x.expect(fmt.Sprintf("strict %v of 0 at the limit, alone", mode), x.take(T0, h), oneMore[i])
+		}
+	}
+	x.expect("peeks at the limit in a batch", x.take(T0, peeks(within, take)...), atLimit...)
+	x.expect("strict peeks at the limit in a batch", x.take(T0, peeks(strict, take)...), oneMore...)
+	x.expect("peeks in a denied batch", x.take(T0, x.hit("w", w, 1), x.hit("b", b, 0), strict(x.hit("s", s, 0)), x.hit("f", w, 1)),
+		deny(2, 0, m, m), allow(2, 0, 2*time.Second), deny(2, 0, 9*q, 9*q), allow(2, 2, m))
+	x.expect("a peek beside a take of fixed windows", x.take(T0, x.hit("w", w, 0), x.hit("g", w, 1)),
+		allow(2, 0, m), allow(2, 1, m))
+	x.expect("a strict peek beside a take of fixed windows", x.take(T0, strict(x.hit("w", w, 0)), x.hit("h", w, 1)),
+		deny(2, 0, m, m), allow(2, 2, m))
+	x.expect("nothing consumed", x.take(T0, x.hit("f", w, 0), x.hit("h", w, 0)), allow(2, 2, m), allow(2, 2, m))
+
+	x.expect("charge one more", x.take(T0, x.charge("w", w, 1), x.charge("b", b, 1), x.charge("s", s, 1)),
+		deny(2, 0, m, m), deny(2, 0, 3*time.Second, 2*time.Second), deny(2, 0, 9*q, 9*q))
+	x.expect("peeks past the limit", x.take(T0, peeks(within, take)...),
+		deny(2, 0, m, m), deny(2, 0, 3*time.Second, time.Second), deny(2, 0, 9*q, 9*q))
+	x.expect("strict peeks past the limit", x.take(T0, peeks(strict, take)...),
+		deny(2, 0, m, m), deny(2, 0, 3*time.Second, 2*time.Second), deny(2, 0, 9*q, 9*q))
+	x.expect("a bucket exactly empty", x.take(T0+int64(time.Second), x.hit("b", b, 0)), allow(2, 0, 2*time.Second))
+	x.expect("a bucket exactly empty, strict", x.take(T0+int64(time.Second), strict(x.hit("b", b, 0))), deny(2, 0, 2*time.Second, time.Second))
+
+	// A limit of 0 admits one peek: nothing is counted until a charge.
+	zw, zs := Window(t, 0, m), Sliding(t, 0, time.Second) // 8 buckets of 125 ms
+	x.expect("limit 0", x.take(T0, x.hit("zw", zw, 0), x.hit("zs", zs, 0)), allow(0, 0, m), allow(0, 0, 0))
+	x.expect("limit 0, strict", x.take(T0, strict(x.hit("zw", zw, 0)), strict(x.hit("zs", zs, 0))),
+		deny(0, 0, m, store.Never), deny(0, 0, 0, store.Never))
+	x.expect("limit 0: charge 1", x.take(T0, x.charge("zw", zw, 1), x.charge("zs", zs, 1)),
+		deny(0, 0, m, store.Never), deny(0, 0, 9*q, store.Never))
+	x.expect("limit 0: charged", x.take(T0, x.hit("zw", zw, 0), x.hit("zs", zs, 0)), deny(0, 0, m, m), deny(0, 0, 9*q, 9*q))
+	x.expect("limit 0: the charge has left", x.take(T0+int64(9*q), x.hit("zs", zs, 0)), allow(0, 0, 0))
 }
 
 func testKeysIndependent(t *testing.T, x *tester) {
@@ -495,13 +568,13 @@ func testSaturateHits(t *testing.T, x *tester) {
 	x.take(T0, x.hit("v", v, 1), x.hit("w", w, 7), x.hit("b", b, 7))
 	x.expect("denied batch drains what is left", x.take(T0, x.hit("v", v, 1), sat("w", w, 5, false), sat("b", b, 5, false)),
 		deny(1, 0, time.Minute, time.Minute), deny(10, 0, time.Minute, time.Minute), deny(10, 0, 10*time.Second, 5*time.Second))
-	x.expect("drained", x.take(T0, x.hit("w", w, 0), x.hit("b", b, 0)),
+	x.expect("drained", x.take(T0, x.hit("w", w, 1), x.hit("b", b, 1)),
 		deny(10, 0, time.Minute, time.Minute), deny(10, 0, 10*time.Second, time.Second))
 	x.expect("a saturating hit that fits consumes in a denied batch", x.take(T0, x.hit("v", v, 1), sat("x", w, 4, false)),
 		deny(1, 0, time.Minute, time.Minute), allow(10, 6, time.Minute))
 	x.expect("a vetoing saturating hit denies and drains", x.take(T0, sat("x", w, 7, true), x.hit("y", w, 1)),
 		deny(10, 0, time.Minute, time.Minute), allow(10, 10, time.Minute))
-	x.expect("after", x.take(T0, x.hit("x", w, 0), x.hit("y", w, 0)), deny(10, 0, time.Minute, time.Minute), allow(10, 10, time.Minute))
+	x.expect("after", x.take(T0, x.hit("x", w, 1), x.hit("y", w, 0)), deny(10, 0, time.Minute, time.Minute), allow(10, 10, time.Minute))
 }
 
 func testDecisionCount(t *testing.T, x *tester) {
@@ -623,11 +696,15 @@ func testChargesRecordedWhole(t *testing.T, x *tester) {
 		{"refund 100: 130 counted, still over", 4 * time.Second, refund, 100, allow(100, 0, m-4*time.Second)},
 		{"refund 40: 90 counted", 5 * time.Second, refund, 40, allow(100, 10, m-5*time.Second)},
 		{"charge 10: exactly at the limit", 6 * time.Second, charge, 10, allow(100, 0, m-6*time.Second)},
-		{"peek at the limit: one more does not fit", 7 * time.Second, take, 0, deny(100, 0, m-7*time.Second, m-7*time.Second)},
+		{"peek at the limit: allowed, as the reference allows it", 7 * time.Second, take, 0, allow(100, 0, m-7*time.Second)},
+		{"charge 1: past the limit", 8 * time.Second, charge, 1, deny(100, 0, m-8*time.Second, m-8*time.Second)},
+		{"peek past the limit", 9 * time.Second, take, 0, deny(100, 0, m-9*time.Second, m-9*time.Second)},
 		{"the window ends", m, take, 0, allow(100, 100, m)},
 	})
 	x.ops("zero", Window(t, 0, m), []op{
-		{"a charge on a limit of 0 is denied", 0, charge, 5, deny(0, 0, m, store.Never)},
+		{"a limit of 0 admits one peek", 0, take, 0, allow(0, 0, m)},
+		{"a charge on a limit of 0 is denied, and counted", 0, charge, 5, deny(0, 0, m, store.Never)},
+		{"the next peek is denied until the window ends", time.Second, take, 0, deny(0, 0, m-time.Second, m-time.Second)},
 	})
 }
 
@@ -661,9 +738,11 @@ func testTokenBucketDebt(t *testing.T, x *tester) {
 	const tok = 100 * time.Millisecond
 	x.ops("tb", Bucket(t, 10, time.Second, 10), []op{
 		{"charge 30", 0, charge, 30, deny(10, 0, 3*time.Second, 21*tok)},
-		{"peek at 1 s", time.Second, take, 0, deny(10, 0, 2*time.Second, 11*tok)},
+		{"peek at 1 s: past empty until 2 s", time.Second, take, 0, deny(10, 0, 2*time.Second, time.Second)},
+		{"peek 1 ns before empty", 20*tok - 1, take, 0, deny(10, 0, 10*tok+1, 1)},
+		{"peek at 2 s: empty, not past it", 20 * tok, take, 0, allow(10, 0, 10*tok)},
 		{"a take at 2 s", 2 * time.Second, take, 1, deny(10, 0, time.Second, tok)},
-		{"peek 1 ns early", 21*tok - 1, take, 0, deny(10, 0, 9*tok+1, 1)},
+		{"a take 1 ns early", 21*tok - 1, take, 1, deny(10, 0, 9*tok+1, 1)},
 		{"peek at 2.1 s", 21 * tok, take, 0, allow(10, 1, 9*tok)},
 		{"charge 5 more", 21 * tok, charge, 5, deny(10, 0, 14*tok, 5*tok)},
 		{"refund 3", 21 * tok, refund, 3, allow(10, 0, 11*tok)},
@@ -679,7 +758,8 @@ func testSlidingWindowDebt(t *testing.T, x *tester) {
 	x.ops("sw", Sliding(t, 10, time.Second), []op{ // 5 buckets of 200 ms
 		{"take 4", 0, take, 4, allow(10, 6, 6*b)},
 		{"charge 26: full and 20 owed", b, charge, 26, deny(10, 0, 18*b, 18*b)},
-		{"bucket 7: 10 of the debt entered", 7 * b, take, 0, deny(10, 0, 12*b, 12*b)},
+		{"peek: debt until its last part enters", 2 * b, take, 0, deny(10, 0, 17*b, 11*b)},
+		{"bucket 7: 10 of the debt entered", 7 * b, take, 0, deny(10, 0, 12*b, 6*b)},
 		{"refund 5", 8 * b, refund, 5, allow(10, 0, 5*b)},
 		{"bucket 13: the last 5 entered", 13 * b, take, 5, allow(10, 0, 6*b)},
 		{"bucket 19: empty", 19 * b, take, 0, allow(10, 10, 0)},
@@ -1011,13 +1091,13 @@ func testReset(t *testing.T, x *tester) {
 	rules := []struct {
 		name string
 		r    *store.Rule
-		use  uint64 // what the test charges: at or past the limit
+		use  uint64 // what the test charges: past the limit
 	}{
-		{"fixed", Window(t, 3, time.Minute), 3},
+		{"fixed", Window(t, 3, time.Minute), 4},
 		{"wide", Window(t, 10_000_000_000, time.Hour), 10_000_000_001},
 		{"sliding", Sliding(t, 4, time.Minute), 9},
 		{"bucket", Bucket(t, 1, time.Second, 3), 7},
-		{"calendar", CalendarWindow(t, 5, month), 5},
+		{"calendar", CalendarWindow(t, 5, month), 6},
 		{"calendar-sliding", CalendarSliding(t, 5, month), 6},
 	}
 	var hits, untouched []store.Hit
