@@ -207,6 +207,27 @@ func TestPlainKey_MixedFleet(t *testing.T) {
 			if v, _ := b.get(t, minute); v != "5" {
 				t.Errorf("%s = %q, want 5: every hit counted once", minute, v)
 			}
+			// A peek (hits_addend 0) at the limit passes, as the
+			// reference's count + 0 > limit says; past it, it does not.
+			// Neither writes.
+			peek := func(step string, wantOK bool) {
+				t.Helper()
+				d := desc("m", "x")
+				d.HasCost = true
+				var resp limiter.Response
+				if err := a.Check(context.Background(), &limiter.Request{Domain: "api", Descriptors: []limiter.Descriptor{d}}, &resp); err != nil {
+					t.Fatalf("%s: Check: %v", step, err)
+				}
+				if st := resp.Statuses[0]; (st.Code == limiter.OK) != wantOK || st.Remaining() != 0 {
+					t.Errorf("%s: code %v remaining %d, want OK %v remaining 0", step, st.Code, st.Remaining(), wantOK)
+				}
+			}
+			peek("a peek at the limit", true)
+			b.incr(t, minute, 1, 60) // a reference pod's denied hit, counted
+			peek("a peek past the limit", false)
+			if v, _ := b.get(t, minute); v != "6" {
+				t.Errorf("peeks changed %s: %q, want 6", minute, v)
+			}
 
 			// The next minute is a new key, counted by all.
 			clock.advance(time.Minute)
