@@ -121,6 +121,7 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 		others = limit - s.cautious(limit) - capacity
 	}
 	divided := capacity
+	g.before = g.stretch
 	if mode == fleetUncertain {
 		g.stretch = 1
 	} else {
@@ -161,7 +162,7 @@ func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64
 		if now.Sub(b.seen) > staleAfter*max(b.interval, s.o.Interval) {
 			continue
 		}
-		if b.nrecent < 2 {
+		if b.nrecent < 3 {
 			// Its reports do not show the shares yet: no rise.
 			settled = false
 			continue
@@ -172,22 +173,29 @@ func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64
 			free += b.allowed * period
 		}
 	}
-	// Averaged over the last DemandWindow intervals: one interval's
-	// reports straddle the windows the shares are counted in.
-	k := s.o.DemandWindow
-	if len(g.past) < k {
+	if !settled {
+		// Start again once every proxy's reports show its shares.
+		g.past = g.past[:0]
+		return g.stretch
+	}
+	// Averaged over the last stretchWindow intervals (one interval's
+	// reports straddle the windows the shares are counted in), what the
+	// limited proxies admitted scaled to the stretch in force now.
+	if len(g.past) < stretchWindow {
 		g.past = append(g.past, stretchSample{})
 	}
 	copy(g.past[1:], g.past)
-	g.past[0] = stretchSample{free, limited, g.stretch}
-	var avg stretchSample
+	// The reports may span the last two stretches: per unit of the
+	// smaller, so that a rise does not overshoot.
+	g.past[0] = stretchSample{free, limited / min(g.stretch, g.before)}
+	var avgFree, perStretch float64
 	for _, p := range g.past {
-		avg.free += p.free / float64(len(g.past))
-		avg.limited += p.limited / float64(len(g.past))
-		avg.f += p.f / float64(len(g.past))
+		avgFree += p.free / float64(len(g.past))
+		perStretch += p.limited / float64(len(g.past))
 	}
-	next := Stretch(avg.f, avg.free, avg.limited, capacity, s.o.Overcommit)
-	if !settled || len(g.past) < k {
+	next := Stretch(g.stretch, avgFree, perStretch*g.stretch, capacity, s.o.Overcommit)
+	if free+limited >= capacity || len(g.past) < stretchWindow {
+		// No rise while the last interval alone admitted capacity.
 		return min(next, g.stretch)
 	}
 	return min(next, maxRise*g.stretch)
@@ -197,8 +205,12 @@ func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64
 // lag the shares.
 const maxRise = 1.5
 
-// stretchSample is one interval's figures for Stretch.
-type stretchSample struct{ free, limited, f float64 }
+// stretchWindow is how many intervals the stretch is averaged over.
+const stretchWindow = 2
+
+// stretchSample is one interval's figures for Stretch: what the free
+// proxies admitted, and the limited ones per unit of the stretch then.
+type stretchSample struct{ free, limited float64 }
 
 // push queues for every bucket the assignment due (see due): its share
 // of its group's limit as divide left it, or for a bucket that divides no
