@@ -24,8 +24,7 @@ type group struct {
 	claimedAt time.Time
 	// stretch is the factor by which the shares sum above what is
 	// divided (see Stretch), as of the last Tick: 1 or more.
-	// before is the one before.
-	stretch, before float64
+	stretch float64
 	// past are the figures of the last Options.DemandWindow Ticks, newest
 	// first, that stretch is computed from.
 	past []stretchSample
@@ -178,7 +177,7 @@ func (s *Service) subscribe(t *config.Table, b *sub) {
 	}
 	g := s.groups[string(key)]
 	if g == nil {
-		g = &group{key: string(key), subs: map[*sub]struct{}{}, stretch: 1, before: 1}
+		g = &group{key: string(key), subs: map[*sub]struct{}{}, stretch: 1}
 		s.groups[g.key] = g
 	}
 	// A group that outlives a reload (rematch moves its buckets one at

@@ -121,7 +121,6 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 		others = limit - s.cautious(limit) - capacity
 	}
 	divided := capacity
-	g.before = g.stretch
 	if mode == fleetUncertain {
 		g.stretch = 1
 	} else {
@@ -185,16 +184,14 @@ func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64
 		g.past = append(g.past, stretchSample{})
 	}
 	copy(g.past[1:], g.past)
-	// The reports may span the last two stretches: per unit of the
-	// smaller, so that a rise does not overshoot.
-	g.past[0] = stretchSample{free, limited / min(g.stretch, g.before)}
+	g.past[0] = stretchSample{free, limited / g.stretch}
 	var avgFree, perStretch float64
 	for _, p := range g.past {
 		avgFree += p.free / float64(len(g.past))
 		perStretch += p.limited / float64(len(g.past))
 	}
 	next := Stretch(g.stretch, avgFree, perStretch*g.stretch, capacity, s.o.Overcommit)
-	if free+limited >= capacity || len(g.past) < stretchWindow {
+	if free+limited >= capacity || len(g.past) < 2 {
 		// No rise while the last interval alone admitted capacity.
 		return min(next, g.stretch)
 	}
@@ -203,10 +200,10 @@ func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64
 
 // maxRise bounds how far the stretch rises in one Tick, while the reports
 // lag the shares.
-const maxRise = 1.5
+const maxRise = 2
 
 // stretchWindow is how many intervals the stretch is averaged over.
-const stretchWindow = 2
+const stretchWindow = 4
 
 // stretchSample is one interval's figures for Stretch: what the free
 // proxies admitted, and the limited ones per unit of the stretch then.
