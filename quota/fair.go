@@ -134,6 +134,10 @@ func Whole(shares []float64, out []uint64) {
 	}
 }
 
+// StretchDeadband is how far below capacity the proxies may admit before
+// Stretch raises the factor: the noise of one interval's reports.
+const StretchDeadband = 0.02
+
 // Stretch returns the factor by which to stretch what a limit's proxies
 // hold, from the factor f in force during their last reports, so that
 // what some leave unused of their shares goes to the others: the proxies
@@ -146,9 +150,11 @@ func Whole(shares []float64, out []uint64) {
 // proxies admit in proportion to it, f × (capacity − free) / limited,
 // when that goes further (the first step falls short: the free proxies
 // do not take more). It rises at most to twice f, and only while some
-// proxy is limited: without one there is no demand left to meet, and the
-// factor falls halfway back to 1. The result is in [1, most] (1 for most
-// ≤ 1, a capacity that is not positive and finite, or NaN inputs).
+// proxy is limited, and by more than StretchDeadband of capacity: a
+// fleet that admitted nearly capacity keeps its factor. Without a limited
+// proxy there is no demand left to meet, and the factor falls halfway
+// back to 1. The result is in [1, most] (1 for most ≤ 1, a capacity that
+// is not positive and finite, or NaN inputs).
 func Stretch(f, free, limited, capacity, most float64) float64 {
 	if !(most > 1) || !(capacity > 0) || math.IsInf(capacity, 1) || math.IsNaN(f) || math.IsNaN(free) || math.IsNaN(limited) {
 		return 1
@@ -162,6 +168,8 @@ func Stretch(f, free, limited, capacity, most float64) float64 {
 		next = 1 + (f-1)/2
 	case !(admitted > 0):
 		next = 1
+	case admitted >= (1-StretchDeadband)*capacity && admitted <= capacity:
+		next = f
 	case admitted < capacity:
 		next = max(f*capacity/admitted, f*(capacity-free)/limited)
 	case free >= capacity:

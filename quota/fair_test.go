@@ -134,6 +134,8 @@ func TestStretch(t *testing.T) {
 		{"rises, at most twice", 1, 375, 245, 980, 4, 2},
 		{"rises to what would have admitted capacity", 2, 375, 490, 980, 4, 605.0 / 245},
 		{"at capacity: stays", 605.0 / 245, 375, 605, 980, 4, 605.0 / 245},
+		{"within 2 % below capacity: stays", 1, 400, 570, 980, 4, 1},
+		{"just above capacity: falls", 1.5, 400, 590, 980, 4, 1.5 * 580 / 590},
 		{"above capacity: falls", 3, 375, 735, 980, 4, 3 * 605.0 / 735},
 		{"only the free ones fill it: 1", 3, 1000, 10, 980, 4, 1},
 		{"no one limited: halfway back to 1", 3, 500, 0, 980, 4, 2},
