@@ -103,6 +103,13 @@ type RLQSResult struct {
 	// MaxRatio bound admitted/limit over those seconds.
 	Within5            float64 `json:"within_5pct"`
 	MinRatio, MaxRatio float64
+	// Above90 is the fraction of those seconds that admitted at least
+	// 0.9 × the limit; MaxSecond is the most any second of the run
+	// admitted, settled or not, over the limit (MaxSettled of the settled
+	// seconds), whatever the demand.
+	Above90    float64 `json:"above_90pct"`
+	MaxSecond  float64 `json:"max_second"`
+	MaxSettled float64 `json:"max_settled"`
 	// DevP50 and DevP90 are quantiles of the seconds' MeanDev, MaxDevP90
 	// of their MaxDev.
 	DevP50, DevP90, MaxDevP90 float64
@@ -359,12 +366,14 @@ func (f *simFleet) wait() error {
 
 func (r *RLQSResult) summarize() {
 	var means, maxes, cpus, cores []float64
-	in, over := 0, 0
+	in, above, over := 0, 0, 0
 	r.MinRatio, r.MaxRatio = math.Inf(1), 0
 	for _, s := range r.Seconds {
+		r.MaxSecond = max(r.MaxSecond, s.Admitted/s.Limit)
 		if s.T <= r.Settle {
 			continue
 		}
+		r.MaxSettled = max(r.MaxSettled, s.Admitted/s.Limit)
 		means, maxes = append(means, s.MeanDev), append(maxes, s.MaxDev)
 		if s.CPUPerReport > 0 {
 			cpus, cores = append(cpus, s.CPUPerReport), append(cores, s.ServerCores)
@@ -378,9 +387,12 @@ func (r *RLQSResult) summarize() {
 		if math.Abs(ratio-1) <= 0.05 {
 			in++
 		}
+		if ratio >= 0.9 {
+			above++
+		}
 	}
 	if over > 0 {
-		r.Within5 = float64(in) / float64(over)
+		r.Within5, r.Above90 = float64(in)/float64(over), float64(above)/float64(over)
 	} else {
 		r.MinRatio = 0
 	}

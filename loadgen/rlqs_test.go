@@ -305,3 +305,17 @@ func TestSimProxy_LateFirstStep(t *testing.T) {
 		t.Errorf("an idle step left lastStep at %v, want 1.4 s", idle.lastStep.Sub(start))
 	}
 }
+
+// TestRLQSResult_Summarize: the summary counts the settled seconds with
+// demand above the limit that admitted at least 0.9 × it, and the most a
+// second admitted, settled or not, whatever the demand.
+func TestRLQSResult_Summarize(t *testing.T) {
+	r := &RLQSResult{Settle: 2}
+	for i, v := range [][2]float64{{2000, 1100}, {2000, 500}, {2000, 950}, {2000, 880}, {500, 1060}, {2000, 1000}} {
+		r.Seconds = append(r.Seconds, Second{T: i + 1, Offered: v[0], Admitted: v[1], Limit: 1000})
+	}
+	r.summarize()
+	if r.Above90 != 2.0/3 || r.MaxSecond != 1.1 || r.MaxSettled != 1.06 || r.MinRatio != 0.88 || r.MaxRatio != 1 {
+		t.Errorf("summary %+v: want at least 0.9 in 2 of 3 seconds, most 1.1 (1.06 settled), range 0.88–1", r)
+	}
+}

@@ -22,6 +22,12 @@ type group struct {
 	claimed   bool
 	granted   float64
 	claimedAt time.Time
+	// stretch is the factor by which the shares sum above what is
+	// divided (see Stretch), as of the last Tick: 1 or more.
+	stretch float64
+	// past are the figures of the last Options.DemandWindow Ticks, newest
+	// first, that stretch is computed from.
+	past []stretchSample
 	// rank orders the claims when there are more than MaxClaims (see
 	// claimOrder).
 	rank int
@@ -34,15 +40,22 @@ type sub struct {
 	bucket map[string]string
 	rule   *config.Rule // nil when unmatched
 	g      *group       // nil when no limit is divided (see answer)
-	// demand is requests per rule period in the last report; interval is
-	// that report's elapsed time.
-	demand   float64
-	measured bool // demand comes from a report after the first
-	interval time.Duration
-	seen     time.Time // last report
-	busy     time.Time // last report with traffic
+	// recent are the demands (allowed + denied per second) of the last
+	// reports (Options.DemandWindow of them, after the first, which has
+	// no rate) in a ring; nrecent are set. allowed and denied are the
+	// last report's, per second; limited: this one or the one before
+	// had denials. interval is its elapsed time.
+	recent          []float64
+	allowed, denied float64
+	limited         bool
+	next, nrecent   int
+	measured        bool // a report after the first came
+	interval        time.Duration
+	seen            time.Time // last report
+	busy            time.Time // last report with traffic
 	// share is b's share of its group's limit as the last Tick divided
-	// it (requests per period), wanted its demand then (currentDemand).
+	// it (requests per period), wanted its demand then (currentDemand:
+	// the peak of its recent reports).
 	share     uint64
 	wanted    float64
 	sent      Action
@@ -67,8 +80,16 @@ func (b *sub) record(now time.Time, u *Usage) {
 	// created it, a moment ago: no rate. Until the next one its demand
 	// is unknown and it is treated as wanting an equal share.
 	b.measured = !b.seen.IsZero()
-	if b.rule != nil && b.rule.Limit != nil {
-		b.demand = float64(n) * float64(b.rule.Limit.Period()) / float64(el)
+	if b.measured {
+		if b.recent == nil {
+			b.recent = make([]float64, b.st.s.o.DemandWindow)
+		}
+		sec := el.Seconds()
+		b.limited = u.Denied > 0 || b.denied > 0
+		b.allowed, b.denied = float64(u.Allowed)/sec, float64(u.Denied)/sec
+		b.recent[b.next] = b.allowed + b.denied
+		b.next = (b.next + 1) % len(b.recent)
+		b.nrecent = min(b.nrecent+1, len(b.recent))
 	}
 	b.seen = now
 	if n > 0 {
@@ -80,9 +101,11 @@ func (b *sub) record(now time.Time, u *Usage) {
 // without a report before its demand counts as 0.
 const staleAfter = 3
 
-// currentDemand is b's last reported demand, infinite (an equal share)
-// after only its first report, or 0 once its reports have stopped for
-// staleAfter of its intervals.
+// currentDemand is b's demand in requests per its group's period: the
+// peak of its recent reports (Options.DemandWindow), so that a proxy
+// whose demand comes in bursts counts as wanting its bursts; infinite (an
+// equal share) after only its first report, or 0 once its reports have
+// stopped for staleAfter of its intervals.
 func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
 	switch {
 	case now.Sub(b.seen) > staleAfter*max(b.interval, interval):
@@ -90,7 +113,11 @@ func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
 	case !b.measured:
 		return math.Inf(1)
 	}
-	return b.demand
+	var peak float64
+	for _, d := range b.recent[:b.nrecent] {
+		peak = max(peak, d)
+	}
+	return peak * b.g.rule.Limit.Period().Seconds()
 }
 
 // current returns the table to match against, nil before the first one
@@ -150,7 +177,7 @@ func (s *Service) subscribe(t *config.Table, b *sub) {
 	}
 	g := s.groups[string(key)]
 	if g == nil {
-		g = &group{key: string(key), subs: map[*sub]struct{}{}}
+		g = &group{key: string(key), subs: map[*sub]struct{}{}, stretch: 1}
 		s.groups[g.key] = g
 	}
 	// A group that outlives a reload (rematch moves its buckets one at

@@ -133,3 +133,49 @@ func Whole(shares []float64, out []uint64) {
 		out[i]++
 	}
 }
+
+// StretchDeadband is how far below capacity the proxies may admit before
+// Stretch raises the factor: the noise of one interval's reports.
+const StretchDeadband = 0.02
+
+// Stretch returns the factor by which to stretch what a limit's proxies
+// hold, from the factor f in force during their last reports, so that
+// what some leave unused of their shares goes to the others: the proxies
+// that want the limit may change faster than their demand is reported.
+// limited is what the proxies recently denied admitted, free what the
+// others admitted (requests per period, in their last reports), capacity
+// what is divided. When the proxies admitted less than capacity, the
+// factor rises, when more it falls: to f × capacity / admitted at least,
+// and to the factor that would have admitted capacity if only the limited
+// proxies admit in proportion to it, f × (capacity − free) / limited,
+// when that goes further (the first step falls short: the free proxies
+// do not take more). It rises at most to twice f, and only while some
+// proxy is limited, and by more than StretchDeadband of capacity: a
+// fleet that admitted nearly capacity keeps its factor. Without a limited
+// proxy there is no demand left to meet, and the factor falls halfway
+// back to 1. The result is in [1, most] (1 for most ≤ 1, a capacity that
+// is not positive and finite, or NaN inputs).
+func Stretch(f, free, limited, capacity, most float64) float64 {
+	if !(most > 1) || !(capacity > 0) || math.IsInf(capacity, 1) || math.IsNaN(f) || math.IsNaN(free) || math.IsNaN(limited) {
+		return 1
+	}
+	f = min(max(f, 1), most)
+	free, limited = max(free, 0), max(limited, 0)
+	admitted := free + limited
+	var next float64
+	switch {
+	case !(limited > 0) && admitted < capacity:
+		next = 1 + (f-1)/2
+	case !(admitted > 0):
+		next = 1
+	case admitted >= (1-StretchDeadband)*capacity && admitted <= capacity:
+		next = f
+	case admitted < capacity:
+		next = max(f*capacity/admitted, f*(capacity-free)/limited)
+	case free >= capacity:
+		next = 1
+	default:
+		next = min(f*capacity/admitted, f*(capacity-free)/limited)
+	}
+	return min(max(next, 1), 2*f, most)
+}

@@ -119,3 +119,65 @@ func FuzzFairShares(f *testing.F) {
 		}
 	})
 }
+
+// TestStretch steps a limit of capacity 980 whose 50 proxies are a
+// quarter at 160/s and the rest at 10/s, the busy ones changing every
+// interval: at a stretch f the light ones admit 375 and the busy ones
+// 245 × f.
+func TestStretch(t *testing.T) {
+	nan := math.NaN()
+	cases := []struct {
+		name                             string
+		f, free, limited, capacity, most float64
+		want                             float64
+	}{
+		{"rises, at most twice", 1, 375, 245, 980, 4, 2},
+		{"rises to what would have admitted capacity", 2, 375, 490, 980, 4, 605.0 / 245},
+		{"at capacity: stays", 605.0 / 245, 375, 605, 980, 4, 605.0 / 245},
+		{"within 2 % below capacity: stays", 1, 400, 570, 980, 4, 1},
+		{"just above capacity: falls", 1.5, 400, 590, 980, 4, 1.5 * 580 / 590},
+		{"above capacity: falls", 3, 375, 735, 980, 4, 3 * 605.0 / 735},
+		{"only the free ones fill it: 1", 3, 1000, 10, 980, 4, 1},
+		{"no one limited: halfway back to 1", 3, 500, 0, 980, 4, 2},
+		{"bounded by most", 3, 100, 100, 980, 4, 4},
+		{"most 1: off", 2, 375, 245, 980, 1, 1},
+		{"never below 1", 1, 375, 900, 980, 4, 1},
+		{"nothing admitted yet", 1, 0, 0, 980, 4, 1},
+		{"NaN", nan, 375, 245, 980, 4, 1},
+		{"no capacity", 2, 375, 245, 0, 4, 1},
+		{"infinite capacity", 2, 375, 245, math.Inf(1), 4, 1},
+	}
+	for _, c := range cases {
+		if got := Stretch(c.f, c.free, c.limited, c.capacity, c.most); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%s: Stretch(%v, %v, %v, %v, %v) = %v, want %v", c.name, c.f, c.free, c.limited, c.capacity, c.most, got, c.want)
+		}
+	}
+}
+
+// FuzzStretch: the stretch stays in [1, most], at most doubles, never
+// rises when the proxies admitted more than capacity or none was
+// limited, and never falls when they admitted less with some limited.
+func FuzzStretch(f *testing.F) {
+	f.Add(1.0, 375.0, 245.0, 980.0, 4.0)
+	f.Add(3.0, 1000.0, 10.0, 980.0, 4.0)
+	f.Add(2.0, 0.0, 0.0, 1.0, 100.0)
+	f.Fuzz(func(t *testing.T, x, free, limited, capacity, most float64) {
+		got := Stretch(x, free, limited, capacity, most)
+		if !(got >= 1) || got > max(most, 1) {
+			t.Fatalf("Stretch(%v, %v, %v, %v, %v) = %v: outside [1, %v]", x, free, limited, capacity, most, got, most)
+		}
+		if !(x >= 1 && x <= most && free >= 0 && limited >= 0 && capacity > 0 && !math.IsInf(capacity, 1)) {
+			return
+		}
+		if got > 2*x*(1+1e-12) {
+			t.Fatalf("Stretch(%v, %v, %v, %v, %v) = %v: more than doubles", x, free, limited, capacity, most, got)
+		}
+		admitted := free + limited
+		if (admitted > capacity || limited == 0) && got > x*(1+1e-12) {
+			t.Fatalf("Stretch(%v, %v, %v, %v, %v) = %v: rises", x, free, limited, capacity, most, got)
+		}
+		if admitted < capacity && limited > 0 && got < x*(1-1e-12) {
+			t.Fatalf("Stretch(%v, %v, %v, %v, %v) = %v: falls", x, free, limited, capacity, most, got)
+		}
+	})
+}

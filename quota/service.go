@@ -23,7 +23,19 @@ const (
 	DefaultMaxStreams          = 5000
 	DefaultMaxBuckets          = 200000
 	DefaultMaxClaims           = 1000
+	// DefaultDemandWindow and DefaultOvercommit divide by the last
+	// report only and never above the limit, as before they existed;
+	// BurstDemandWindow and BurstOvercommit follow demand that moves
+	// between proxies faster than they report (see Stretch).
+	DefaultDemandWindow = 1
+	DefaultOvercommit   = 1
+	BurstDemandWindow   = 4
+	BurstOvercommit     = 4
 )
+
+// MaxDemandWindow bounds Options.DemandWindow (each bucket keeps that many
+// demands).
+const MaxDemandWindow = 64
 
 // Bounds on a report; anything outside them is malformed.
 const (
@@ -120,6 +132,18 @@ type Options struct {
 	// the groups of the streams with the fewest buckets are claimed
 	// first, then in turn (see Tick).
 	MaxClaims int
+	// DemandWindow is how many of a bucket's last reports its demand is
+	// the peak of. 0 means DefaultDemandWindow (1, the last report only).
+	// At most MaxDemandWindow.
+	DemandWindow int
+	// Overcommit bounds how far the shares of a limit may sum above what
+	// is divided (the limit less the reserve, or this replica's part of
+	// it) so that what some proxies leave unused of their shares goes to
+	// others (see Stretch): a group whose proxies' demand moves between
+	// them faster than they report admits its limit, not only what the
+	// proxies of the last report wanted. 0 means DefaultOvercommit (1:
+	// the limit only, never above it).
+	Overcommit float64
 	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
 	// (the share per unit, refilled evenly, holding a tenth of it, at least 10)
 	// instead of requests_per_time_unit, which Envoy's filter does not
@@ -164,6 +188,14 @@ func (o *Options) defaults() {
 	if o.MaxClaims <= 0 {
 		o.MaxClaims = DefaultMaxClaims
 	}
+	if o.DemandWindow <= 0 {
+		o.DemandWindow = DefaultDemandWindow
+	}
+	o.DemandWindow = min(o.DemandWindow, MaxDemandWindow)
+	if o.Overcommit == 0 || math.IsNaN(o.Overcommit) {
+		o.Overcommit = DefaultOvercommit
+	}
+	o.Overcommit = max(o.Overcommit, 1)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

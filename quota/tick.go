@@ -82,9 +82,13 @@ type divideScratch struct {
 }
 
 // divideGroup divides g's limit (or this replica's part of it, see
-// fleetMode) among its proxies by their demands: each proxy's share, in
-// whole requests per period, and its demand go into its sub (share,
-// wanted), what the proxies hold into g.assigned. s.mu is held.
+// fleetMode) among its proxies by their demands (the peaks of their
+// recent reports), stretched by what their last reports left unused (see
+// Stretch) unless this replica divides only its cautious part: each
+// proxy's share, in whole requests per period, and its demand go into its
+// sub (share, wanted), what the proxies hold into g.assigned, counting
+// the stretch as not held, so that newcomers still draw from the reserve.
+// s.mu is held.
 func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 	// In a stable order, so that the units rounding hands out go to the
 	// same proxies every interval.
@@ -106,7 +110,8 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 	sc.demands = demands
 	limit := float64(g.rule.Limit.Limit())
 	capacity, others := limit*(1-s.o.reserve()), 0.0
-	switch s.fleetMode(g) {
+	mode := s.fleetMode(g)
+	switch mode {
 	case fleetUncertain:
 		capacity = s.cautious(limit)
 	case fleetShared:
@@ -115,19 +120,94 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 		capacity = g.granted
 		others = limit - s.cautious(limit) - capacity
 	}
+	divided := capacity
+	if mode == fleetUncertain {
+		g.stretch = 1
+	} else {
+		g.stretch = s.stretch(now, g, subs, capacity)
+		// Never past the peaks: no proxy gets more than its peak from
+		// the stretch.
+		var peaks float64
+		for _, d := range demands {
+			peaks += d
+		}
+		divided = max(capacity, min(g.stretch*capacity, peaks))
+	}
 	sc.shares = grow(sc.shares, len(demands))
 	sc.whole = growU(sc.whole, len(subs))
 	shares, whole := sc.shares, sc.whole
-	FairShares(demands, capacity, shares)
+	FairShares(demands, divided, shares)
 	// Rounded over this replica's proxies only, so that the replicas'
 	// rounded shares cannot sum above the limit either.
 	Whole(shares, whole)
-	g.assigned = others
+	var held float64
 	for i, b := range subs {
-		g.assigned += float64(whole[i])
+		held += float64(whole[i])
 		b.share, b.wanted = whole[i], demands[i]
 	}
+	g.assigned = others + min(held, capacity)
 }
+
+// stretch is g's next stretch (see Stretch) from its proxies' last
+// reports; s.mu is held.
+func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64) float64 {
+	if s.o.Overcommit <= 1 {
+		return 1
+	}
+	period := g.rule.Limit.Period().Seconds()
+	var free, limited float64
+	settled := true
+	for _, b := range subs {
+		if now.Sub(b.seen) > staleAfter*max(b.interval, s.o.Interval) {
+			continue
+		}
+		if b.nrecent < 3 {
+			// Its reports do not show the shares yet: no rise.
+			settled = false
+			continue
+		}
+		if b.limited {
+			limited += b.allowed * period
+		} else {
+			free += b.allowed * period
+		}
+	}
+	if !settled {
+		// Start again once every proxy's reports show its shares.
+		g.past = g.past[:0]
+		return g.stretch
+	}
+	// Averaged over the last stretchWindow intervals (one interval's
+	// reports straddle the windows the shares are counted in), what the
+	// limited proxies admitted scaled to the stretch in force now.
+	if len(g.past) < stretchWindow {
+		g.past = append(g.past, stretchSample{})
+	}
+	copy(g.past[1:], g.past)
+	g.past[0] = stretchSample{free, limited / g.stretch}
+	var avgFree, perStretch float64
+	for _, p := range g.past {
+		avgFree += p.free / float64(len(g.past))
+		perStretch += p.limited / float64(len(g.past))
+	}
+	next := Stretch(g.stretch, avgFree, perStretch*g.stretch, capacity, s.o.Overcommit)
+	if free+limited >= capacity || len(g.past) < 2 {
+		// No rise while the last interval alone admitted capacity.
+		return min(next, g.stretch)
+	}
+	return min(next, maxRise*g.stretch)
+}
+
+// maxRise bounds how far the stretch rises in one Tick, while the reports
+// lag the shares.
+const maxRise = 2
+
+// stretchWindow is how many intervals the stretch is averaged over.
+const stretchWindow = 4
+
+// stretchSample is one interval's figures for Stretch: what the free
+// proxies admitted, and the limited ones per unit of the stretch then.
+type stretchSample struct{ free, limited float64 }
 
 // push queues for every bucket the assignment due (see due): its share
 // of its group's limit as divide left it, or for a bucket that divides no

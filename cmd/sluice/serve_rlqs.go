@@ -35,6 +35,8 @@ type rlqsFlags struct {
 	maxStreams int
 	maxAll     int // buckets of all streams
 	maxClaims  int
+	window     int
+	overcommit float64
 	replica    string
 	fwStrategy string
 }
@@ -50,6 +52,8 @@ func (f *rlqsFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxStreams, "rlqs-max-streams", quota.DefaultMaxStreams, "RLQS: most open streams on this replica; more end with RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.maxAll, "rlqs-max-buckets", quota.DefaultMaxBuckets, "RLQS: most buckets of all streams on this replica; a report past it ends its stream with RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.maxClaims, "rlqs-max-claims", quota.DefaultMaxClaims, "RLQS with --store redis: most limits claimed through Redis per interval (script calls); past it, the limits of the streams with the fewest buckets first, the others in turn")
+	fs.IntVar(&f.window, "rlqs-demand-window", quota.DefaultDemandWindow, "RLQS: a bucket's demand is the peak of its last this many reports (1: the last report only; 4 with --rlqs-overcommit 4 follows bursts)")
+	fs.Float64Var(&f.overcommit, "rlqs-overcommit", quota.DefaultOvercommit, "RLQS: the shares of a limit may sum up to this many times what is divided, giving what some proxies leave unused to those denied (1: never above the limit; see docs/RLQS.md)")
 	fs.StringVar(&f.fwStrategy, "rlqs-fixed-window-strategy", "requests_per_time_unit", "RLQS: strategy assigned for fixed-window rules: requests_per_time_unit | token_bucket (Envoy's filter does not enforce requests_per_time_unit yet)")
 	fs.StringVar(&f.replica, "rlqs-replica-id", "", "RLQS with --store redis: this replica's `name` in the shared demand (default host name and process id)")
 }
@@ -66,6 +70,10 @@ func (f *rlqsFlags) options() (quota.Options, error) {
 		return quota.Options{}, errors.New("--rlqs-reserve must be in [0, 0.5]")
 	case f.idle <= 0:
 		return quota.Options{}, errors.New("--rlqs-idle-abandon must be positive")
+	case f.window < 1 || f.window > quota.MaxDemandWindow:
+		return quota.Options{}, fmt.Errorf("--rlqs-demand-window must be in [1, %d]", quota.MaxDemandWindow)
+	case !(f.overcommit >= 1 && f.overcommit <= 100):
+		return quota.Options{}, errors.New("--rlqs-overcommit must be in [1, 100]")
 	case f.maxBuckets < 1 || f.maxStreams < 1 || f.maxAll < 1 || f.maxClaims < 1:
 		return quota.Options{}, errors.New("--rlqs-max-buckets-per-stream, --rlqs-max-streams, --rlqs-max-buckets and --rlqs-max-claims must be at least 1")
 	}
@@ -75,7 +83,8 @@ func (f *rlqsFlags) options() (quota.Options, error) {
 		return quota.Options{}, fmt.Errorf("--rlqs-fixed-window-strategy %q: want requests_per_time_unit or token_bucket", f.fwStrategy)
 	}
 	o := quota.Options{FixedWindowAsTokenBucket: f.fwStrategy == "token_bucket", Interval: f.interval, TTL: f.ttl, Threshold: f.threshold, Reserve: f.reserve,
-		IdleAbandon: f.idle, MaxBucketsPerStream: f.maxBuckets, MaxStreams: f.maxStreams, MaxBuckets: f.maxAll, MaxClaims: f.maxClaims}
+		IdleAbandon: f.idle, MaxBucketsPerStream: f.maxBuckets, MaxStreams: f.maxStreams, MaxBuckets: f.maxAll, MaxClaims: f.maxClaims,
+		DemandWindow: f.window, Overcommit: f.overcommit}
 	// quota.Options reads 0 as "the default"; the flags mean none.
 	if f.threshold == 0 {
 		o.Threshold = -1

@@ -121,6 +121,10 @@ func TestServeRLQS_BadSettings(t *testing.T) {
 		{[]string{"--rlqs-max-buckets", "-1"}, "--rlqs-max-buckets"},
 		{[]string{"--rlqs-max-claims", "0"}, "--rlqs-max-claims"},
 		{[]string{"--rlqs-fixed-window-strategy", "leaky"}, "--rlqs-fixed-window-strategy"},
+		{[]string{"--rlqs-demand-window", "0"}, "--rlqs-demand-window"},
+		{[]string{"--rlqs-demand-window", "65"}, "--rlqs-demand-window"},
+		{[]string{"--rlqs-overcommit", "0.5"}, "--rlqs-overcommit"},
+		{[]string{"--rlqs-overcommit", "NaN"}, "--rlqs-overcommit"},
 	} {
 		args := append([]string{"--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, c.args...)
 		err := serve(context.Background(), args, serveEnv{}.get, &strings.Builder{}, nil)
