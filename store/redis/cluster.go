@@ -61,7 +61,7 @@ func (s *Store) bySlot(now int64, hits []store.Hit, keys []string) []batch {
 // reply, committed only if every slot committed, and each slot's reply
 // (the zero reply for one that failed). The error joins the slots'.
 func (s *Store) runSlots(ctx context.Context, hits []store.Hit, bs []batch) (reply, []reply, error) {
-	c := s.client
+	c := s.client() // not nil: the breaker stays open until connected
 	cmds := make(rueidis.Commands, len(bs))
 	for j, b := range bs {
 		cmds[j] = c.B().Evalsha().Sha1(takeScript.sha).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build()

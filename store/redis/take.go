@@ -289,7 +289,7 @@ func (s *Store) run(ctx context.Context, hits []store.Hit, b batch) (reply, erro
 // eval executes a script by SHA, with a fallback to its source when Redis
 // does not have it cached.
 func (s *Store) eval(ctx context.Context, sc script, keys, args []string) rueidis.RedisResult {
-	c := s.client
+	c := s.client() // not nil: the breaker stays open until connected
 	res := c.Do(ctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
 		res = c.Do(ctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
