@@ -30,6 +30,9 @@ type redisFlags struct {
 	localCache bool
 	keyPrefix  string
 	clock      string
+	// connectRetry, connectRetryMax and connectMaxWait are the back-off
+	// of connecting to a Redis not up yet at startup.
+	connectRetry, connectRetryMax, connectMaxWait time.Duration
 }
 
 // redisConn are the settings of one Redis deployment and of the
@@ -76,6 +79,10 @@ func (f *redisFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.localCache, "redis-local-cache", true, "redis store: answer keys known to be over their limit without asking Redis")
 	fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
 	fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
+	fs.DurationVar(&f.connectRetry, "redis-connect-retry", redis.DefaultConnectRetry, "redis store: a Redis not reachable at startup is tried again after this long, "+
+		"then twice as long each time up to --redis-connect-retry-max; meanwhile health is NOT_SERVING and requests are answered by --store-failure-mode")
+	fs.DurationVar(&f.connectRetryMax, "redis-connect-retry-max", redis.DefaultConnectRetryMax, "redis store: longest wait between attempts to reach a Redis not reachable at startup")
+	fs.DurationVar(&f.connectMaxWait, "redis-connect-max-wait", 0, "redis store: exit if Redis has not answered this long after startup (0: wait for ever)")
 }
 
 // register adds the flags of one Redis: --NAME-url and so on, with prefix
@@ -209,6 +216,17 @@ func (c *redisConfig) setup(x *serveContext, sp *split.Store, stores ...redisSto
 		if err := x.Registry.Register(st.calls); err != nil {
 			return err
 		}
+		// Until Redis first answers (it may not be up yet at startup),
+		// health says NOT_SERVING, --redis-health or not.
+		x.Ready = append(x.Ready, connected(st.Connected()))
+		x.Run = append(x.Run, func(ctx context.Context) error {
+			select {
+			case <-ctx.Done():
+			case <-st.Connected():
+				x.UpdateHealth()
+			}
+			return nil
+		})
 		if c.f.health {
 			x.Ready = append(x.Ready, st.Healthy)
 			x.Run = append(x.Run, func(ctx context.Context) error {
@@ -270,6 +288,18 @@ func (c transitions) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.Closes), "up")
 }
 
+// connected is a Ready condition: up is closed.
+func connected(up <-chan struct{}) func() bool {
+	return func() bool {
+		select {
+		case <-up:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
 // followHealth updates x's health when st's health changes, checking
 // every interval (st.Healthy is one of x.Ready, so a config reload while
 // the store is down keeps NOT_SERVING too). The store logs the
@@ -310,7 +340,8 @@ func (f *redisConn) deployment() string {
 func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	o := redis.Options{URL: conn.url, SentinelMaster: conn.sentinelMaster, Username: conn.username,
 		Password: conn.password, SentinelPassword: conn.sentinelPassword, Timeout: conn.timeout, PipelineWindow: conn.pipelineWindow,
-		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache}
+		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache,
+		ConnectRetry: f.connectRetry, ConnectRetryMax: f.connectRetryMax, ConnectMaxWait: f.connectMaxWait}
 	if conn.sentinel != "" {
 		o.SentinelAddrs = splitList(conn.sentinel)
 	}
@@ -323,6 +354,10 @@ func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	}
 	if conn.timeout <= 0 {
 		return o, fmt.Errorf("%stimeout must be positive", p)
+	}
+	if f.connectRetry <= 0 || f.connectRetryMax < f.connectRetry || f.connectMaxWait < 0 {
+		return o, fmt.Errorf("--redis-connect-retry %v, --redis-connect-retry-max %v, --redis-connect-max-wait %v: want a positive retry, a maximum at least as long, a wait of 0 or more",
+			f.connectRetry, f.connectRetryMax, f.connectMaxWait)
 	}
 	if conn.pipelineWindow < 0 || conn.pipelineWindow >= conn.timeout {
 		return o, fmt.Errorf("%spipeline-window %v: want 0 or more and less than %stimeout (%v)", p, conn.pipelineWindow, p, conn.timeout)
@@ -420,8 +455,10 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_PERSECOND_TIMEOUT", when: onPerSecond, flag: "redis-persecond-timeout"},
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
 	{name: "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", note: "not read: as `REDIS_POOL_ON_EMPTY_BEHAVIOR`"},
-}, refUnread("serve pings Redis once at startup and stops if it does not answer",
-	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
+	{name: "REDIS_STARTUP_INITIAL_INTERVAL", flag: "redis-connect-retry", differs: "unset, 100ms (the reference's default: 1s)"},
+	{name: "REDIS_STARTUP_MAX_INTERVAL", flag: "redis-connect-retry-max", differs: "unset, 5s (the reference's default: 30s)"},
+	{name: "REDIS_STARTUP_MAX_ELAPSED_TIME", flag: "redis-connect-max-wait"},
+}, []refVar{
 	{name: "CACHE_KEY_PREFIX", apply: refApply{doc: "`--redis-key-prefix` and `--memcache-key-prefix`",
 		fn: func(e *refEnv, v string) error {
 			e.set("redis-key-prefix", v)

@@ -191,4 +191,3 @@ func TestNextRetry(t *testing.T) {
 		t.Errorf("waits %v, want %v", got, want)
 	}
 }
-
