@@ -218,15 +218,7 @@ func (c *redisConfig) setup(x *serveContext, sp *split.Store, stores ...redisSto
 		}
 		// Until Redis first answers (it may not be up yet at startup),
 		// health says NOT_SERVING, --redis-health or not.
-		x.Ready = append(x.Ready, connected(st.Connected()))
-		x.Run = append(x.Run, func(ctx context.Context) error {
-			select {
-			case <-ctx.Done():
-			case <-st.Connected():
-				x.UpdateHealth()
-			}
-			return nil
-		})
+		readyOnceUp(x, st.Connected())
 		if c.f.health {
 			x.Ready = append(x.Ready, st.Healthy)
 			x.Run = append(x.Run, func(ctx context.Context) error {
@@ -288,16 +280,25 @@ func (c transitions) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.Closes), "up")
 }
 
-// connected is a Ready condition: up is closed.
-func connected(up <-chan struct{}) func() bool {
-	return func() bool {
+// readyOnceUp makes x's health wait for up, a store's first answer: a
+// Ready condition, and a task that updates health when up closes.
+func readyOnceUp(x *serveContext, up <-chan struct{}) {
+	x.Ready = append(x.Ready, func() bool {
 		select {
 		case <-up:
 			return true
 		default:
 			return false
 		}
-	}
+	})
+	x.Run = append(x.Run, func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+		case <-up:
+			x.UpdateHealth()
+		}
+		return nil
+	})
 }
 
 // followHealth updates x's health when st's health changes, checking

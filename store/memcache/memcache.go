@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,6 +29,8 @@ type Store struct {
 	conns conns // the client's open connections, by server
 	opt   Options
 
+	up         chan struct{} // closed once every server first answered
+	upOnce     sync.Once
 	healthy    atomic.Bool
 	srvFailing atomic.Bool   // the last SRV refresh failed
 	retries    atomic.Uint64 // CAS round trips lost to a concurrent writer
@@ -57,7 +60,7 @@ type Stats struct {
 // (resolved here, once). It does not connect: Ping does.
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
-	s := &Store{sel: &selector{}, opt: opt}
+	s := &Store{sel: &selector{}, opt: opt, up: make(chan struct{})}
 	switch {
 	case opt.KeyPrefix != "" && (!legal(opt.KeyPrefix) || len(opt.KeyPrefix) > maxKeyLen/2):
 		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
@@ -87,12 +90,71 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	return s, nil
 }
 
-// Ping reaches every server, reporting the first that fails.
+// Ping reaches every server, reporting the first that fails. Once every
+// server answered, Connected is closed.
 func (s *Store) Ping() error {
 	if err := s.c.Ping(); err != nil {
 		return fmt.Errorf("memcache: ping: %w", err)
 	}
+	s.upOnce.Do(func() { close(s.up) })
 	return nil
+}
+
+// Connect pings every server, as serve does at startup. A server that
+// cannot be reached yet (refused, silent, not resolving) is no error: the
+// store is then unhealthy, its calls fail (answered by the caller's
+// failure mode), and Run pings again with back-off (Options.ConnectRetry)
+// until every server answered; Connected says when. A TLS handshake that
+// a server refuses, or whose certificate does not verify, is an error.
+func (s *Store) Connect() error {
+	err := s.Ping()
+	if err == nil {
+		return nil
+	}
+	if !transient(err) {
+		return err
+	}
+	s.healthy.Store(false)
+	s.opt.Logger.Warn("memcached not reachable yet: answering by the failure mode and retrying",
+		"servers", s.sel.names(), "cause", err, "retry_in", s.opt.ConnectRetry)
+	return nil
+}
+
+// Connected is closed once every server first answered a ping.
+func (s *Store) Connected() <-chan struct{} { return s.up }
+
+// transient reports whether err, of a ping, may go away by itself: not a
+// TLS handshake that a server refused or whose certificate does not
+// verify.
+func transient(err error) bool {
+	var ope *net.OpError
+	if errors.As(err, &ope) && ope.Op == "remote error" {
+		return false
+	}
+	var cv *tls.CertificateVerificationError
+	return !errors.As(err, &cv)
+}
+
+// awaitServers pings with back-off until every server answered: after
+// ConnectRetry, then twice as long each time up to ConnectRetryMax. It
+// returns false when ctx ends first.
+func (s *Store) awaitServers(ctx context.Context) bool {
+	wait := s.opt.ConnectRetry
+	for attempt := 2; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		err := s.Ping()
+		if err == nil {
+			s.healthy.Store(true)
+			s.opt.Logger.Info("memcached reachable: connected", "servers", s.sel.names(), "attempts", attempt)
+			return true
+		}
+		wait = min(2*wait, s.opt.ConnectRetryMax)
+		s.opt.Logger.Warn("memcached not reachable yet", "servers", s.sel.names(), "cause", err, "attempts", attempt, "retry_in", wait)
+	}
 }
 
 // Close closes the idle connections.
@@ -107,10 +169,18 @@ func (s *Store) Stats() Stats {
 		CASExhausted: s.contended.Load(), RollbackFailures: s.leaked.Load()}
 }
 
-// Run pings every server each ProbeInterval for Healthy and, with an SRV
+// Run first waits for every server to answer if Connect found one that
+// did not (see Connect). Then it pings every server each ProbeInterval for Healthy and, with an SRV
 // name and SRVRefresh, resolves it again each SRVRefresh (a failed lookup
 // keeps the servers it had). It returns when ctx ends.
 func (s *Store) Run(ctx context.Context) error {
+	select {
+	case <-s.up:
+	default:
+		if !s.awaitServers(ctx) {
+			return nil
+		}
+	}
 	probe := time.NewTicker(s.opt.ProbeInterval)
 	defer probe.Stop()
 	var refresh <-chan time.Time
