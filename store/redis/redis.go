@@ -529,13 +529,15 @@ func (s *Store) pingWith(ctx context.Context, client rueidis.Client, timeout tim
 	defer cancel()
 	if s.cluster {
 		for addr, n := range client.Nodes() {
-			if err := n.Do(ctx, n.B().Ping().Build()).Error(); err != nil {
+			cmd := n.B().Ping().Build()
+			if err := errors.Join(bounded(ctx, func() error { return n.Do(ctx, cmd).Error() })); err != nil {
 				return fmt.Errorf("redis: ping %s: %w", addr, err)
 			}
 		}
 		return nil
 	}
-	if err := client.Do(ctx, client.B().Ping().Build()).Error(); err != nil {
+	cmd := client.B().Ping().Build()
+	if err := errors.Join(bounded(ctx, func() error { return client.Do(ctx, cmd).Error() })); err != nil {
 		return fmt.Errorf("redis: ping: %w", err)
 	}
 	return nil
