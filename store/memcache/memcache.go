@@ -12,6 +12,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,7 @@ type Store struct {
 	retries    atomic.Uint64 // CAS round trips lost to a concurrent writer
 	contended  atomic.Uint64 // hits that ran out of CAS attempts
 	leaked     atomic.Uint64 // rollbacks that failed: takes left counted
+	left       atomic.Int64  // takes whose caller's ctx ended while they waited for memcached, still running
 }
 
 // Stats are the store's cumulative counters.
@@ -96,7 +98,10 @@ func (s *Store) Ping() error {
 	if err := s.c.Ping(); err != nil {
 		return fmt.Errorf("memcache: ping: %w", err)
 	}
-	s.upOnce.Do(func() { close(s.up) })
+	s.upOnce.Do(func() {
+		s.healthy.Store(true)
+		close(s.up)
+	})
 	return nil
 }
 
@@ -135,25 +140,30 @@ func transient(err error) bool {
 	return !errors.As(err, &cv)
 }
 
-// awaitServers pings with back-off until every server answered: after
-// ConnectRetry, then twice as long each time up to ConnectRetryMax. It
-// returns false when ctx ends first.
+// awaitServers pings until every server answered: at once, then after
+// ConnectRetry, then twice as long each time up to ConnectRetryMax. The
+// store is unhealthy meanwhile. It returns false when ctx ends first.
 func (s *Store) awaitServers(ctx context.Context) bool {
 	wait := s.opt.ConnectRetry
-	for attempt := 2; ; attempt++ {
+	for attempt := 1; ; attempt++ {
+		err := s.Ping()
+		if err == nil {
+			s.healthy.Store(true)
+			if attempt > 1 {
+				s.opt.Logger.Info("memcached reachable: connected", "servers", s.sel.names(), "attempts", attempt)
+			}
+			return true
+		}
+		s.healthy.Store(false)
+		if attempt > 1 {
+			wait = min(2*wait, s.opt.ConnectRetryMax)
+			s.opt.Logger.Warn("memcached not reachable yet", "servers", s.sel.names(), "cause", err, "attempts", attempt, "retry_in", wait)
+		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-time.After(wait):
 		}
-		err := s.Ping()
-		if err == nil {
-			s.healthy.Store(true)
-			s.opt.Logger.Info("memcached reachable: connected", "servers", s.sel.names(), "attempts", attempt)
-			return true
-		}
-		wait = min(2*wait, s.opt.ConnectRetryMax)
-		s.opt.Logger.Warn("memcached not reachable yet", "servers", s.sel.names(), "cause", err, "attempts", attempt, "retry_in", wait)
 	}
 }
 
@@ -256,6 +266,58 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if len(out) != len(hits) {
 		return fmt.Errorf("memcache: %d decisions for %d hits", len(out), len(hits))
 	}
+	if ctx.Done() == nil {
+		return s.take(ctx, now, hits, out)
+	}
+	// The client takes no context: each round trip may last up to
+	// Timeout, whatever the caller's deadline. The take runs in its own
+	// goroutine, on copies, and the caller returns when ctx ends; the
+	// take then stops at its next round trip and gives back what it took
+	// (see take). While MaxIdleConns takes left so are still waiting for
+	// memcached (each holds a connection), a take fails at once: a silent
+	// server would otherwise gather a connection per call.
+	if n := s.left.Load(); n >= int64(s.opt.MaxIdleConns) {
+		return fmt.Errorf("memcache: %d calls past their deadline still wait for memcached", n)
+	}
+	t := &detached{hits: slices.Clone(hits), out: make([]store.Decision, len(out)), done: make(chan error, 1)}
+	go func() {
+		err := s.take(ctx, now, t.hits, t.out)
+		if !t.state.CompareAndSwap(detachedRunning, detachedDone) {
+			s.left.Add(-1)
+		}
+		t.done <- err
+	}()
+	select {
+	case err := <-t.done:
+		copy(out, t.out)
+		return err
+	case <-ctx.Done():
+	}
+	if !t.state.CompareAndSwap(detachedRunning, detachedLeft) {
+		err := <-t.done
+		copy(out, t.out)
+		return err
+	}
+	s.left.Add(1)
+	return fmt.Errorf("memcache: %w", ctx.Err())
+}
+
+// detached is a Take running in its own goroutine (see Take).
+type detached struct {
+	hits  []store.Hit
+	out   []store.Decision
+	done  chan error
+	state atomic.Int32 // detachedRunning, then detachedDone or detachedLeft
+}
+
+const (
+	detachedRunning int32 = iota
+	detachedDone          // the take ended first: its caller reads its result
+	detachedLeft          // its caller's ctx ended first
+)
+
+// take is Take on the caller's goroutine.
+func (s *Store) take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
 	var buf [8]taken
 	tk := buf[:]
 	if len(hits) > len(buf) {
