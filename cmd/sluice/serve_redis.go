@@ -133,10 +133,24 @@ func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store
 		return openStore{}, err
 	}
 	sp := split.New(main.Store, ps.Store, perSecond, split.Options{})
+	// Either Run's error (a Redis not reachable within
+	// --redis-connect-max-wait) stops the other: serve then exits.
 	run := func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		done := make(chan error, 1)
-		go func() { done <- ps.Run(ctx) }()
-		return errors.Join(main.Run(ctx), <-done)
+		go func() {
+			err := ps.Run(ctx)
+			if err != nil {
+				cancel()
+			}
+			done <- err
+		}()
+		err := main.Run(ctx)
+		if err != nil {
+			cancel()
+		}
+		return errors.Join(err, <-done)
 	}
 	setup := func(x *serveContext) error { return c.setup(x, sp, main, ps) }
 	return openStore{Store: sp, closer: closers{main, ps}, run: run, setup: setup}, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -137,7 +138,18 @@ func transient(err error) bool {
 		return false
 	}
 	var cv *tls.CertificateVerificationError
-	return !errors.As(err, &cv)
+	return !errors.As(err, &cv) && !badCertificate(err)
+}
+
+// badCertificate reports whether err says a certificate does not verify
+// (what a VerifyConnection of the TLS settings returns as it is).
+func badCertificate(err error) bool {
+	var (
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	return errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
 // awaitServers pings until every server answered: at once, then after

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"crypto/tls"
+	"crypto/x509"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -221,9 +222,14 @@ func (s *Store) transient(err error) bool {
 	if errors.As(err, &ope) && ope.Op == "remote error" {
 		return false // a TLS alert the server sent
 	}
-	var cv *tls.CertificateVerificationError
-	if errors.As(err, &cv) {
-		return false
+	var (
+		cv *tls.CertificateVerificationError
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	if errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci) {
+		return false // (VerifyConnection's errors come as they are)
 	}
 	if s.co.TLSConfig != nil && !errors.Is(err, context.DeadlineExceeded) {
 		var dns *net.DNSError
@@ -262,7 +268,7 @@ func (s *Store) awaitRedis(ctx context.Context, start time.Time) error {
 		}
 		s.lastErr.Store(&err)
 		if m := s.opt.ConnectMaxWait; m > 0 && time.Since(start) >= m {
-			return fmt.Errorf("redis: not reachable after %v (--redis-connect-max-wait): %w", m, err)
+			return fmt.Errorf("redis %s: not reachable after %v (--redis-connect-max-wait): %w", s.addr, m, err)
 		}
 		wait = nextRetry(wait, s.opt.ConnectRetryMax)
 		if l := s.opt.Logger; l != nil {
