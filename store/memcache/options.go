@@ -39,8 +39,10 @@ type Options struct {
 	TLS *tls.Config
 	// Timeout bounds each round trip to memcached, dialling included
 	// (default DefaultTimeout). The client library takes no context: a
-	// Take checks its ctx between round trips, so a cancelled or expired
-	// ctx stops it at the next one.
+	// Take whose ctx can end runs in a goroutine of its own and returns
+	// when ctx ends; the work checks ctx between round trips and stops at
+	// the next one. MaxIdleConns such Takes left running fail new ones at
+	// once.
 	Timeout time.Duration
 	// MaxIdleConns is the idle connections kept per server (default
 	// DefaultMaxIdleConns). Each call in flight holds one connection (the
