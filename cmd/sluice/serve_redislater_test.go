@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
+	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -105,5 +107,43 @@ func TestBinary_RedisLater(t *testing.T) {
 	}
 	if !strings.Contains(p.log(), `msg="redis reachable: connected"`) {
 		t.Errorf("no INFO of the connection in the log:\n%s", p.log())
+	}
+}
+
+// TestServe_StoresLater: `sluice serve` with a per-second Redis, and with
+// memcached, not up at startup: NOT_SERVING until each store first
+// answers (the main Redis is up: health waits for the per-second one
+// too), answers by the failure mode meanwhile, then SERVING and counting
+// without a restart.
+func TestServe_StoresLater(t *testing.T) {
+	main, ps, mc := redistest.Start(t), redistest.Start(t), memcachetest.Start(t)
+	ps.Kill()
+	mc.Kill()
+	for _, c := range []struct {
+		name    string
+		args    []string
+		restart func()
+	}{
+		{"per-second Redis", []string{"--store", "redis", "--redis-url", "redis://" + main.Addr, "--redis-persecond-url", "redis://" + ps.Addr,
+			"--redis-timeout", storeTimeout, "--redis-persecond-timeout", storeTimeout}, ps.Restart},
+		{"memcached", []string{"--store", "memcache", "--memcache-servers", mc.Addr, "--memcache-timeout", storeTimeout}, mc.Restart},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"--config", writeConfig(t, perSecondConfig), "--rlqs=false", "--store-failure-mode", "deny"}, c.args...)
+			grpcAddr, _, _ := startServe(t, nil, args...)
+			rls, hc := dialRLS(t, grpcAddr)
+			ctx := testCtx(t)
+			if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+				t.Errorf("health before the store is up: %v %v, want NOT_SERVING", r, err)
+			}
+			if code, _ := psAsk(t, rls, "tb", "a"); code != rlspb.RateLimitResponse_OVER_LIMIT {
+				t.Errorf("before the store is up: %v, want OVER_LIMIT (the failure mode deny)", code)
+			}
+			c.restart()
+			waitServing(t, hc)
+			if code, rem := psAsk(t, rls, "tb", "a"); code != rlspb.RateLimitResponse_OK || !slices.Equal(rem, []uint32{2}) {
+				t.Errorf("once the store is up: %v %v, want OK [2]", code, rem)
+			}
+		})
 	}
 }
