@@ -101,7 +101,7 @@ func (c *memcacheConfig) open(ctx context.Context, logger *slog.Logger, clock st
 	if err != nil {
 		return openStore{}, err
 	}
-	if err := st.Ping(); err != nil {
+	if err := st.Connect(); err != nil {
 		st.Close()
 		return openStore{}, err
 	}
@@ -111,6 +111,9 @@ func (c *memcacheConfig) open(ctx context.Context, logger *slog.Logger, clock st
 		if err := registerMemcacheMetrics(x.Registry, st); err != nil {
 			return err
 		}
+		// Until every server first answers (one may not be up yet at
+		// startup), health says NOT_SERVING, --memcache-health or not.
+		readyOnceUp(x, st.Connected())
 		if c.health {
 			x.Ready = append(x.Ready, st.Healthy)
 			x.Run = append(x.Run, func(ctx context.Context) error {

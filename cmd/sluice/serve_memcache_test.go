@@ -152,7 +152,7 @@ func TestMemcache_TLSSkipHostnameVerification(t *testing.T) {
 		var log bytes.Buffer
 		st, err := mc.open(context.Background(), slog.New(slog.NewTextHandler(&log, nil)), nil)
 		if (err == nil) != c.ok {
-			t.Errorf("CA %s, skip %v: err %v, want ok %v", c.ca, c.skip, err, c.ok)
+			t.Errorf("CA %s, skip %v: err %v, want ok %v; log %s", c.ca, c.skip, err, c.ok, log.String())
 		}
 		if err == nil {
 			st.closer.Close()

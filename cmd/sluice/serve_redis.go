@@ -31,6 +31,9 @@ type redisFlags struct {
 	keyPrefix  string
 	jitter     time.Duration
 	clock      string
+	// connectRetry, connectRetryMax and connectMaxWait are the back-off
+	// of connecting to a Redis not up yet at startup.
+	connectRetry, connectRetryMax, connectMaxWait time.Duration
 }
 
 // redisConn are the settings of one Redis deployment and of the
@@ -78,6 +81,10 @@ func (f *redisFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.keyPrefix, "redis-key-prefix", "", "redis store: prefix of every Redis key")
 	fs.DurationVar(&f.jitter, "redis-expiry-jitter", 0, "redis store: with --key-format reference, each write of a key in the reference's format expires up to this much later, at random, in whole seconds (EXPIRATION_JITTER_MAX_SECONDS)")
 	fs.StringVar(&f.clock, "redis-clock", "script-arg", "redis store: token-bucket clock: script-arg (this process's) | server (Redis TIME)")
+	fs.DurationVar(&f.connectRetry, "redis-connect-retry", redis.DefaultConnectRetry, "redis store: a Redis not reachable at startup is tried again after this long, "+
+		"then twice as long each time up to --redis-connect-retry-max; meanwhile health is NOT_SERVING and requests are answered by --store-failure-mode")
+	fs.DurationVar(&f.connectRetryMax, "redis-connect-retry-max", redis.DefaultConnectRetryMax, "redis store: longest wait between attempts to reach a Redis not reachable at startup")
+	fs.DurationVar(&f.connectMaxWait, "redis-connect-max-wait", 0, "redis store: exit if Redis has not answered this long after startup (0: wait for ever)")
 }
 
 // register adds the flags of one Redis: --NAME-url and so on, with prefix
@@ -128,10 +135,24 @@ func (c *redisConfig) open(ctx context.Context, logger *slog.Logger, clock store
 		return openStore{}, err
 	}
 	sp := split.New(main.Store, ps.Store, perSecond, split.Options{})
+	// Either Run's error (a Redis not reachable within
+	// --redis-connect-max-wait) stops the other: serve then exits.
 	run := func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		done := make(chan error, 1)
-		go func() { done <- ps.Run(ctx) }()
-		return errors.Join(main.Run(ctx), <-done)
+		go func() {
+			err := ps.Run(ctx)
+			if err != nil {
+				cancel()
+			}
+			done <- err
+		}()
+		err := main.Run(ctx)
+		if err != nil {
+			cancel()
+		}
+		return errors.Join(err, <-done)
 	}
 	setup := func(x *serveContext) error { return c.setup(x, sp, main, ps) }
 	return openStore{Store: sp, closer: closers{main, ps}, run: run, setup: setup}, nil
@@ -211,6 +232,9 @@ func (c *redisConfig) setup(x *serveContext, sp *split.Store, stores ...redisSto
 		if err := x.Registry.Register(st.calls); err != nil {
 			return err
 		}
+		// Until Redis first answers (it may not be up yet at startup),
+		// health says NOT_SERVING, --redis-health or not.
+		readyOnceUp(x, st.Connected())
 		if c.f.health {
 			x.Ready = append(x.Ready, st.Healthy)
 			x.Run = append(x.Run, func(ctx context.Context) error {
@@ -272,6 +296,27 @@ func (c transitions) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(s.Closes), "up")
 }
 
+// readyOnceUp makes x's health wait for up, a store's first answer: a
+// Ready condition, and a task that updates health when up closes.
+func readyOnceUp(x *serveContext, up <-chan struct{}) {
+	x.Ready = append(x.Ready, func() bool {
+		select {
+		case <-up:
+			return true
+		default:
+			return false
+		}
+	})
+	x.Run = append(x.Run, func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+		case <-up:
+			x.UpdateHealth()
+		}
+		return nil
+	})
+}
+
 // followHealth updates x's health when st's health changes, checking
 // every interval (st.Healthy is one of x.Ready, so a config reload while
 // the store is down keeps NOT_SERVING too). The store logs the
@@ -312,7 +357,8 @@ func (f *redisConn) deployment() string {
 func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	o := redis.Options{URL: conn.url, SentinelMaster: conn.sentinelMaster, Username: conn.username,
 		Password: conn.password, SentinelPassword: conn.sentinelPassword, Timeout: conn.timeout, PipelineWindow: conn.pipelineWindow,
-		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache, PlainJitterMax: int64(f.jitter / time.Second)}
+		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache, PlainJitterMax: int64(f.jitter / time.Second),
+		ConnectRetry: f.connectRetry, ConnectRetryMax: f.connectRetryMax, ConnectMaxWait: f.connectMaxWait}
 	if conn.sentinel != "" {
 		o.SentinelAddrs = splitList(conn.sentinel)
 	}
@@ -325,6 +371,10 @@ func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 	}
 	if conn.timeout <= 0 {
 		return o, fmt.Errorf("%stimeout must be positive", p)
+	}
+	if f.connectRetry <= 0 || f.connectRetryMax < f.connectRetry || f.connectMaxWait < 0 {
+		return o, fmt.Errorf("--redis-connect-retry %v, --redis-connect-retry-max %v, --redis-connect-max-wait %v: want a positive retry, a maximum at least as long, a wait of 0 or more",
+			f.connectRetry, f.connectRetryMax, f.connectMaxWait)
 	}
 	if conn.pipelineWindow < 0 || conn.pipelineWindow >= conn.timeout {
 		return o, fmt.Errorf("%spipeline-window %v: want 0 or more and less than %stimeout (%v)", p, conn.pipelineWindow, p, conn.timeout)
@@ -422,8 +472,10 @@ var redisRefVars = slices.Concat([]refVar{
 	{name: "REDIS_PERSECOND_TIMEOUT", when: onPerSecond, flag: "redis-persecond-timeout"},
 	{name: "REDIS_POOL_ON_EMPTY_BEHAVIOR", note: "not read: Sluice has no connection pool to run empty (calls are pipelined on a few shared connections)"},
 	{name: "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", note: "not read: as `REDIS_POOL_ON_EMPTY_BEHAVIOR`"},
-}, refUnread("serve pings Redis once at startup and stops if it does not answer",
-	"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME"), []refVar{
+	{name: "REDIS_STARTUP_INITIAL_INTERVAL", flag: "redis-connect-retry", differs: "unset, 100ms (the reference's default: 1s)"},
+	{name: "REDIS_STARTUP_MAX_INTERVAL", flag: "redis-connect-retry-max", differs: "unset, 5s (the reference's default: 30s)"},
+	{name: "REDIS_STARTUP_MAX_ELAPSED_TIME", flag: "redis-connect-max-wait"},
+}, []refVar{
 	{name: "CACHE_KEY_PREFIX", apply: refApply{doc: "`--redis-key-prefix` and `--memcache-key-prefix`",
 		fn: func(e *refEnv, v string) error {
 			e.set("redis-key-prefix", v)

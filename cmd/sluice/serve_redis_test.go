@@ -110,7 +110,7 @@ func TestServeRedis_RefEnv(t *testing.T) {
 }
 
 func TestServeRedis_BadSettings(t *testing.T) {
-	const url = "redis://127.0.0.1:1" // nothing listens: settings are checked first
+	const url = "redis://127.0.0.1:1" // nothing listens
 	for _, c := range []struct {
 		args []string
 		want string // in the error
@@ -128,8 +128,14 @@ func TestServeRedis_BadSettings(t *testing.T) {
 		{[]string{"--redis-url", url, "--redis-persecond-cluster", "127.0.0.1:2", "--redis-persecond-pipeline-window", "1s"}, "--redis-persecond-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-tls-key", "k.pem"}, "--redis-persecond-tls-cert and --redis-persecond-tls-key"},
 		{[]string{"--redis-url", url, "--redis-persecond-url", url, "--redis-persecond-tls-ca", "/nonexistent.pem"}, "--redis-persecond-tls-ca"},
-		{[]string{"--redis-url", url}, "127.0.0.1:1"},
-		{[]string{"--redis-url", "redis://" + redistest.Start(t).Addr, "--redis-persecond-url", url}, "per-second Redis: "},
+		{[]string{"--redis-url", url, "--redis-connect-retry", "0s"}, "--redis-connect-retry"},
+		{[]string{"--redis-url", url, "--redis-connect-retry", "1s", "--redis-connect-retry-max", "10ms"}, "--redis-connect-retry-max"},
+		{[]string{"--redis-url", url, "--redis-connect-max-wait", "-1s"}, "--redis-connect-max-wait"},
+		// A Redis not up yet is waited for, with --redis-connect-max-wait
+		// only so long (the error names the Redis).
+		{[]string{"--redis-url", url, "--redis-connect-retry", "1ms", "--redis-connect-max-wait", "1ms"}, "redis 127.0.0.1:1: not reachable after 1ms (--redis-connect-max-wait)"},
+		{[]string{"--redis-url", "redis://" + redistest.Start(t).Addr, "--redis-persecond-url", url, "--redis-connect-retry", "1ms", "--redis-connect-max-wait", "1ms"},
+			"redis 127.0.0.1:1: not reachable after 1ms"},
 	} {
 		args := append([]string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--store", "redis"}, c.args...)
 		err := serve(testCtx(t), args, serveEnv{}.get, &bytes.Buffer{}, nil)

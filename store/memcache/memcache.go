@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -12,7 +13,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,11 +31,14 @@ type Store struct {
 	conns conns // the client's open connections, by server
 	opt   Options
 
+	up         chan struct{} // closed once every server first answered
+	upOnce     sync.Once
 	healthy    atomic.Bool
 	srvFailing atomic.Bool   // the last SRV refresh failed
 	retries    atomic.Uint64 // CAS round trips lost to a concurrent writer
 	contended  atomic.Uint64 // hits that ran out of CAS attempts
 	leaked     atomic.Uint64 // rollbacks that failed: takes left counted
+	left       atomic.Int64  // takes whose caller's ctx ended while they waited for memcached, still running
 }
 
 // Stats are the store's cumulative counters.
@@ -57,7 +63,7 @@ type Stats struct {
 // (resolved here, once). It does not connect: Ping does.
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
-	s := &Store{sel: &selector{modulo: opt.ModuloServers}, opt: opt}
+	s := &Store{sel: &selector{modulo: opt.ModuloServers}, opt: opt, up: make(chan struct{})}
 	switch {
 	case opt.KeyPrefix != "" && (!legal(opt.KeyPrefix) || len(opt.KeyPrefix) > maxKeyLen/2):
 		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
@@ -87,12 +93,90 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	return s, nil
 }
 
-// Ping reaches every server, reporting the first that fails.
+// Ping reaches every server, reporting the first that fails. Once every
+// server answered, Connected is closed.
 func (s *Store) Ping() error {
 	if err := s.c.Ping(); err != nil {
 		return fmt.Errorf("memcache: ping: %w", err)
 	}
+	s.upOnce.Do(func() {
+		s.healthy.Store(true)
+		close(s.up)
+	})
 	return nil
+}
+
+// Connect pings every server, as serve does at startup. A server that
+// cannot be reached yet (refused, silent, not resolving) is no error: the
+// store is then unhealthy, its calls fail (answered by the caller's
+// failure mode), and Run pings again with back-off (Options.ConnectRetry)
+// until every server answered; Connected says when. A TLS handshake that
+// a server refuses, or whose certificate does not verify, is an error.
+func (s *Store) Connect() error {
+	err := s.Ping()
+	if err == nil {
+		return nil
+	}
+	if !transient(err) {
+		return err
+	}
+	s.healthy.Store(false)
+	s.opt.Logger.Warn("memcached not reachable yet: answering by the failure mode and retrying",
+		"servers", s.sel.names(), "cause", err, "retry_in", s.opt.ConnectRetry)
+	return nil
+}
+
+// Connected is closed once every server first answered a ping.
+func (s *Store) Connected() <-chan struct{} { return s.up }
+
+// transient reports whether err, of a ping, may go away by itself: not a
+// TLS handshake that a server refused or whose certificate does not
+// verify.
+func transient(err error) bool {
+	var ope *net.OpError
+	if errors.As(err, &ope) && ope.Op == "remote error" {
+		return false
+	}
+	var cv *tls.CertificateVerificationError
+	return !errors.As(err, &cv) && !badCertificate(err)
+}
+
+// badCertificate reports whether err says a certificate does not verify
+// (what a VerifyConnection of the TLS settings returns as it is).
+func badCertificate(err error) bool {
+	var (
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	return errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
+}
+
+// awaitServers pings until every server answered: at once, then after
+// ConnectRetry, then twice as long each time up to ConnectRetryMax. The
+// store is unhealthy meanwhile. It returns false when ctx ends first.
+func (s *Store) awaitServers(ctx context.Context) bool {
+	wait := s.opt.ConnectRetry
+	for attempt := 1; ; attempt++ {
+		err := s.Ping()
+		if err == nil {
+			s.healthy.Store(true)
+			if attempt > 1 {
+				s.opt.Logger.Info("memcached reachable: connected", "servers", s.sel.names(), "attempts", attempt)
+			}
+			return true
+		}
+		s.healthy.Store(false)
+		if attempt > 1 {
+			wait = min(2*wait, s.opt.ConnectRetryMax)
+			s.opt.Logger.Warn("memcached not reachable yet", "servers", s.sel.names(), "cause", err, "attempts", attempt, "retry_in", wait)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
 }
 
 // Close closes the idle connections.
@@ -107,10 +191,18 @@ func (s *Store) Stats() Stats {
 		CASExhausted: s.contended.Load(), RollbackFailures: s.leaked.Load()}
 }
 
-// Run pings every server each ProbeInterval for Healthy and, with an SRV
+// Run first waits for every server to answer if Connect found one that
+// did not (see Connect). Then it pings every server each ProbeInterval for Healthy and, with an SRV
 // name and SRVRefresh, resolves it again each SRVRefresh (a failed lookup
 // keeps the servers it had). It returns when ctx ends.
 func (s *Store) Run(ctx context.Context) error {
+	select {
+	case <-s.up:
+	default:
+		if !s.awaitServers(ctx) {
+			return nil
+		}
+	}
 	probe := time.NewTicker(s.opt.ProbeInterval)
 	defer probe.Stop()
 	var refresh <-chan time.Time
@@ -186,6 +278,58 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if len(out) != len(hits) {
 		return fmt.Errorf("memcache: %d decisions for %d hits", len(out), len(hits))
 	}
+	if ctx.Done() == nil {
+		return s.take(ctx, now, hits, out)
+	}
+	// The client takes no context: each round trip may last up to
+	// Timeout, whatever the caller's deadline. The take runs in its own
+	// goroutine, on copies, and the caller returns when ctx ends; the
+	// take then stops at its next round trip and gives back what it took
+	// (see take). While MaxIdleConns takes left so are still waiting for
+	// memcached (each holds a connection), a take fails at once: a silent
+	// server would otherwise gather a connection per call.
+	if n := s.left.Load(); n >= int64(s.opt.MaxIdleConns) {
+		return fmt.Errorf("memcache: %d calls past their deadline still wait for memcached", n)
+	}
+	t := &detached{hits: slices.Clone(hits), out: make([]store.Decision, len(out)), done: make(chan error, 1)}
+	go func() {
+		err := s.take(ctx, now, t.hits, t.out)
+		if !t.state.CompareAndSwap(detachedRunning, detachedDone) {
+			s.left.Add(-1)
+		}
+		t.done <- err
+	}()
+	select {
+	case err := <-t.done:
+		copy(out, t.out)
+		return err
+	case <-ctx.Done():
+	}
+	if !t.state.CompareAndSwap(detachedRunning, detachedLeft) {
+		err := <-t.done
+		copy(out, t.out)
+		return err
+	}
+	s.left.Add(1)
+	return fmt.Errorf("memcache: %w", ctx.Err())
+}
+
+// detached is a Take running in its own goroutine (see Take).
+type detached struct {
+	hits  []store.Hit
+	out   []store.Decision
+	done  chan error
+	state atomic.Int32 // detachedRunning, then detachedDone or detachedLeft
+}
+
+const (
+	detachedRunning int32 = iota
+	detachedDone          // the take ended first: its caller reads its result
+	detachedLeft          // its caller's ctx ended first
+)
+
+// take is Take on the caller's goroutine.
+func (s *Store) take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
 	var buf [8]taken
 	tk := buf[:]
 	if len(hits) > len(buf) {

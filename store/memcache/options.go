@@ -11,11 +11,13 @@ import (
 
 // Default values of Options' zero fields.
 const (
-	DefaultTimeout        = 500 * time.Millisecond
-	DefaultMaxIdleConns   = 64
-	DefaultCASAttempts    = 64
-	DefaultProbeInterval  = time.Second
-	defaultExpiryGraceSec = 5
+	DefaultTimeout         = 500 * time.Millisecond
+	DefaultMaxIdleConns    = 64
+	DefaultCASAttempts     = 64
+	DefaultProbeInterval   = time.Second
+	DefaultConnectRetry    = 100 * time.Millisecond
+	DefaultConnectRetryMax = 5 * time.Second
+	defaultExpiryGraceSec  = 5
 )
 
 // Options configure a Store. The zero value of every field means its
@@ -37,8 +39,10 @@ type Options struct {
 	TLS *tls.Config
 	// Timeout bounds each round trip to memcached, dialling included
 	// (default DefaultTimeout). The client library takes no context: a
-	// Take checks its ctx between round trips, so a cancelled or expired
-	// ctx stops it at the next one.
+	// Take whose ctx can end runs in a goroutine of its own and returns
+	// when ctx ends; the work checks ctx between round trips and stops at
+	// the next one. MaxIdleConns such Takes left running fail new ones at
+	// once.
 	Timeout time.Duration
 	// MaxIdleConns is the idle connections kept per server (default
 	// DefaultMaxIdleConns). Each call in flight holds one connection (the
@@ -68,6 +72,11 @@ type Options struct {
 	// ProbeInterval is how often Run pings every server for Healthy
 	// (default DefaultProbeInterval).
 	ProbeInterval time.Duration
+	// ConnectRetry is the wait before Run pings again servers that Connect
+	// could not reach (default DefaultConnectRetry); each later attempt
+	// waits twice as long, at most ConnectRetryMax (default
+	// DefaultConnectRetryMax).
+	ConnectRetry, ConnectRetryMax time.Duration
 	// Logger receives the store's warnings (SRV lookups that failed,
 	// health transitions); nil discards them.
 	Logger *slog.Logger
@@ -86,6 +95,13 @@ func (o Options) withDefaults() Options {
 	if o.ProbeInterval <= 0 {
 		o.ProbeInterval = DefaultProbeInterval
 	}
+	if o.ConnectRetry <= 0 {
+		o.ConnectRetry = DefaultConnectRetry
+	}
+	if o.ConnectRetryMax <= 0 {
+		o.ConnectRetryMax = DefaultConnectRetryMax
+	}
+	o.ConnectRetryMax = max(o.ConnectRetryMax, o.ConnectRetry)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}

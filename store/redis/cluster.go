@@ -61,12 +61,17 @@ func (s *Store) bySlot(now int64, hits []store.Hit, keys []string) []batch {
 // reply, committed only if every slot committed, and each slot's reply
 // (the zero reply for one that failed). The error joins the slots'.
 func (s *Store) runSlots(ctx context.Context, hits []store.Hit, bs []batch) (reply, []reply, error) {
-	c := s.client
+	c := s.client() // not nil: the breaker stays open until connected
 	cmds := make(rueidis.Commands, len(bs))
 	for j, b := range bs {
 		cmds[j] = c.B().Evalsha().Sha1(takeScript.sha).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build()
 	}
-	res := c.DoMulti(ctx, cmds...)
+	res, err := bounded(ctx, func() []rueidis.RedisResult { return c.DoMulti(ctx, cmds...) })
+	if err != nil {
+		// Out of time with no reply: a slot that commits later keeps its
+		// takes until its keys expire (an over-deny, as a failed refund).
+		return reply{}, make([]reply, len(bs)), err
+	}
 	n := len(hits)
 	whole := reply{committed: true, orig: make([]store.State, n), final: make([]store.State, n)}
 	if s.opt.ServerClock {
@@ -76,7 +81,13 @@ func (s *Store) runSlots(ctx context.Context, hits []store.Hit, bs []batch) (rep
 	var errs []error
 	for j, b := range bs {
 		if e, ok := rueidis.IsRedisErr(res[j].Error()); ok && e.IsNoScript() {
-			res[j] = c.Do(ctx, c.B().Eval().Script(takeScript.src).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build())
+			cmd := c.B().Eval().Script(takeScript.src).Numkeys(int64(len(b.keys))).Key(b.keys...).Arg(b.args...).Build()
+			var err error
+			if res[j], err = bounded(ctx, func() rueidis.RedisResult { return c.Do(ctx, cmd) }); err != nil {
+				errs = append(errs, err)
+				whole.committed = false
+				continue
+			}
 		}
 		r, err := parseReply(res[j], hits, b.idx)
 		if err != nil {
@@ -124,7 +135,7 @@ func (s *Store) refund(ctx context.Context, now int64, hits []store.Hit, b batch
 	// is waiting for it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, s.opt.RefundTimeout))
 	defer cancel()
-	if err := s.eval(ctx, takeScript, keys, args).Error(); err != nil {
+	if res, err := s.eval(ctx, takeScript, keys, args); err != nil || res.Error() != nil {
 		s.refundFailures.Add(1)
 	}
 }

@@ -183,7 +183,11 @@ func (cb *combiner) send(ctx context.Context, batch []*job, sc *sendScratch) {
 		}
 	}
 	n := len(keys)
-	a, err := cb.s.eval(ctx, windowScript, keys, args).ToArray()
+	res, err := cb.s.eval(ctx, windowScript, keys, args)
+	var a []rueidis.RedisMessage
+	if err == nil {
+		a, err = res.ToArray()
+	}
 	if len(batch) > 1 {
 		// (cleared, so that no job's strings stay reachable from sc)
 		clear(keys)

@@ -66,7 +66,10 @@ func (d *Demand) membersKey() string { return d.s.opt.KeyPrefix + "rlqs-replicas
 func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]store.Claim, release []string) (store.Grants, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	c := d.s.client
+	c := d.s.client()
+	if c == nil {
+		return store.Grants{}, errNotConnected
+	}
 	ms := strconv.FormatInt(now.UnixMilli(), 10)
 	stale := strconv.FormatInt(max(d.stale.Milliseconds(), 1), 10)
 	mk := d.membersKey()
@@ -139,7 +142,7 @@ func (d *Demand) Exchange(ctx context.Context, now time.Time, local map[string]s
 // ends the EVAL'd claim's NOSCRIPT). EVAL for every claim would send the
 // script's source a thousand times.
 func (d *Demand) loadAndRetry(ctx context.Context, res []rueidis.RedisResult, groups []string, args [][]string) []rueidis.RedisResult {
-	c := d.s.client
+	c := d.s.client()
 	noScript := func(r rueidis.RedisResult) bool {
 		e, ok := rueidis.IsRedisErr(r.Error())
 		return ok && e.IsNoScript()
@@ -172,7 +175,7 @@ func (d *Demand) loadAndRetry(ctx context.Context, res []rueidis.RedisResult, gr
 // circuit breaker, as its own calls do: a health probe that waited behind
 // the exchange's commands does not open it.
 func (d *Demand) do(ctx context.Context, cmds rueidis.Commands) []rueidis.RedisResult {
-	res := d.s.client.DoMulti(ctx, cmds...)
+	res := d.s.client().DoMulti(ctx, cmds...)
 	for _, r := range res {
 		if _, answered := rueidis.IsRedisErr(r.Error()); answered || r.Error() == nil {
 			d.s.breaker.success()

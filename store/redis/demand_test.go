@@ -118,7 +118,7 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 		}
 		wg.Wait()
 		var held float64
-		vals, err := st.client.Do(ctx, st.client.B().Hvals().Key("c:rlqs:g").Build()).AsStrSlice()
+		vals, err := st.client().Do(ctx, st.client().B().Hvals().Key("c:rlqs:g").Build()).AsStrSlice()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -66,7 +66,7 @@ func TestNew_TLS(t *testing.T) {
 	defer cancel()
 	if s, err := New(ctx, Options{URL: "rediss://" + srv.Addr, TLS: noCert}); err == nil {
 		s.Close()
-		t.Fatal("New without a client certificate: no error")
+		t.Fatalf("New without a client certificate: no error; status %+v", s.Status())
 	}
 }
 

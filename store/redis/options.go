@@ -94,6 +94,15 @@ type Options struct {
 	// one sent once it runs again.
 	ProbeTimeout time.Duration
 
+	// ConnectRetry is the wait before New's connection is tried again when
+	// Redis could not be reached (default 100 ms); each later attempt
+	// waits twice as long as the one before, at most ConnectRetryMax
+	// (default 5 s). ConnectMaxWait, when positive, makes Run fail once
+	// it has passed since New without Redis answering; zero waits for
+	// ever (as the reference's REDIS_STARTUP_MAX_ELAPSED_TIME of 0).
+	ConnectRetry, ConnectRetryMax time.Duration
+	ConnectMaxWait                time.Duration
+
 	// Logger, when set, gets one WARN line when Redis becomes unreachable
 	// (the breaker opens) and one INFO line when it is back, from Run, at
 	// most one outage per LogInterval (default 10 s); outages in between
@@ -105,6 +114,14 @@ type Options struct {
 	// deny).
 	FailureMode string
 }
+
+// Defaults of Options.ConnectRetry and ConnectRetryMax: a Redis that
+// comes up a second after this process is found within 100 ms of it, and
+// one that takes minutes is asked every 5 s.
+const (
+	DefaultConnectRetry    = 100 * time.Millisecond
+	DefaultConnectRetryMax = 5 * time.Second
+)
 
 // MaxAnswerMargin bounds the time a Take leaves its caller to answer
 // before the caller's deadline: a tenth of the time left, at most this.
@@ -132,6 +149,13 @@ func (o Options) withDefaults() Options {
 	if o.ProbeTimeout <= 0 {
 		o.ProbeTimeout = 500 * time.Millisecond
 	}
+	if o.ConnectRetry <= 0 {
+		o.ConnectRetry = DefaultConnectRetry
+	}
+	if o.ConnectRetryMax <= 0 {
+		o.ConnectRetryMax = DefaultConnectRetryMax
+	}
+	o.ConnectRetryMax = max(o.ConnectRetryMax, o.ConnectRetry)
 	if o.LogInterval <= 0 {
 		o.LogInterval = 10 * time.Second
 	}

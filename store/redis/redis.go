@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"crypto/sha1"
+	"crypto/tls"
+	"crypto/x509"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -52,7 +54,9 @@ var ErrOpen = errors.New("redis: circuit breaker open")
 // Store is a store.Store on Redis: single, Sentinel or Cluster. Safe for
 // concurrent use.
 type Store struct {
-	client  rueidis.Client
+	cl      atomic.Pointer[rueidis.Client] // nil until Redis first answered (see New)
+	co      rueidis.ClientOption           // what connect dials
+	up      chan struct{}                  // closed once cl is set
 	cluster bool
 	addr    string // Redis's (or the sentinels' or seeds') addresses, for logs
 	opt     Options
@@ -121,18 +125,20 @@ type Status struct {
 
 var _ store.Store = (*Store)(nil)
 
-// New connects to Redis as opt says. It fails if Redis cannot be reached.
+// New connects to Redis as opt says. It fails on settings that cannot
+// work (a bad URL) and on an answer that refuses them (a wrong password, a
+// TLS handshake the server refuses). A Redis that cannot be reached yet (a
+// refused or silent connection, a name that does not resolve yet) is not
+// an error: the store starts with its breaker open, failing every Take at
+// once (the caller's failure mode answers), and Run connects, retrying
+// with back-off (Options.ConnectRetry); Connected says when it has.
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
 	co, err := clientOption(opt)
 	if err != nil {
 		return nil, err
 	}
-	client, err := rueidis.NewClient(co)
-	if err != nil {
-		return nil, fmt.Errorf("redis: connect: %w", err)
-	}
-	s := &Store{client: client, cluster: len(opt.ClusterAddrs) > 0, opt: opt,
+	s := &Store{co: co, up: make(chan struct{}), cluster: len(opt.ClusterAddrs) > 0, opt: opt,
 		plain: store.PlainKeys{Prefix: opt.KeyPrefix, JitterMax: opt.PlainJitterMax},
 		addr:  strings.Join(co.InitAddress, ","), kick: make(chan struct{}, 1), probeWait: time.Since}
 	if co.Sentinel.MasterSet != "" {
@@ -144,16 +150,137 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	if !opt.NoLocalCache {
 		s.cache = newOverCache()
 	}
-	// The first ping waits as long as a call or a probe may, whichever is
-	// longer: a store opened on a busy machine is not a Redis down (with
-	// Envoy's 20 ms as Timeout, a PONG that a busy machine delays past it
-	// failed the start).
-	if err := s.ping(ctx, max(opt.Timeout, opt.ProbeTimeout)); err != nil {
-		client.Close()
+	err = s.connect(ctx)
+	switch {
+	case err == nil:
+	case !s.transient(err):
 		return nil, err
+	default:
+		// Closed until connect succeeds: no Take goes to Redis, not even
+		// as a probe.
+		s.breaker.openUntil.Store(math.MaxInt64)
+		s.breaker.openedAt.Store(time.Now().UnixNano())
+		s.breaker.opens.Add(1)
+		s.lastErr.Store(&err)
+		if l := opt.Logger; l != nil {
+			l.Warn("redis not reachable yet: answering by the failure mode and retrying", "addr", s.addr,
+				"cause", err, "retry_in", opt.ConnectRetry, "failure_mode", opt.FailureMode)
+		}
 	}
 	return s, nil
 }
+
+// connect dials Redis and pings it; once Redis answers, the store uses
+// the new client.
+func (s *Store) connect(ctx context.Context) error {
+	client, err := rueidis.NewClient(s.co)
+	if err != nil {
+		if client != nil {
+			client.Close()
+		}
+		return fmt.Errorf("redis: connect: %w", err)
+	}
+	// The first ping waits as long as a call or a probe may, whichever is
+	// longer: a store opened on a busy machine is not a Redis down (with
+	// Envoy's 20 ms as Timeout, a PONG that a busy machine delayed past it
+	// failed the start).
+	if err := s.pingWith(ctx, client, max(s.opt.Timeout, s.opt.ProbeTimeout)); err != nil {
+		client.Close()
+		return err
+	}
+	s.cl.Store(&client)
+	close(s.up)
+	s.breaker.success()
+	return nil
+}
+
+// Connected is closed once Redis first answered (at once when it did in
+// New).
+func (s *Store) Connected() <-chan struct{} { return s.up }
+
+// client is the store's rueidis client; nil until Redis first answered.
+func (s *Store) client() rueidis.Client {
+	if p := s.cl.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// errNotConnected fails calls that need Redis before it first answered.
+var errNotConnected = errors.New("redis: not connected yet")
+
+// transient reports whether err, from connect, may go away by itself:
+// Redis (or its sentinels, or seeds) not up yet, not answering yet, or
+// still loading its data. A Redis that answered otherwise (NOAUTH,
+// WRONGPASS), a TLS handshake that the server refused or whose
+// certificate does not verify is not; nor, with TLS, a connection
+// closed once accepted (TLS 1.3 servers refuse a client certificate after
+// the handshake, and the client sees a reset).
+func (s *Store) transient(err error) bool {
+	if e, ok := rueidis.IsRedisErr(err); ok {
+		return e.IsLoading() || e.IsClusterDown() || e.IsTryAgain() || strings.HasPrefix(e.Error(), "MASTERDOWN")
+	}
+	var ope *net.OpError
+	if errors.As(err, &ope) && ope.Op == "remote error" {
+		return false // a TLS alert the server sent
+	}
+	var (
+		cv *tls.CertificateVerificationError
+		ua x509.UnknownAuthorityError
+		he x509.HostnameError
+		ci x509.CertificateInvalidError
+	)
+	if errors.As(err, &cv) || errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci) {
+		return false // (VerifyConnection's errors come as they are)
+	}
+	if s.co.TLSConfig != nil && !errors.Is(err, context.DeadlineExceeded) {
+		var dns *net.DNSError
+		if !(errors.As(err, &ope) && ope.Op == "dial") && !errors.As(err, &dns) {
+			return false
+		}
+	}
+	return errors.Is(err, context.DeadlineExceeded) || unreachable(err)
+}
+
+// awaitRedis connects to Redis, retrying with back-off: ConnectRetry,
+// doubled after each attempt up to ConnectRetryMax. It fails once
+// ConnectMaxWait has passed since start (when positive) and returns nil
+// when ctx ends.
+func (s *Store) awaitRedis(ctx context.Context, start time.Time) error {
+	wait := s.opt.ConnectRetry
+	for attempt := 2; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		err := s.connect(ctx)
+		if err == nil {
+			if l := s.opt.Logger; l != nil {
+				l.Info("redis reachable: connected", "addr", s.addr, "attempts", attempt,
+					"waited", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !s.transient(err) {
+			return err
+		}
+		s.lastErr.Store(&err)
+		if m := s.opt.ConnectMaxWait; m > 0 && time.Since(start) >= m {
+			return fmt.Errorf("redis %s: not reachable after %v (--redis-connect-max-wait): %w", s.addr, m, err)
+		}
+		wait = nextRetry(wait, s.opt.ConnectRetryMax)
+		if l := s.opt.Logger; l != nil {
+			l.Warn("redis not reachable yet", "addr", s.addr, "cause", err, "attempts", attempt, "retry_in", wait)
+		}
+	}
+}
+
+// nextRetry is the wait after one of wait: twice as long, at most most.
+func nextRetry(wait, most time.Duration) time.Duration { return min(2*wait, most) }
 
 func clientOption(opt Options) (rueidis.ClientOption, error) {
 	var co rueidis.ClientOption
@@ -217,7 +344,9 @@ func clientOption(opt Options) (rueidis.ClientOption, error) {
 
 // Close releases the connections.
 func (s *Store) Close() error {
-	s.client.Close()
+	if c := s.client(); c != nil {
+		c.Close()
+	}
 	return nil
 }
 
@@ -254,7 +383,8 @@ func (s *Store) Status() Status {
 // false while the circuit breaker is open.
 func (s *Store) Healthy() bool { return s.breaker.closed() }
 
-// Run probes Redis until ctx ends: every ProbeInterval while healthy, soon
+// Run connects first if New could not (see New; it returns an error if
+// ConnectMaxWait passes first). Then it probes Redis until ctx ends: every ProbeInterval while healthy, soon
 // after a Take ran out of time (at most one probe per BreakerCooldown),
 // every BreakerCooldown while the breaker is open, so it closes as soon as
 // Redis is back. A probe that gets no PONG within ProbeTimeout is sent
@@ -263,6 +393,11 @@ func (s *Store) Healthy() bool { return s.breaker.closed() }
 // breaker's transitions (see Options.Logger) and drops expired entries of
 // the local cache.
 func (s *Store) Run(ctx context.Context) error {
+	if s.client() == nil {
+		if err := s.awaitRedis(ctx, time.Unix(0, s.breaker.openedAt.Load())); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
 	t := time.NewTimer(s.opt.ProbeInterval)
 	defer t.Stop()
 	var lg transitionLog
@@ -393,17 +528,24 @@ func (lg *transitionLog) report(s *Store, now time.Time) {
 // ping sends PING to Redis (to every node of a Cluster) and waits at most
 // timeout for each PONG.
 func (s *Store) ping(ctx context.Context, timeout time.Duration) error {
+	return s.pingWith(ctx, s.client(), timeout)
+}
+
+// pingWith pings Redis as ping does, on client.
+func (s *Store) pingWith(ctx context.Context, client rueidis.Client, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if s.cluster {
-		for addr, n := range s.client.Nodes() {
-			if err := n.Do(ctx, n.B().Ping().Build()).Error(); err != nil {
+		for addr, n := range client.Nodes() {
+			cmd := n.B().Ping().Build()
+			if err := errors.Join(bounded(ctx, func() error { return n.Do(ctx, cmd).Error() })); err != nil {
 				return fmt.Errorf("redis: ping %s: %w", addr, err)
 			}
 		}
 		return nil
 	}
-	if err := s.client.Do(ctx, s.client.B().Ping().Build()).Error(); err != nil {
+	cmd := client.B().Ping().Build()
+	if err := errors.Join(bounded(ctx, func() error { return client.Do(ctx, cmd).Error() })); err != nil {
 		return fmt.Errorf("redis: ping: %w", err)
 	}
 	return nil

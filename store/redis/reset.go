@@ -24,7 +24,10 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 	if len(hits) == 0 {
 		return nil
 	}
-	c := s.client
+	c := s.client()
+	if c == nil {
+		return errNotConnected
+	}
 	keys := make([]string, 0, len(hits))
 	cmds := make(rueidis.Commands, 0, len(hits))
 	for i := range hits {

@@ -301,18 +301,51 @@ func (s *Store) args(hits []store.Hit, idx []int, now int64) []string {
 
 // run executes take.lua for one batch of hits.
 func (s *Store) run(ctx context.Context, hits []store.Hit, b batch) (reply, error) {
-	return parseReply(s.eval(ctx, takeScript, b.keys, b.args), hits, b.idx)
+	res, err := s.eval(ctx, takeScript, b.keys, b.args)
+	if err != nil {
+		return reply{}, err
+	}
+	return parseReply(res, hits, b.idx)
 }
 
 // eval executes a script by SHA, with a fallback to its source when Redis
-// does not have it cached.
-func (s *Store) eval(ctx context.Context, sc script, keys, args []string) rueidis.RedisResult {
-	c := s.client
-	res := c.Do(ctx, c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
-		res = c.Do(ctx, c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+// does not have it cached. It returns by ctx's end (see bounded).
+func (s *Store) eval(ctx context.Context, sc script, keys, args []string) (rueidis.RedisResult, error) {
+	c := s.client() // not nil: the breaker stays open until connected
+	cmd := c.B().Evalsha().Sha1(sc.sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	res, err := bounded(ctx, func() rueidis.RedisResult { return c.Do(ctx, cmd) })
+	if e, ok := rueidis.IsRedisErr(res.Error()); err == nil && ok && e.IsNoScript() {
+		cmd = c.B().Eval().Script(sc.src).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+		res, err = bounded(ctx, func() rueidis.RedisResult { return c.Do(ctx, cmd) })
 	}
-	return res
+	return res, err
+}
+
+// bounded runs call, a round trip to Redis on ctx, and returns its result,
+// or ctx's error as soon as ctx ends, whatever call is waiting for.
+// rueidis's calls end at their ctx's deadline on an open connection, not
+// while they wait for a connection being dialled (by any caller, with its
+// own deadline, or the dialer's second) or closed: a silent Redis (paused,
+// a black hole that accepts connections) held callers up to a second past
+// their deadline (docs/REDIS.md, "Late while Redis is silent"). call then
+// ends in its own goroutine, once rueidis returns; it must use nothing its
+// caller may reuse (commands are built before: they copy their keys and
+// arguments).
+func bounded[T any](ctx context.Context, call func() T) (T, error) {
+	done := make(chan T, 1)
+	go func() { done <- call() }()
+	select {
+	case r := <-done:
+		return r, nil
+	case <-ctx.Done():
+		select {
+		case r := <-done:
+			return r, nil
+		default:
+		}
+		var zero T
+		return zero, fmt.Errorf("redis: %w", ctx.Err())
+	}
 }
 
 // parseReply reads take.lua's reply for the hits at idx (every hit when
