@@ -69,6 +69,10 @@ type serveCmd struct {
 	flags  serveFlags
 	stores map[string]storeConfig // by backend name
 	exts   []namedSetup           // in the extensions' order
+	// clock is the clock run counts with; nil means a new wall clock.
+	// Tests share one among several invocations and move it forward
+	// (AtLeast) to end a window without waiting for it.
+	clock *store.WallClock
 }
 
 type namedSetup struct {
@@ -134,7 +138,10 @@ func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpc
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	clock := store.NewWallClock()
+	clock := c.clock
+	if clock == nil {
+		clock = store.NewWallClock()
+	}
 	st, err := c.openStore(ctx, logger, clock)
 	if err != nil {
 		return err
