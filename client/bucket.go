@@ -40,6 +40,9 @@ func NewBucket(rate uint64, period time.Duration, burst uint64, clock store.Cloc
 // burst), and nothing was taken. Zero tokens reports whether one token is
 // there, without taking it.
 func (b *Bucket) Take(now int64, n uint64) store.Decision {
+	if n == 0 {
+		return store.Check(store.State{Word: b.state.Load()}, b.rule, now, 1)
+	}
 	for {
 		old := b.state.Load()
 		s, d := store.TakeTokens(store.State{Word: old}, b.rule, now, n)

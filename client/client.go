@@ -220,8 +220,8 @@ func (c *Client) ShouldRateLimit(ctx context.Context, domain string, descriptors
 }
 
 // Check asks over Sluice's own API. cost is taken from every descriptor,
-// all or nothing; 0 checks, without consuming, whether one more unit
-// fits.
+// all or nothing; 0 checks without consuming (a peek): over only past the
+// limit, or with the server's --strict-peeks unless one more unit fits.
 //
 // When Sluice does not answer, err says why and the Result carries the
 // FailureMode's decision (Allowed, FailedOpen) and no statuses.

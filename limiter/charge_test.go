@@ -20,6 +20,10 @@ descriptors:
   - key: q
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: two
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
 `
 
 func newChargeRig(t *testing.T, opts limiter.Options) *rig {
@@ -44,6 +48,54 @@ func refund(d limiter.Descriptor, cost uint64) limiter.Descriptor {
 
 func request(ds ...limiter.Descriptor) *limiter.Request {
 	return &limiter.Request{Domain: "test", Descriptors: ds}
+}
+
+// TestCheck_PeeksAsTheReference replays the reference's
+// integration-test/scripts/token-quota.sh (2 per minute, a peek with
+// hits_addend 0 on each request and a charge of 1 when its stream ends:
+// requests 1 to 3 pass, the 4th is refused) and Envoy AI Gateway's counts
+// (a budget of N against a cost of C admits N/C + 1 calls; a limit of 0
+// admits one call). With StrictPeeks a peek needs one more unit: a budget
+// used up exactly admits no more.
+func TestCheck_PeeksAsTheReference(t *testing.T) {
+	for _, c := range []struct {
+		key            string
+		cost           uint64
+		within, strict int
+	}{
+		{"two", 1, 3, 2},
+		{"budget", 25, 5, 4},
+		{"budget", 30, 4, 4},
+		{"zero", 1, 1, 0},
+	} {
+		for _, strict := range []bool{false, true} {
+			r := newChargeRig(t, limiter.Options{StrictPeeks: strict})
+			admitted := 0
+			for range 10 {
+				if r.check(t, request(withCost(desc(c.key, "u"), 0))).Overall != limiter.OK {
+					break
+				}
+				admitted++
+				r.check(t, request(charge(desc(c.key, "u"), c.cost)))
+			}
+			want := c.within
+			if strict {
+				want = c.strict
+			}
+			if admitted != want {
+				t.Errorf("%s, cost %d, strict %v: %d calls admitted, want %d", c.key, c.cost, strict, admitted, want)
+			}
+		}
+	}
+	// The reference's answer to a peek at the limit: OK, nothing
+	// remaining, the time until the window ends.
+	r := newChargeRig(t, limiter.Options{})
+	r.check(t, request(charge(desc("two", "u"), 2)))
+	r.clock.advance(20 * time.Second)
+	resp := r.check(t, request(withCost(desc("two", "u"), 0)))
+	if st := &resp.Statuses[0]; resp.Overall != limiter.OK || st.Code != limiter.OK || st.Remaining() != 0 || st.ResetAfter() != 40*time.Second {
+		t.Errorf("peek at the limit: %v, status %v remaining %d reset %v; want OK, 0, 40s", resp.Overall, st.Code, st.Remaining(), st.ResetAfter())
+	}
 }
 
 // TestCheck_ChargeRecordedWhole is the issue's sequence: a budget of 100

@@ -37,9 +37,9 @@ type Counter struct {
 	// Replaced reports a limit that another descriptor's rule of the same
 	// request replaces: a check would not count it, and Decision is zero.
 	Replaced bool
-	// Decision is what a check of cost 0 reports: Allowed when one more
-	// would fit, Remaining, ResetAfter, and RetryAfter when one more
-	// would not fit.
+	// Decision is what a strict check of cost 0 (store.PeekStrict, whatever
+	// Options.StrictPeeks says) reports: Allowed when one more would fit,
+	// Remaining, ResetAfter, and RetryAfter when one more would not fit.
 	Decision store.Decision
 }
 
@@ -117,8 +117,9 @@ func (l *Limiter) lookup(ctx context.Context, req *Request, peek bool) (*scratch
 	for i := range s.hits {
 		h := &s.hits[i]
 		// A peek: cost 0 never writes, on any store. Not vetoing, so
-		// that each limit is judged alone.
-		h.Cost, h.Mode, h.Veto = 0, store.ModeTake, false
+		// that each limit is judged alone; strict, so that a counter
+		// reports whether one more unit fits.
+		h.Cost, h.Mode, h.Veto, h.Peek = 0, store.ModeTake, false, store.PeekStrict
 	}
 	if !peek {
 		return s, nil, nil

@@ -115,6 +115,11 @@ type Options struct {
 	// up to the limit (--denied-hits=saturate) instead of nothing.
 	// Charges are recorded whole and refunds applied either way.
 	SaturateDenied bool
+	// StrictPeeks makes a descriptor's cost of 0 (a peek) over the limit
+	// unless one more unit fits (store.PeekStrict, --strict-peeks).
+	// Without it a peek is over only past the limit, as the reference
+	// answers (store.PeekWithin).
+	StrictPeeks bool
 	// FailureMode decides what a store failure answers.
 	FailureMode FailureMode
 	// Clock tells the time; nil means the system clock.
@@ -129,6 +134,7 @@ type Limiter struct {
 	tables    Tables
 	store     store.Store
 	opts      Options
+	peek      store.Peek // every hit's: from opts.StrictPeeks
 	clock     store.Clock
 	overrides *xsync.Map[Override, *store.Rule]
 	scratch   sync.Pool
@@ -144,6 +150,9 @@ func New(tables Tables, st store.Store, opts Options) *Limiter {
 	}
 	l := &Limiter{tables: tables, store: st, opts: opts, clock: opts.Clock,
 		overrides: xsync.NewMap[Override, *store.Rule]()}
+	if opts.StrictPeeks {
+		l.peek = store.PeekStrict
+	}
 	if l.clock == nil {
 		l.clock = store.NewWallClock()
 	}
@@ -429,6 +438,7 @@ func (l *Limiter) build(s *scratch) {
 				Cost: p.cost,
 				Veto: lp.rule == nil || !lp.rule.ShadowMode,
 				Mode: l.mode(p.kind),
+				Peek: l.peek,
 			})
 		}
 	}

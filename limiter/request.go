@@ -63,8 +63,9 @@ type Kind uint8
 const (
 	// Hits are the request's own: consumed only if the whole request is
 	// allowed (all or nothing; --denied-hits saturate consumes what is
-	// left of a denied one). A cost of 0 checks whether one more unit
-	// would fit.
+	// left of a denied one). A cost of 0 (a peek) checks without
+	// consuming: over only past the limit, or with Options.StrictPeeks
+	// unless one more unit fits.
 	Hits Kind = iota
 	// Charge is usage that already happened (Envoy's per-descriptor
 	// hits_addend: Envoy Gateway's cost, apply_on_stream_done): recorded

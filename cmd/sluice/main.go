@@ -41,20 +41,25 @@ func main() {
 
 // mainArgs returns the subcommand and its arguments from the process's
 // argv. Installed as `ratelimit`, envoyproxy/ratelimit's binary name (the
-// image has /bin/ratelimit for the Deployments that Envoy Gateway and the
-// reference's own manifests run), the binary behaves like the reference's:
-// with no arguments, or with flags only, it runs serve, configured from
-// the environment.
+// image has /bin/ratelimit for the Deployments that Envoy Gateway, Envoy
+// AI Gateway and the reference's own manifests run), the binary behaves
+// like the reference's, which reads only its environment: unless its
+// first argument names a subcommand or asks for help, it runs the
+// ratelimit command, serve ignoring the arguments it does not know.
 func mainArgs(argv []string) []string {
 	if len(argv) == 0 {
 		return nil
 	}
 	args := argv[1:]
-	if strings.TrimSuffix(filepath.Base(argv[0]), ".exe") == "ratelimit" &&
-		(len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help") {
-		return append([]string{"serve"}, args...)
+	if strings.TrimSuffix(filepath.Base(argv[0]), ".exe") != "ratelimit" {
+		return args
 	}
-	return args
+	if len(args) > 0 {
+		if _, ok := commands[args[0]]; ok || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+			return args
+		}
+	}
+	return append([]string{"ratelimit"}, args...)
 }
 
 // Main runs the subcommand named by args[0] and returns the exit code.

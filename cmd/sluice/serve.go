@@ -28,23 +28,44 @@ import (
 
 func init() {
 	register(command{name: "serve", summary: "run the rate-limit service (Envoy RLS v3, sluice.v1, HTTP)", run: runServe})
+	register(command{name: "ratelimit", summary: "serve as envoyproxy/ratelimit's binary: arguments serve does not know are ignored", run: runRatelimit})
 }
 
 func runServe(ctx context.Context, args []string, _, stderr io.Writer) int {
-	if err := serve(ctx, args, os.Getenv, stderr, nil); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "sluice serve:", err)
-		return 1
+	return exitCode(serve(ctx, args, os.Getenv, stderr, nil), "sluice serve:", stderr)
+}
+
+func runRatelimit(ctx context.Context, args []string, _, stderr io.Writer) int {
+	return exitCode(serveRef(ctx, args, os.Getenv, stderr, nil), "ratelimit:", stderr)
+}
+
+func exitCode(err error, prefix string, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	}
-	return 0
+	fmt.Fprintln(stderr, prefix, err)
+	return 1
 }
 
 // serve runs until ctx is done, then drains. ready, if not nil, receives
 // the bound addresses once both listeners are open (for tests).
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready func(grpcAddr, httpAddr net.Addr)) error {
+	return newServeCmd(stderr).serve(ctx, args, getenv, stderr, ready)
+}
+
+// serveRef is serve as envoyproxy/ratelimit's binary runs: the reference
+// reads only its environment and ignores its arguments (Envoy AI
+// Gateway's QuotaPolicy Deployment passes --quotaRateLimitServiceHost), so
+// the flags serve does not know, and positional arguments, are dropped
+// and named in one warning (refArgs); the flags it knows still apply.
+func serveRef(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready func(grpcAddr, httpAddr net.Addr)) error {
 	c := newServeCmd(stderr)
+	args, c.ignored = refArgs(c.fs, args)
+	return c.serve(ctx, args, getenv, stderr, ready)
+}
+
+func (c *serveCmd) serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer, ready func(grpcAddr, httpAddr net.Addr)) error {
 	logger, err := c.parse(args, getenv, stderr)
 	if err != nil {
 		return err
@@ -65,10 +86,11 @@ const serveGCPercent = 200
 // flag is parsed into, serve's own, each backend's and each extension's,
 // so two invocations in one process share none of them.
 type serveCmd struct {
-	fs     *flag.FlagSet
-	flags  serveFlags
-	stores map[string]storeConfig // by backend name
-	exts   []namedSetup           // in the extensions' order
+	fs      *flag.FlagSet
+	flags   serveFlags
+	stores  map[string]storeConfig // by backend name
+	exts    []namedSetup           // in the extensions' order
+	ignored ignoredArgs            // dropped by refArgs, to warn of
 	// clock is the clock run counts with; nil means a new wall clock.
 	// Tests share one among several invocations and move it forward
 	// (AtLeast) to end a window without waiting for it.
@@ -118,6 +140,10 @@ func (c *serveCmd) parse(args []string, getenv func(string) string, stderr io.Wr
 	}
 	for _, w := range warnings {
 		logger.Warn(w)
+	}
+	if len(c.ignored.flags) > 0 || c.ignored.positional > 0 {
+		logger.Warn("arguments ignored: envoyproxy/ratelimit reads only its environment (values not shown)",
+			"flags", strings.Join(c.ignored.flags, " "), "positional", c.ignored.positional)
 	}
 	return logger, nil
 }

@@ -344,3 +344,50 @@ func TestBinary_InstalledAsRatelimit(t *testing.T) {
 		t.Errorf("ratelimit check: %v\n%s", err, out)
 	}
 }
+
+// TestBinary_RatelimitIgnoresArguments: Envoy AI Gateway's QuotaPolicy
+// Deployment runs /bin/ratelimit with an argument of its own; the
+// reference reads only its environment and ignores it, and so does the
+// binary under that name: it serves, and names the flag in one warning
+// that does not show its value. `sluice serve` still refuses it.
+func TestBinary_RatelimitIgnoresArguments(t *testing.T) {
+	bin, err := filepath.Abs(sluiceBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratelimit := filepath.Join(t.TempDir(), "ratelimit")
+	if err := os.Symlink(bin, ratelimit); err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const host = "envoy-ai-gateway-ratelimit.envoy-gateway-system"
+	cmd := exec.Command(ratelimit, "--quotaRateLimitServiceHost="+host)
+	cmd.Env = []string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=.", "RUNTIME_APPDIRECTORY=serve",
+		"HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "LOG_LEVEL=info"}
+	p := startCmd(t, cmd)
+	rls, _ := dialRLS(t, p.grpcAddr)
+	if r, err := rls.ShouldRateLimit(testCtx(t), rlsRequest("e2e", "remote_address", "10.9.9.9")); err != nil ||
+		r.OverallCode != rlspb.RateLimitResponse_OK || r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 2 {
+		t.Errorf("ShouldRateLimit: %v %v", r, err)
+	}
+	var warning string
+	for line := range strings.Lines(p.log()) {
+		if strings.Contains(line, "arguments ignored") {
+			warning = line
+		}
+	}
+	if !strings.Contains(warning, "level=WARN") || !strings.Contains(warning, "--quotaRateLimitServiceHost") {
+		t.Errorf("no warning naming the flag:\n%s", p.log())
+	}
+	if strings.Contains(p.log(), host) {
+		t.Errorf("the log shows the flag's value:\n%s", p.log())
+	}
+
+	out, err := exec.Command(bin, "serve", "--quotaRateLimitServiceHost="+host).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "flag provided but not defined") {
+		t.Errorf("sluice serve with the argument: %v\n%s", err, out)
+	}
+}

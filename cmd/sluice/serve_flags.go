@@ -30,6 +30,7 @@ type serveFlags struct {
 	dynamicMetadata  bool
 	ietfHeaders      bool
 	deniedHits       string
+	strictPeeks      bool
 	failureMode      string
 	maxDescriptors   int
 	maxEntries       int
@@ -67,6 +68,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.quotaMode, "quota-mode", false, "global quota mode: every descriptor is a quota descriptor; a request is over only if all of them are")
 	fs.BoolVar(&f.dynamicMetadata, "response-dynamic-metadata", false, "fill Envoy's dynamic_metadata with the domain, descriptors, hits addend and the matched rules' metadata")
 	fs.StringVar(&f.deniedHits, "denied-hits", "drop", "what a denied hit consumes: drop (nothing) | saturate (up to the limit)")
+	fs.BoolVar(&f.strictPeeks, "strict-peeks", false, "a descriptor's hits_addend of 0 (a peek) is OVER_LIMIT unless one more unit fits; default: only past the limit, as envoyproxy/ratelimit")
 	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
 	fs.IntVar(&f.maxDescriptors, "max-descriptors", limiter.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&f.maxEntries, "max-entries", limiter.DefaultMaxEntries, "most entries in one descriptor")
@@ -109,7 +111,8 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 
 // limiterOptions checks the policy flags.
 func (f *serveFlags) limiterOptions() (limiter.Options, error) {
-	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode}
+	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode,
+		StrictPeeks: f.strictPeeks}
 	switch f.deniedHits {
 	case "drop":
 	case "saturate":
