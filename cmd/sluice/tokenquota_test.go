@@ -12,6 +12,7 @@ import (
 	ratelimitv3pb "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -245,4 +246,45 @@ func startServeClock(t *testing.T, env serveEnv, clock *store.WallClock, logs io
 		t.Fatal("serve did not start")
 	}
 	return ""
+}
+
+// TestServe_IgnoredFields: a field of a newer control plane's
+// RateLimitConfig and one of a newer Envoy's request, which Sluice
+// cannot use, are named in a WARN and counted in
+// sluice_config_ignored_fields_total and sluice_rls_ignored_fields_total;
+// the config applies and the request is answered without them.
+func TestServe_IgnoredFields(t *testing.T) {
+	xs := xdstest.Start(t, "127.0.0.1:0", nil)
+	cfg := tqLimits(t)
+	cfg.Descriptors[0].ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 9, protowire.VarintType), 1))
+	xs.Push(t, tqNode, "1", cfg)
+	logs := &lockedBuffer{}
+	grpcAddr, httpAddr := startServeLogged(t, nil, logs, "--config-source", "xds", "--xds-server", xs.Addr, "--xds-node-id", tqNode,
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "xds: config applied (ACK)") }, "the ACK")
+	rls, _ := dialRLS(t, grpcAddr)
+	in := tqCall(0, "service_1")
+	in.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 7, protowire.VarintType), 1))
+	for range 2 {
+		if r, err := rls.ShouldRateLimit(testCtx(t), in); err != nil || r.GetOverallCode() != tqOK || len(r.GetStatuses()) != 1 {
+			t.Fatalf("%v %v, want OK", r, err)
+		}
+	}
+	metrics := httpGet(t, "http://"+httpAddr+"/metrics")
+	for _, want := range []string{
+		`sluice_config_ignored_fields_total{field="ratelimit.config.ratelimit.v3.RateLimitDescriptor.9"} 1`,
+		`sluice_rls_ignored_fields_total{field="envoy.service.ratelimit.v3.RateLimitRequest.7"} 2`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("no %s in /metrics:\n%s", want, metrics)
+		}
+	}
+	for _, want := range []string{
+		`msg="xds: the pushed config has fields Sluice does not use; they are ignored" version=1 fields=[ratelimit.config.ratelimit.v3.RateLimitDescriptor.9]`,
+		`field=envoy.service.ratelimit.v3.RateLimitRequest.7`,
+	} {
+		if strings.Count(logs.String(), want) != 1 {
+			t.Errorf("want one log line with %s:\n%s", want, logs)
+		}
+	}
 }
