@@ -336,6 +336,11 @@ func FuzzCompileRateLimitConfigs(f *testing.F) {
 			return
 		}
 		res.Name = "fuzz"
+		for _, f := range IgnoredFields([]*ratelimitpb.RateLimitConfig{&res}) {
+			if !strings.HasPrefix(f, "ratelimit.config.ratelimit.v3.") {
+				t.Errorf("ignored field %q is not one of the proto's messages", f)
+			}
+		}
 		tbl, err := CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{&res}, Options{})
 		if err != nil {
 			var es *Errors
