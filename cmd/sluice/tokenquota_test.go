@@ -71,8 +71,9 @@ type tqStep struct {
 	peek      []string
 	code      rlspb.RateLimitResponse_Code
 	statuses  []rlspb.RateLimitResponse_Code
-	quota     string // service_with_quota.name in the dynamic metadata; "" none
-	charge    string // the service charged after the response; "" when refused
+	remaining []uint32 // the statuses' limit_remaining
+	quota     string   // service_with_quota.name in the dynamic metadata; "" none
+	charge    string   // the service charged after the response; "" when refused
 }
 
 var (
@@ -89,24 +90,24 @@ var tqScripts = []struct {
 	// response: requests 1-3 pass (the third peeks at 2 used of 2), the
 	// 4th is refused; a minute later the bucket is whole again.
 	{"token-quota.sh", []tqStep{
-		{peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, quota: "service_2", charge: "service_2"},
-		{peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, quota: "service_2", charge: "service_2"},
-		{peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, quota: "service_2", charge: "service_2"},
-		{peek: []string{"service_2"}, code: tqOver, statuses: []rlspb.RateLimitResponse_Code{tqOver}},
-		{newWindow: true, peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, remaining: []uint32{2}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, remaining: []uint32{1}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, remaining: []uint32{0}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_2"}, code: tqOver, statuses: []rlspb.RateLimitResponse_Code{tqOver}, remaining: []uint32{0}},
+		{newWindow: true, peek: []string{"service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK}, remaining: []uint32{2}, quota: "service_2", charge: "service_2"},
 	}},
 	// multiservice-tokenquota.sh: service_1 has 1 a minute, service_2 2;
 	// charged after the response, service_1 serves 2 requests, then
 	// service_2 3, then the 6th is refused; a minute later service_1
 	// serves again.
 	{"multiservice-tokenquota.sh", []tqStep{
-		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK, tqOK}, quota: "service_1", charge: "service_1"},
-		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK, tqOK}, quota: "service_1", charge: "service_1"},
-		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOK}, quota: "service_2", charge: "service_2"},
-		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOK}, quota: "service_2", charge: "service_2"},
-		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOK}, quota: "service_2", charge: "service_2"},
-		{peek: []string{"service_1", "service_2"}, code: tqOver, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOver}},
-		{newWindow: true, peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK, tqOK}, quota: "service_1", charge: "service_1"},
+		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK, tqOK}, remaining: []uint32{1, 2}, quota: "service_1", charge: "service_1"},
+		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK, tqOK}, remaining: []uint32{0, 2}, quota: "service_1", charge: "service_1"},
+		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOK}, remaining: []uint32{0, 2}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOK}, remaining: []uint32{0, 1}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOK}, remaining: []uint32{0, 0}, quota: "service_2", charge: "service_2"},
+		{peek: []string{"service_1", "service_2"}, code: tqOver, statuses: []rlspb.RateLimitResponse_Code{tqOver, tqOver}, remaining: []uint32{0, 0}},
+		{newWindow: true, peek: []string{"service_1", "service_2"}, code: tqOK, statuses: []rlspb.RateLimitResponse_Code{tqOK, tqOK}, remaining: []uint32{1, 2}, quota: "service_1", charge: "service_1"},
 	}},
 }
 
@@ -186,12 +187,14 @@ func TestServe_ReferenceTokenQuota(t *testing.T) {
 					}
 					r := call(tqCall(0, s.peek...))
 					var got []rlspb.RateLimitResponse_Code
+					var left []uint32
 					for _, st := range r.GetStatuses() {
 						got = append(got, st.GetCode())
+						left = append(left, st.GetLimitRemaining())
 					}
-					if r.GetOverallCode() != s.code || fmt.Sprint(got) != fmt.Sprint(s.statuses) || quotaName(r) != s.quota {
-						t.Fatalf("%s: request-no %d: %v %v, service_with_quota %q; the reference answers %v %v, %q\n%v",
-							script.name, i+1, r.GetOverallCode(), got, quotaName(r), s.code, s.statuses, s.quota, r)
+					if r.GetOverallCode() != s.code || fmt.Sprint(got) != fmt.Sprint(s.statuses) || fmt.Sprint(left) != fmt.Sprint(s.remaining) || quotaName(r) != s.quota {
+						t.Fatalf("%s: request-no %d: %v %v remaining %v, service_with_quota %q; the reference answers %v %v remaining %v, %q\n%v",
+							script.name, i+1, r.GetOverallCode(), got, left, quotaName(r), s.code, s.statuses, s.remaining, s.quota, r)
 					}
 					if s.charge != "" {
 						// Envoy routes by the metadata and charges the
