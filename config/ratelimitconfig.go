@@ -9,6 +9,7 @@ import (
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // CompileRateLimitConfigs compiles RateLimitConfig resources, the limits
@@ -21,8 +22,9 @@ import (
 // they have no line.
 //
 // The proto's unit UNKNOWN (0) is a rate_limit without unit, as in the
-// reference; units 5, 6 and 7 are MONTH, YEAR and WEEK, which newer
-// versions of the proto name.
+// reference. A descriptor's quota_mode and metadata (a Struct) are the
+// limits file's quota_mode and metadata: the metadata's values are the
+// JSON-like values a file's metadata reads to (numbers float64).
 func CompileRateLimitConfigs(resources []*ratelimitpb.RateLimitConfig, opts Options) (*Table, error) {
 	srcs := make([]source, 0, len(resources))
 	marshal := proto.MarshalOptions{Deterministic: true}
@@ -80,6 +82,12 @@ func descriptorsNode(ds []*ratelimitpb.RateLimitDescriptor, depth int) *yaml.Nod
 		if d.GetDetailedMetric() {
 			addField(m, "detailed_metric", boolean(true))
 		}
+		if d.GetQuotaMode() {
+			addField(m, "quota_mode", boolean(true))
+		}
+		if md := d.GetMetadata(); md != nil {
+			addField(m, "metadata", structNode(md, 0))
+		}
 		seq.Content = append(seq.Content, m)
 	}
 	return seq
@@ -121,14 +129,57 @@ func unitName(u ratelimitpb.RateLimitUnit) string {
 		return "hour"
 	case ratelimitpb.RateLimitUnit_DAY:
 		return "day"
-	case 5:
-		return "month"
-	case 6:
-		return "year"
-	case 7:
+	case ratelimitpb.RateLimitUnit_WEEK:
 		return "week"
+	case ratelimitpb.RateLimitUnit_MONTH:
+		return "month"
+	case ratelimitpb.RateLimitUnit_YEAR:
+		return "year"
 	}
 	return strconv.Itoa(int(u))
+}
+
+// structNode writes a Struct as the YAML mapping a file's metadata with
+// the same values is: strings quoted (so that "yes" stays a string),
+// numbers as floats. Deeper than the loader allows, it stops (the loader
+// reports the depth).
+func structNode(s *structpb.Struct, depth int) *yaml.Node {
+	m := mapping()
+	if depth > maxDepth+1 {
+		return m
+	}
+	keys := make([]string, 0, len(s.GetFields()))
+	for k := range s.GetFields() {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // a deterministic node: the table's hash depends on it
+	for _, k := range keys {
+		addField(m, k, valueNode(s.GetFields()[k], depth+1))
+	}
+	return m
+}
+
+func valueNode(v *structpb.Value, depth int) *yaml.Node {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Style: yaml.DoubleQuotedStyle, Value: k.StringValue}
+	case *structpb.Value_NumberValue:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(k.NumberValue, 'g', -1, 64)}
+	case *structpb.Value_BoolValue:
+		return boolean(k.BoolValue)
+	case *structpb.Value_StructValue:
+		return structNode(k.StructValue, depth)
+	case *structpb.Value_ListValue:
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		if depth > maxDepth+1 {
+			return seq
+		}
+		for _, e := range k.ListValue.GetValues() {
+			seq.Content = append(seq.Content, valueNode(e, depth+1))
+		}
+		return seq
+	}
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Value: "null"}
 }
 
 func mapping() *yaml.Node { return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"} }

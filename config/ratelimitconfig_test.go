@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	ratelimitpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // edgeProto is edgeYAML as an xDS RateLimitConfig.
@@ -25,8 +27,8 @@ var edgeProto = &ratelimitpb.RateLimitConfig{
 			{Key: "path", RateLimit: &ratelimitpb.RateLimitPolicy{Name: "any", Unit: ratelimitpb.RateLimitUnit_HOUR, RequestsPerUnit: 1000}},
 		}},
 		{Key: "vip", Value: "yes", RateLimit: &ratelimitpb.RateLimitPolicy{Unlimited: true}},
-		{Key: "trial", ShadowMode: true, DetailedMetric: true, RateLimit: &ratelimitpb.RateLimitPolicy{Unit: 7, RequestsPerUnit: 5}},
-		{Key: "monthly", RateLimit: &ratelimitpb.RateLimitPolicy{Unit: 5, RequestsPerUnit: 9}},
+		{Key: "trial", ShadowMode: true, DetailedMetric: true, RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_WEEK, RequestsPerUnit: 5}},
+		{Key: "monthly", RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_MONTH, RequestsPerUnit: 9}},
 		// Envoy Gateway sends levels without a rate limit and empty lists.
 		{Key: "generic_key", Value: "gw", Descriptors: []*ratelimitpb.RateLimitDescriptor{
 			{Key: "masked_remote_address", Value: "0.0.0.0/0", RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_DAY, RequestsPerUnit: 0}},
@@ -203,6 +205,103 @@ func TestCompileRateLimitConfigs_MergeDomains(t *testing.T) {
 	}
 }
 
+// quota_mode and metadata (fields 7 and 8 of the newer proto, which the
+// QuotaPolicy controller of Envoy AI Gateway pushes) compile as the same
+// fields of a limits file do, and the units WEEK, MONTH and YEAR too.
+func TestCompileRateLimitConfigs_QuotaModeAndMetadata(t *testing.T) {
+	md, err := structpb.NewStruct(map[string]any{
+		"backend": "service-a",
+		"answer":  "yes", // a string, not YAML's boolean
+		"weight":  1.5,
+		"count":   float64(3),
+		"on":      true,
+		"none":    nil,
+		"list":    []any{"x", float64(2), false, map[string]any{"deep": "v"}},
+		"nested":  map[string]any{"route": map[string]any{"name": "r1"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &ratelimitpb.RateLimitConfig{Name: "quota", Domain: "ai", Descriptors: []*ratelimitpb.RateLimitDescriptor{
+		{Key: "model", Value: "a", QuotaMode: true, Metadata: md,
+			RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_YEAR, RequestsPerUnit: 10}},
+		{Key: "model", Value: "b", QuotaMode: true, RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_MONTH, RequestsPerUnit: 10}},
+		{Key: "model", Value: "c", RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_WEEK, RequestsPerUnit: 10}},
+	}}
+	got, err := CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{res}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "quota.yaml")
+	if err := os.WriteFile(path, []byte(`domain: ai
+descriptors:
+  - key: model
+    value: a
+    quota_mode: true
+    metadata:
+      backend: service-a
+      answer: "yes"
+      weight: 1.5
+      count: 3
+      on: true
+      none: null
+      list: [x, 2, false, {deep: v}]
+      nested: {route: {name: r1}}
+    rate_limit: {unit: year, requests_per_unit: 10}
+  - key: model
+    value: b
+    quota_mode: true
+    rate_limit: {unit: month, requests_per_unit: 10}
+  - key: model
+    value: c
+    rate_limit: {unit: week, requests_per_unit: 10}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want, err := Load(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != want.String() {
+		t.Errorf("proto table:\n%s\nfile table:\n%s", got, want)
+	}
+	for _, v := range []string{"a", "b", "c"} {
+		gr, gk := got.Match("ai", []Entry{{"model", v}}, nil)
+		wr, wk := want.Match("ai", []Entry{{"model", v}}, nil)
+		if gr == nil || wr == nil || string(gk) != string(wk) {
+			t.Fatalf("model %s: proto %v %q, file %v %q", v, gr, gk, wr, wk)
+		}
+		if gr.QuotaMode != wr.QuotaMode || gr.QuotaMode != (v != "c") || gr.Unit != wr.Unit {
+			t.Errorf("model %s: proto quota_mode %t unit %v, file %t %v", v, gr.QuotaMode, gr.Unit, wr.QuotaMode, wr.Unit)
+		}
+		if !reflect.DeepEqual(gr.Metadata, wr.Metadata) {
+			t.Errorf("model %s: proto metadata %#v, file %#v", v, gr.Metadata, wr.Metadata)
+		}
+	}
+	if r, _ := got.Match("ai", []Entry{{"model", "a"}}, nil); !reflect.DeepEqual(r.Metadata, md.AsMap()) {
+		t.Errorf("metadata %#v, want the Struct's %#v", r.Metadata, md.AsMap())
+	}
+	// The Struct's map order does not change the table.
+	again, err := CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{proto.Clone(res).(*ratelimitpb.RateLimitConfig)}, Options{})
+	if err != nil || again.Hash() != got.Hash() {
+		t.Errorf("compiled again: hash %s (%v), first %s", again.Hash(), err, got.Hash())
+	}
+}
+
+// A Struct nested deeper than a file's metadata may be is refused as
+// the file's is, without walking all of it.
+func TestCompileRateLimitConfigs_DeepMetadataIsBounded(t *testing.T) {
+	v := structpb.NewStringValue("leaf")
+	for range 5000 {
+		v = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"k": v}})
+	}
+	_, err := CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{{Name: "deep", Domain: "d", Descriptors: []*ratelimitpb.RateLimitDescriptor{
+		{Key: "k", Metadata: v.GetStructValue(), RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_HOUR, RequestsPerUnit: 1}}}}}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "metadata nested deeper than 64 levels") {
+		t.Fatalf("err = %v, want the nesting bound", err)
+	}
+}
+
 func TestCompileRateLimitConfigs_DeepNestingIsBounded(t *testing.T) {
 	d := &ratelimitpb.RateLimitDescriptor{Key: "leaf"}
 	for range 5000 {
@@ -224,12 +323,24 @@ func FuzzCompileRateLimitConfigs(f *testing.F) {
 	}
 	f.Add(seed)
 	f.Add([]byte{})
+	md, _ := structpb.NewStruct(map[string]any{"backend": "a", "n": 1.5, "l": []any{true, nil, map[string]any{"k": "v"}}})
+	quota, err := proto.Marshal(&ratelimitpb.RateLimitConfig{Domain: "ai", Descriptors: []*ratelimitpb.RateLimitDescriptor{
+		{Key: "model", QuotaMode: true, Metadata: md, RateLimit: &ratelimitpb.RateLimitPolicy{Unit: ratelimitpb.RateLimitUnit_YEAR, RequestsPerUnit: 1}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(quota)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var res ratelimitpb.RateLimitConfig
 		if proto.Unmarshal(data, &res) != nil {
 			return
 		}
 		res.Name = "fuzz"
+		for _, f := range IgnoredFields([]*ratelimitpb.RateLimitConfig{&res}) {
+			if !strings.HasPrefix(f, "ratelimit.config.ratelimit.v3.") {
+				t.Errorf("ignored field %q is not one of the proto's messages", f)
+			}
+		}
 		tbl, err := CompileRateLimitConfigs([]*ratelimitpb.RateLimitConfig{&res}, Options{})
 		if err != nil {
 			var es *Errors

@@ -13,6 +13,11 @@
 // leaves it is dropped at the reload, and one that stays (same domain and
 // path) keeps its counts and its values' cap. docs/METRICS.md lists every metric.
 //
+// IgnoredFields counts the fields of received messages that Sluice does
+// not use (sluice_config_ignored_fields_total for pushed configs,
+// sluice_rls_ignored_fields_total for Envoy's requests), at most
+// MaxIgnoredFields series each.
+//
 // RefStats writes envoyproxy/ratelimit's stats to Sinks: StatsdSink
 // (statsd or DogStatsD lines, over UDP or TCP; over TCP a goroutine of its
 // own, run by Start and stopped by Close, writes a bounded buffer so that

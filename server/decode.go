@@ -44,6 +44,9 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 	if err := dec(c); err != nil {
 		return nil, err
 	}
+	if c.unknown.n > 0 {
+		c.unknown.report(s.opts.OnIgnoredField)
+	}
 	if interceptor == nil {
 		return s.reply(ctx, c)
 	}
@@ -78,7 +81,7 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	cl.buf = cl.buf[:n]
 	data.CopyTo(cl.buf)
-	err := decodeRLS(&cl.req, cl.buf, cl.domain)
+	err := decodeRLS(&cl.req, cl.buf, cl.domain, &cl.unknown)
 	if cl.req.Domain != "" {
 		cl.domain = cl.req.Domain
 	}
@@ -92,12 +95,14 @@ var errWire = errors.New("cannot parse invalid wire-format data")
 
 // decodeRLS fills r from b, the wire form of an Envoy RateLimitRequest,
 // as proto.Unmarshal and fillRequest would: it refuses what proto.Unmarshal
-// refuses (bad wire data, invalid UTF-8) and skips unknown fields. Entry
+// refuses (bad wire data, invalid UTF-8) and skips unknown fields,
+// recording them in u. Entry
 // keys and values alias b, so r must not outlive b; the domain is a copy
 // (observers may keep it), or prev when equal to it, which saves the copy.
-func decodeRLS(r *limiter.Request, b []byte, prev string) error {
+func decodeRLS(r *limiter.Request, b []byte, prev string, u *unknownFields) error {
 	r.Reset()
-	return eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	*u = unknownFields{}
+	return eachField(b, msgRequest, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			v, n := consumeString(b)
@@ -110,7 +115,7 @@ func decodeRLS(r *limiter.Request, b []byte, prev string) error {
 			}
 			return n, nil
 		case num == 2 && typ == protowire.BytesType:
-			return message(b, func(v []byte) error { return decodeDescriptor(r.AddDescriptor(), v) })
+			return message(b, func(v []byte) error { return decodeDescriptor(r.AddDescriptor(), v, u) })
 		case num == 3 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			r.HitsAddend = uint64(uint32(v))
@@ -122,21 +127,21 @@ func decodeRLS(r *limiter.Request, b []byte, prev string) error {
 
 // decodeDescriptor decodes a RateLimitDescriptor into d. Repeated
 // occurrences of limit and hits_addend merge, as in proto.
-func decodeDescriptor(d *limiter.Descriptor, b []byte) error {
+func decodeDescriptor(d *limiter.Descriptor, b []byte, u *unknownFields) error {
 	negative := false
-	err := eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	err := eachField(b, msgDescriptor, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			return message(b, func(v []byte) error {
-				e, err := decodeEntry(v)
+				e, err := decodeEntry(v, u)
 				d.Entries = append(d.Entries, e)
 				return err
 			})
 		case num == 2 && typ == protowire.BytesType:
-			return message(b, func(v []byte) error { return decodeOverride(&d.Override, v) })
+			return message(b, func(v []byte) error { return decodeOverride(&d.Override, v, u) })
 		case num == 3 && typ == protowire.BytesType:
 			return message(b, func(v []byte) error {
-				w, set, err := decodeWrapper(v)
+				w, set, err := decodeWrapper(v, msgUInt64, u)
 				if set {
 					d.Cost = w
 				}
@@ -169,9 +174,9 @@ func kind(hasCost bool, cost uint64, negative bool) limiter.Kind {
 }
 
 // decodeEntry decodes a RateLimitDescriptor.Entry; its strings alias b.
-func decodeEntry(b []byte) (config.Entry, error) {
+func decodeEntry(b []byte, u *unknownFields) (config.Entry, error) {
 	var e config.Entry
-	err := eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+	err := eachField(b, msgEntry, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		if (num != 1 && num != 2) || typ != protowire.BytesType {
 			return 0, nil
 		}
@@ -187,8 +192,8 @@ func decodeEntry(b []byte) (config.Entry, error) {
 }
 
 // decodeOverride decodes a RateLimitOverride into o, merging.
-func decodeOverride(o *limiter.Override, b []byte) error {
-	return eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+func decodeOverride(o *limiter.Override, b []byte, u *unknownFields) error {
+	return eachField(b, msgOverride, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		switch {
 		case num == 1 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
@@ -200,7 +205,7 @@ func decodeOverride(o *limiter.Override, b []byte) error {
 			return n, nil
 		case num == 3 && typ == protowire.BytesType:
 			return message(b, func(v []byte) error {
-				w, set, err := decodeWrapper(v)
+				w, set, err := decodeWrapper(v, msgUInt32, u)
 				if set {
 					o.UnitMultiplier = uint32(w)
 				}
@@ -211,10 +216,10 @@ func decodeOverride(o *limiter.Override, b []byte) error {
 	})
 }
 
-// decodeWrapper decodes a UInt64Value or UInt32Value: its value, and
-// whether the message set it.
-func decodeWrapper(b []byte) (v uint64, set bool, err error) {
-	err = eachField(b, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
+// decodeWrapper decodes a UInt64Value or UInt32Value (msg): its value,
+// and whether the message set it.
+func decodeWrapper(b []byte, msg string, u *unknownFields) (v uint64, set bool, err error) {
+	err = eachField(b, msg, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		if num != 1 || typ != protowire.VarintType {
 			return 0, nil
 		}
@@ -226,12 +231,13 @@ func decodeWrapper(b []byte) (v uint64, set bool, err error) {
 	return v, set, err
 }
 
-// eachField walks the fields of message b. For each it calls fn with the
-// field's number and type and the bytes after its tag; fn returns how many
-// of them the field's value took, 0 to have the field skipped, or a
-// negative count for bad wire data (fn's other effects then do not
-// matter: the message is refused).
-func eachField(b []byte, fn func(num protowire.Number, typ protowire.Type, b []byte) (int, error)) error {
+// eachField walks the fields of message b, a msg. For each it calls fn
+// with the field's number and type and the bytes after its tag; fn
+// returns how many of them the field's value took, 0 to have the field
+// skipped (and recorded in u as unknown), or a negative count for bad
+// wire data (fn's other effects then do not matter: the message is
+// refused).
+func eachField(b []byte, msg string, u *unknownFields, fn func(num protowire.Number, typ protowire.Type, b []byte) (int, error)) error {
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
@@ -244,6 +250,7 @@ func eachField(b []byte, fn func(num protowire.Number, typ protowire.Type, b []b
 		}
 		if n == 0 {
 			n = protowire.ConsumeFieldValue(num, typ, b)
+			u.add(msg, num)
 		}
 		if n < 0 {
 			return errWire

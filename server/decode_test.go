@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -27,6 +28,7 @@ func FuzzDecodeRLS(f *testing.F) {
 		req(3, d("api_key", "k", "method", "POST"), hits(d("path", "/login"), 0)),
 		req(0, multiplied(override(d("k", "v"), 7, typepb.RateLimitUnit_HOUR), 3), negative(hits(d("a", "b"), 9)), d("", "")),
 		{Domain: "e2e"},
+		func() *rlspb.RateLimitRequest { in, _ := newerEnvoy(); return in }(),
 	}
 	for _, s := range seeds {
 		b, err := proto.Marshal(s)
@@ -57,6 +59,10 @@ func FuzzDecodeRLS(f *testing.F) {
 		server.FillRequest(&want, in)
 		if g, w := describe(&got), describe(&want); g != w {
 			t.Fatalf("decoded\n%s\nwant\n%s", g, w)
+		}
+		// Both paths see the same unknown fields (when none was left out).
+		if dec, msg, err := server.UnknownFields(wire); err != nil || (len(dec) < server.MaxUnknown && !slices.Equal(dec, msg)) {
+			t.Fatalf("unknown fields: decoded %q, from the message %q (%v)", dec, msg, err)
 		}
 	})
 }

@@ -3,6 +3,11 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/mem"
@@ -12,10 +17,14 @@ import (
 
 // DecodeRLS and FillRequest expose the two decodings of Envoy's request
 // for comparison.
-var (
-	DecodeRLS   = decodeRLS
-	FillRequest = fillRequest
-)
+var FillRequest = fillRequest
+
+// DecodeRLS is the codec's decoding of Envoy's request, its unknown
+// fields dropped.
+func DecodeRLS(r *limiter.Request, b []byte, prev string) error {
+	var u unknownFields
+	return decodeRLS(r, b, prev, &u)
+}
 
 // NewCallDecoder returns the gRPC codec's decoding of wire into one
 // reused call, and that call's request.
@@ -51,6 +60,33 @@ func NewCall(s *RLS, wire []byte, interceptor grpc.UnaryServerInterceptor, out f
 		return nil
 	}
 }
+
+// UnknownFields are the unknown fields of Envoy's request wire as the
+// codec records them and as read from the message proto.Unmarshal
+// makes, each "message.number", sorted.
+func UnknownFields(wire []byte) (decoded, fromProto []string, err error) {
+	var r limiter.Request
+	var u unknownFields
+	if err := decodeRLS(&r, wire, "", &u); err != nil {
+		return nil, nil, err
+	}
+	in := new(rlspb.RateLimitRequest)
+	if err := proto.Unmarshal(wire, in); err != nil {
+		return nil, nil, err
+	}
+	var p unknownFields
+	unknownOf(in, &p)
+	names := func(u *unknownFields) []string {
+		var out []string
+		u.report(func(m string, n int32) { out = append(out, fmt.Sprintf("%s.%d", m, n)) })
+		slices.Sort(out)
+		return out
+	}
+	return names(&u), names(&p), nil
+}
+
+// MaxUnknown is how many unknown fields a request reports.
+const MaxUnknown = maxUnknown
 
 // AppendResponse is the encoder of Envoy's response.
 func (s *RLS) AppendResponse(b []byte, r *limiter.Response) []byte {

@@ -59,6 +59,12 @@ type Options struct {
 	// Tracing, with a Tracer, starts a span per decision and per RLQS
 	// report.
 	Tracing Tracing
+	// OnIgnoredField, if set, is called for each field of a
+	// ShouldRateLimit request that Sluice ignores: a field its version of
+	// Envoy's proto does not define (a newer Envoy's), by the full name of
+	// its message and its number, once per request and field (at most 8
+	// fields a request). Called on the request's path: it must be cheap.
+	OnIgnoredField func(message string, number int32)
 }
 
 // RLS serves Envoy's envoy.service.ratelimit.v3.RateLimitService. It
@@ -81,10 +87,11 @@ type RLS struct {
 // Over gRPC the codec fills req from the message bytes copied into buf
 // (see decodeRLS); domain is the last domain decoded, reused when equal.
 type call struct {
-	req    limiter.Request
-	resp   limiter.Response
-	buf    []byte
-	domain string
+	req     limiter.Request
+	resp    limiter.Response
+	buf     []byte
+	domain  string
+	unknown unknownFields
 }
 
 // NewRLS returns Envoy's rate-limit service over lim.
@@ -107,6 +114,10 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, in *rlspb.RateLimitRequest) (
 	c := s.calls.Get().(*call)
 	defer s.calls.Put(c)
 	fillRequest(&c.req, in)
+	if s.opts.OnIgnoredField != nil {
+		unknownOf(in, &c.unknown)
+		c.unknown.report(s.opts.OnIgnoredField)
+	}
 	return s.check(ctx, c)
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/observe/tracing"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
@@ -91,6 +92,10 @@ type serveCmd struct {
 	stores  map[string]storeConfig // by backend name
 	exts    []namedSetup           // in the extensions' order
 	ignored ignoredArgs            // dropped by refArgs, to warn of
+	// clock is the clock run counts with; nil means a new wall clock.
+	// Tests share one among several invocations and move it forward
+	// (AtLeast) to end a window without waiting for it.
+	clock *store.WallClock
 }
 
 type namedSetup struct {
@@ -160,7 +165,10 @@ func (c *serveCmd) run(ctx context.Context, logger *slog.Logger, ready func(grpc
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	clock := store.NewWallClock()
+	clock := c.clock
+	if clock == nil {
+		clock = store.NewWallClock()
+	}
 	st, err := c.openStore(ctx, logger, clock)
 	if err != nil {
 		return err
@@ -212,6 +220,15 @@ func (c *serveCmd) openStore(ctx context.Context, logger *slog.Logger, clock sto
 func (c *serveCmd) setup(ctx context.Context, logger *slog.Logger, reloader *config.Reloader, st openStore, clock store.Clock) (*serveContext, error) {
 	x := &serveContext{Logger: logger, Registry: prometheus.NewRegistry(), Config: reloader,
 		Health: server.NewHealth(), HTTP: http.NewServeMux(), HTTPBounds: c.flags.http, Store: st.Store, Clock: clock}
+	// Fields Sluice does not use, of pushed configs and of requests.
+	ignored, err := observe.NewConfigIgnoredFields(x.Registry)
+	if err != nil {
+		return nil, err
+	}
+	c.flags.source.ignored.Store(ignored)
+	if x.IgnoredFields, err = observe.NewRequestIgnoredFields(x.Registry, logger); err != nil {
+		return nil, err
+	}
 	if st.run != nil {
 		x.Run = append(x.Run, st.run)
 	}
@@ -260,7 +277,8 @@ type servers struct {
 // HTTP API on x.HTTP. waits is the backend's (blockingWorkers).
 func (f *serveFlags) newServers(x *serveContext, lim *limiter.Limiter, waits bool) (*servers, error) {
 	sopts := server.Options{ResponseHeaders: f.responseHeaders, HeaderNames: f.headers,
-		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody, Tracing: x.Tracing}
+		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody, Tracing: x.Tracing,
+		OnIgnoredField: x.IgnoredFields.Field}
 	gopts := server.GRPCOptions{Options: sopts, Logger: x.Logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, MaxConcurrentStreams: uint32(f.maxStreams),

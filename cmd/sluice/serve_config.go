@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/config/xds"
+	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/store"
 )
 
@@ -33,6 +35,16 @@ type sourceFlags struct {
 	requireDomain      bool
 	xdsOverlay         string
 	defaultAlgorithm   string
+	// ignored counts the pushed fields Sluice does not use, once setup
+	// has made it (the registry comes after the config source).
+	ignored atomic.Pointer[observe.IgnoredFields]
+}
+
+// ignoredField counts a field of a pushed config that Sluice does not use.
+func (f *sourceFlags) ignoredField(field string) {
+	if c := f.ignored.Load(); c != nil {
+		c.Named(field)
+	}
 }
 
 func (f *sourceFlags) register(fs *flag.FlagSet) {
@@ -93,7 +105,8 @@ func (f *serveFlags) openConfig(logger *slog.Logger) (*config.Reloader, error) {
 		return nil, errors.New("--config-source=xds needs --xds-server")
 	}
 	xo := xds.Options{Server: s.xdsServer, NodeID: s.xdsNodeID, BackoffInitial: s.xdsBackoffInitial,
-		BackoffMax: s.xdsBackoffMax, Jitter: s.xdsJitter, MaxRecvMsgSize: s.xdsMaxRecvMsgSize, Config: opts, Logger: logger}
+		BackoffMax: s.xdsBackoffMax, Jitter: s.xdsJitter, MaxRecvMsgSize: s.xdsMaxRecvMsgSize, Config: opts, Logger: logger,
+		OnIgnoredField: s.ignoredField}
 	if s.xdsJitter <= 0 {
 		xo.Jitter = -1 // none; 0 would mean the default
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/observe"
 	"github.com/sluicehq/sluice/quota"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store"
@@ -81,6 +82,9 @@ type serveContext struct {
 	Tracing server.Tracing
 	// Counters serves /v1/counters (for the status page's lookup form).
 	Counters *server.Counters
+	// IgnoredFields counts the fields of Envoy's requests that Sluice
+	// does not read.
+	IgnoredFields *observe.IgnoredFields
 }
 
 // serving reports whether to serve with config table t: there is one and

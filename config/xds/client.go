@@ -113,6 +113,10 @@ type Options struct {
 	Config config.Options
 	// Logger logs connections, pushes, ACKs and NACKs; nil discards.
 	Logger *slog.Logger
+	// OnIgnoredField, if set, is called once per pushed config version
+	// for each field of it that Sluice does not use
+	// (config.IgnoredFields), which is also logged at WARN.
+	OnIgnoredField func(field string)
 
 	// dial, if set, makes the connections (tests: an in-memory listener).
 	dial func(context.Context, string) (net.Conn, error)
@@ -138,6 +142,7 @@ type applied struct {
 	ok      bool // false before the first
 	digest  [sha256.Size]byte
 	version string
+	ignored []string // its fields Sluice does not use
 }
 
 // rejection is a config a client rejected.
@@ -357,19 +362,24 @@ func (c *Client) answer(resp *discoverypb.DiscoveryResponse, r *config.Reloader,
 		// rejected one): nothing to compile, but the status follows.
 		if version != c.inForce.version || !r.Status().LastOK {
 			r.Keep(version)
+			if version != c.inForce.version {
+				c.reportIgnored(version, c.inForce.ignored)
+			}
 			c.inForce.version = version
 		}
 		c.log.Debug("xds: the config in force again (ACK)", "version", version, "nonce", resp.GetNonce())
 		return req, 0
 	}
-	if err := c.apply(resp, r); err != nil {
+	ignored, err := c.apply(resp, r)
+	c.reportIgnored(version, ignored)
+	if err != nil {
 		req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: config.Summary(err, maxNackMessage)}
 		c.remember(&rejection{digest: digest, detail: req.ErrorDetail})
 		// The Reloader has logged the problems, bounded.
 		c.log.Error("xds: config rejected (NACK); the limits in force stay", "version", version, "nonce", resp.GetNonce(), "problems", problems(err))
 		return req, 0
 	}
-	c.inForce = applied{ok: true, digest: digest, version: version}
+	c.inForce = applied{ok: true, digest: digest, version: version, ignored: ignored}
 	for _, rj := range c.rejected {
 		rj.repeats = 0 // a config was accepted: the next rejection starts with a prompt NACK
 	}
@@ -425,11 +435,31 @@ func digestOf(resp *discoverypb.DiscoveryResponse) [sha256.Size]byte {
 	return d
 }
 
+// maxIgnoredLogged bounds the fields one WARN names.
+const maxIgnoredLogged = 16
+
+// reportIgnored makes the fields of config version that Sluice does not
+// use visible: one WARN naming them, and OnIgnoredField for each.
+func (c *Client) reportIgnored(version string, fields []string) {
+	if len(fields) == 0 {
+		return
+	}
+	named := fields[:min(len(fields), maxIgnoredLogged)]
+	c.log.Warn("xds: the pushed config has fields Sluice does not use; they are ignored",
+		"version", version, "fields", named, "more", len(fields)-len(named))
+	if c.opts.OnIgnoredField != nil {
+		for _, f := range fields {
+			c.opts.OnIgnoredField(f)
+		}
+	}
+}
+
 // apply decodes and compiles a response's resources, with r's overlay,
 // and puts them in force with r.UpdateVersion, all in one table. A response that does not
 // decode counts as a failed reload like one that does not compile.
-func (c *Client) apply(resp *discoverypb.DiscoveryResponse, r *config.Reloader) error {
-	return r.UpdateVersion(resp.GetVersionInfo(), func() (*config.Table, error) {
+// ignored names the fields of the resources that Sluice does not use.
+func (c *Client) apply(resp *discoverypb.DiscoveryResponse, r *config.Reloader) (ignored []string, err error) {
+	err = r.UpdateVersion(resp.GetVersionInfo(), func() (*config.Table, error) {
 		if resp.GetTypeUrl() != TypeURL {
 			return nil, fmt.Errorf("xds: response of type %.256q; this client subscribes to %s only", resp.GetTypeUrl(), TypeURL)
 		}
@@ -443,10 +473,12 @@ func (c *Client) apply(resp *discoverypb.DiscoveryResponse, r *config.Reloader) 
 				return nil, fmt.Errorf("xds: resources[%d]: %w", i, err)
 			}
 		}
+		ignored = config.IgnoredFields(cfgs)
 		opts := c.opts.Config
 		opts.Overlay = r.Overlay()
 		return config.CompileRateLimitConfigs(cfgs, opts)
 	})
+	return ignored, err
 }
 
 // problems is the number of problems err lists.
