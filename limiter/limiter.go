@@ -192,6 +192,25 @@ type planLimit struct {
 	hit      int  // index into hits, -1 when none
 }
 
+// Bounds returns the most descriptors in one request and the most
+// entries in one descriptor (Options.MaxDescriptors and MaxEntries), for
+// adapters that stop decoding at them.
+func (l *Limiter) Bounds() (descriptors, entries int) {
+	return l.opts.MaxDescriptors, l.opts.MaxEntries
+}
+
+// TooManyDescriptors is the error for a request found, while it was
+// decoded, to have more than max descriptors.
+func TooManyDescriptors(max int) *InvalidError {
+	return &InvalidError{Reason: fmt.Sprintf("more than %d descriptors exceed the limit of %d", max, max)}
+}
+
+// TooManyEntries is the error for a request whose descriptor i was
+// found, while it was decoded, to have more than max entries.
+func TooManyEntries(i, max int) *InvalidError {
+	return &InvalidError{Reason: fmt.Sprintf("descriptor %d: more than %d entries exceed the limit of %d", i, max, max)}
+}
+
 // Validate checks a request's shape: a domain, at least one descriptor,
 // at most MaxDescriptors descriptors of at most MaxEntries entries, no
 // empty entry key and no override with an unknown unit.

@@ -20,12 +20,15 @@ type API struct {
 	lim     *limiter.Limiter
 	calls   sync.Pool
 	tracing Tracing
+	bounds  bounds
+	shape   shape // of a request's wire form
 }
 
 // NewAPI returns the sluice.v1.RateLimiter service over lim; of opts it
 // reads Tracing.
 func NewAPI(lim *limiter.Limiter, opts Options) *API {
-	a := &API{lim: lim, tracing: opts.Tracing}
+	a := &API{lim: lim, tracing: opts.Tracing, bounds: limiterBounds(lim)}
+	a.shape = requestShape(a.bounds)
 	a.calls.New = func() any { return new(call) }
 	return a
 }

@@ -65,6 +65,9 @@ type Authorizer interface {
 type CounterLimiter interface {
 	Counters(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error)
 	Reset(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error)
+	// Bounds are the most descriptors in a request and entries in a
+	// descriptor.
+	Bounds() (descriptors, entries int)
 }
 
 var _ CounterLimiter = (*limiter.Limiter)(nil)
@@ -93,8 +96,9 @@ func (c *Counters) Resets() bool { return c.opts.Auth != nil }
 // ParseCountersQuery reads GET /v1/counters's query: a domain and one
 // descriptor whose entries are the key and value parameters, paired in
 // order (key=a&value=1&key=b&value=2 is the descriptor a=1, b=2). Every
-// key needs its value (value= for an empty one).
-func ParseCountersQuery(q url.Values, req *limiter.Request) error {
+// key needs its value (value= for an empty one); more than maxEntries
+// keys are refused.
+func ParseCountersQuery(q url.Values, req *limiter.Request, maxEntries int) error {
 	req.Reset()
 	for name := range q {
 		if name != "domain" && name != "key" && name != "value" {
@@ -111,6 +115,8 @@ func ParseCountersQuery(q url.Values, req *limiter.Request) error {
 		return &limiter.InvalidError{Reason: "key is required"}
 	case len(keys) != len(values):
 		return &limiter.InvalidError{Reason: "every key needs a value, in order: key=K&value=V (value= for an empty one)"}
+	case len(keys) > maxEntries:
+		return limiter.TooManyEntries(0, maxEntries)
 	}
 	d := req.AddDescriptor()
 	for i, k := range keys {
@@ -134,7 +140,8 @@ func truncateBytes(s string, n int) string {
 
 func (c *Counters) lookupQuery(w http.ResponseWriter, r *http.Request) {
 	var req limiter.Request
-	if err := ParseCountersQuery(r.URL.Query(), &req); err != nil {
+	_, maxEntries := c.lim.Bounds()
+	if err := ParseCountersQuery(r.URL.Query(), &req, maxEntries); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -152,7 +159,8 @@ func (c *Counters) lookupJSON(w http.ResponseWriter, r *http.Request) {
 // readRequest reads a POST body as POST /v1/check takes it.
 func (c *Counters) readRequest(w http.ResponseWriter, r *http.Request) (*limiter.Request, bool) {
 	in := new(sluicev1.CheckRequest)
-	if !readJSON(w, r, c.opts.MaxBodyBytes, in) {
+	d, e := c.lim.Bounds()
+	if !readJSON(w, r, c.opts.MaxBodyBytes, bounds{descriptors: d, entries: e}, in) {
 		return nil, false
 	}
 	req := new(limiter.Request)

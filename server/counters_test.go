@@ -320,7 +320,7 @@ func FuzzCountersQuery(f *testing.F) {
 			return
 		}
 		var req limiter.Request
-		if err := server.ParseCountersQuery(q, &req); err != nil {
+		if err := server.ParseCountersQuery(q, &req, limiter.DefaultMaxEntries); err != nil {
 			var inv *limiter.InvalidError
 			if !errors.As(err, &inv) || inv.Reason == "" {
 				t.Fatalf("%q: error %v, want an InvalidError with a reason", raw, err)

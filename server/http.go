@@ -87,7 +87,7 @@ func (h *HTTP) healthcheck(w http.ResponseWriter, _ *http.Request) {
 // RateLimitResponse out, 200 or 429.
 func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	var in rlspb.RateLimitRequest
-	if !h.readJSON(w, r, &in) {
+	if !readJSON(w, r, h.maxBody, h.rls.bounds, &in) {
 		return
 	}
 	c := h.rls.calls.Get().(*call)
@@ -135,7 +135,7 @@ func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 // checkJSON is POST /v1/check with a sluice.v1.CheckRequest as JSON.
 func (h *HTTP) checkJSON(w http.ResponseWriter, r *http.Request) {
 	in := new(sluicev1.CheckRequest)
-	if !h.readJSON(w, r, in) {
+	if !readJSON(w, r, h.maxBody, h.api.bounds, in) {
 		return
 	}
 	h.check(w, r, in)
@@ -215,14 +215,10 @@ func requestContext(w http.ResponseWriter, r *http.Request) (ctx context.Context
 }
 
 // readJSON reads r's body, of Content-Type application/json and at most
-// maxBody bytes, into m. Otherwise it answers 415, 413, 408 or 400 (ok
-// false).
-func (h *HTTP) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
-	return readJSON(w, r, h.maxBody, m)
-}
-
-// readJSON is HTTP.readJSON with the bound maxBody.
-func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, m proto.Message) bool {
+// maxBody bytes, into m, a RateLimitRequest or a CheckRequest: one with
+// more descriptors or entries than b is refused before it is decoded.
+// Otherwise it answers 415, 413, 408 or 400 (ok false).
+func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, b bounds, m proto.Message) bool {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		writeJSONError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json (curl: -H 'Content-Type: application/json')")
 		return false
@@ -240,6 +236,10 @@ func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, m proto.Mes
 		return false
 	}
 	if err == nil {
+		if err := jsonShape(body, b); err != nil {
+			writeError(w, err)
+			return false
+		}
 		err = unmarshalJSON.Unmarshal(body, m)
 	}
 	if err != nil {

@@ -75,6 +75,8 @@ type RLS struct {
 	// call).
 	info   *grpc.UnaryServerInfo
 	handle grpc.UnaryHandler
+	bounds bounds
+	shape  shape // of a request's wire form
 }
 
 // call holds the limiter's request and response for one RPC. Pooled.
@@ -85,6 +87,21 @@ type call struct {
 	resp   limiter.Response
 	buf    []byte
 	domain string
+	// invalid is why the codec stopped decoding req: past the bounds.
+	invalid *limiter.InvalidError
+}
+
+// maxPooledBuf bounds the message buffer a pooled call keeps: a call that
+// held a larger request is left to the garbage collector, so that a few
+// large requests do not pin their size in every pooled call.
+const maxPooledBuf = 64 << 10
+
+// release returns c to the pool unless it holds a large buffer.
+func (s *RLS) release(c *call) {
+	if cap(c.buf) > maxPooledBuf {
+		return
+	}
+	s.calls.Put(c)
 }
 
 // NewRLS returns Envoy's rate-limit service over lim.
@@ -95,7 +112,8 @@ func NewRLS(lim *limiter.Limiter, opts Options) *RLS {
 	for _, n := range []*string{&h.Limit, &h.Remaining, &h.Reset} {
 		*n = strings.ToValidUTF8(*n, "\uFFFD")
 	}
-	s := &RLS{lim: lim, opts: opts, headers: h, replies: newReplyPool()}
+	s := &RLS{lim: lim, opts: opts, headers: h, replies: newReplyPool(), bounds: limiterBounds(lim)}
+	s.shape = requestShape(s.bounds)
 	s.calls.New = func() any { return new(call) }
 	s.info = &grpc.UnaryServerInfo{Server: s, FullMethod: shouldRateLimitMethod}
 	s.handle = func(ctx context.Context, req any) (any, error) { return s.reply(ctx, req.(*call)) }

@@ -58,3 +58,7 @@ func (l lateLimiter) Counters(ctx context.Context, req *limiter.Request) ([]limi
 func (l lateLimiter) Reset(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error) {
 	return l.x.Limiter.Reset(ctx, req)
 }
+
+func (l lateLimiter) Bounds() (descriptors, entries int) {
+	return l.x.Limiter.Bounds()
+}
