@@ -503,7 +503,7 @@ func keyString(b []byte) string {
 // round.
 func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 	if err := l.store.Take(ctx, now, s.hits, s.out); err != nil {
-		return err
+		return s.named(err, nil)
 	}
 	denied := false
 	for i := range s.out {
@@ -538,7 +538,7 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 		}
 		s.roundOut = s.roundOut[:len(s.round)]
 		if err := l.store.Take(ctx, now, s.round, s.roundOut); err != nil {
-			return err
+			return s.named(err, s.roundAt)
 		}
 		denied = false
 		for k, h := range s.roundAt {
@@ -548,6 +548,35 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 		s.markOver()
 	}
 	return nil
+}
+
+// named names the rule of a store's failure on one hit (a
+// *store.HitError of s.hits, or of a round whose hits at maps to s.hits)
+// by its domain and path: the hit's key carries descriptor values, which
+// no error shows (docs/TRACING.md: values only for detailed_metric
+// rules).
+func (s *scratch) named(err error, at []int) error {
+	var he *store.HitError
+	if !errors.As(err, &he) {
+		return err
+	}
+	h := he.Index
+	if at != nil {
+		if h >= len(at) {
+			return err
+		}
+		h = at[h]
+	}
+	for j := range s.lims {
+		if s.lims[j].hit != h {
+			continue
+		}
+		if r := s.lims[j].rule; r != nil {
+			return fmt.Errorf("rule %s.%s: %w", r.Domain, r.Path, err)
+		}
+		return fmt.Errorf("a limit override: %w", err)
+	}
+	return err
 }
 
 // markOver sets each descriptor's over from the decisions.

@@ -210,6 +210,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 				}
 			}
 			if err != nil {
+				err = &store.HitError{Index: i, Err: err}
 				break
 			}
 		}
@@ -238,7 +239,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		if tk[i].key != "" {
 			st, err := s.load(&hits[i], now)
 			if err != nil {
-				return fmt.Errorf("memcache: %w", err)
+				return fmt.Errorf("memcache: %w", &store.HitError{Index: i, Err: err})
 			}
 			out[i] = store.View(st, hits[i].Rule, now)
 		}
@@ -259,7 +260,7 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 			key = s.key(h.Key, h.Rule.WindowEnd(now))
 		}
 		if err := s.c.Delete(key); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
-			return fmt.Errorf("memcache: reset %q: %w", h.Key, err)
+			return fmt.Errorf("memcache: reset: %w", &store.HitError{Index: i, Err: err})
 		}
 	}
 	return nil
@@ -391,7 +392,7 @@ func (s *Store) applyCAS(ctx context.Context, h *store.Hit, now int64) (taken, s
 		}
 	}
 	s.contended.Add(1)
-	return taken{}, store.Decision{}, fmt.Errorf("key %q: %w", h.Key, errContended)
+	return taken{}, store.Decision{}, errContended
 }
 
 // backoff waits before CAS attempt n (from 1): a random time up to
@@ -510,7 +511,7 @@ func (s *Store) incr(key string, inc uint64, exp int32) (uint64, error) {
 		// Another caller added it first: count on it, unless it is
 		// gone again.
 	}
-	return 0, fmt.Errorf("key %q deleted while counted, %d times in a row", key, incrRounds)
+	return 0, fmt.Errorf("the count deleted while counted, %d times in a row", incrRounds)
 }
 
 // incrRounds bounds incr's rounds of increment and add.
@@ -537,7 +538,7 @@ func (s *Store) count(key string) (uint64, error) {
 	// DECR keeps a value's length: it pads a shorter count with spaces.
 	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("key %q holds %q, not a count", key, it.Value)
+		return 0, fmt.Errorf("the count's key holds %d bytes that are not a count", len(it.Value))
 	}
 	return n, nil
 }
