@@ -18,6 +18,10 @@ import (
 const (
 	DefaultMaxDescriptors = 64
 	DefaultMaxEntries     = 16
+	// DefaultMaxDomainBytes leaves ample room for the longest domain
+	// Envoy Gateway writes, a listener's namespace/gateway/listener
+	// (at most 63 + 253 + 253 bytes and two slashes: 571).
+	DefaultMaxDomainBytes = 1024
 )
 
 // maxOverrideRules bounds the cache of compiled override rules; past it an
@@ -103,6 +107,9 @@ type Options struct {
 	// more entries in one descriptor, is invalid. Zero means the default.
 	MaxDescriptors int
 	MaxEntries     int
+	// MaxDomainBytes bounds a request's domain (which the reference does
+	// not bound): a longer one is invalid. Zero means the default.
+	MaxDomainBytes int
 	// ShadowMode answers every request OK overall while statuses keep
 	// their codes (the reference's SHADOW_MODE).
 	ShadowMode bool
@@ -141,6 +148,9 @@ func New(tables Tables, st store.Store, opts Options) *Limiter {
 	}
 	if opts.MaxEntries <= 0 {
 		opts.MaxEntries = DefaultMaxEntries
+	}
+	if opts.MaxDomainBytes <= 0 {
+		opts.MaxDomainBytes = DefaultMaxDomainBytes
 	}
 	l := &Limiter{tables: tables, store: st, opts: opts, clock: opts.Clock,
 		overrides: xsync.NewMap[Override, *store.Rule]()}
@@ -211,13 +221,16 @@ func TooManyEntries(i, max int) *InvalidError {
 	return &InvalidError{Reason: fmt.Sprintf("descriptor %d: more than %d entries exceed the limit of %d", i, max, max)}
 }
 
-// Validate checks a request's shape: a domain, at least one descriptor,
+// Validate checks a request's shape: a domain of at most MaxDomainBytes,
+// at least one descriptor,
 // at most MaxDescriptors descriptors of at most MaxEntries entries, no
 // empty entry key and no override with an unknown unit.
 func (l *Limiter) Validate(req *Request) error {
 	switch {
 	case req.Domain == "":
 		return &InvalidError{Reason: "domain must not be empty"}
+	case len(req.Domain) > l.opts.MaxDomainBytes:
+		return &InvalidError{Reason: fmt.Sprintf("a domain of %d bytes exceeds the limit of %d", len(req.Domain), l.opts.MaxDomainBytes)}
 	case len(req.Descriptors) == 0:
 		return &InvalidError{Reason: "at least one descriptor is required"}
 	case len(req.Descriptors) > l.opts.MaxDescriptors:

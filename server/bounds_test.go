@@ -230,3 +230,26 @@ func TestGRPC_HostileRequestsRefusedAtTheBound(t *testing.T) {
 		t.Errorf("GET /v1/counters with 17 keys: %d %v, want 400 naming the limit", r.code, r.body)
 	}
 }
+
+// TestShouldRateLimit_DomainBound: a domain longer than --max-domain-bytes
+// (1024 by default) is refused with INVALID_ARGUMENT naming the limit,
+// over gRPC and HTTP; the longest domain Envoy Gateway writes
+// (namespace/gateway/listener: 63, 253 and 253 bytes) is answered.
+func TestShouldRateLimit_DomainBound(t *testing.T) {
+	e := newEnv(t, limiter.Options{}, server.Options{})
+	eg := strings.Repeat("n", 63) + "/" + strings.Repeat("g", 253) + "/" + strings.Repeat("l", 253)
+	in := req(0, d("path", "/x"))
+	in.Domain = eg
+	if _, err := e.rls.ShouldRateLimit(ctx(t), in); err != nil {
+		t.Errorf("a domain of %d bytes: %v", len(eg), err)
+	}
+	in.Domain = strings.Repeat("d", limiter.DefaultMaxDomainBytes+1)
+	_, err := e.rls.ShouldRateLimit(ctx(t), in)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "a domain of 1025 bytes exceeds the limit of 1024") {
+		t.Errorf("a domain of 1025 bytes: %v, want InvalidArgument naming the limit", err)
+	}
+	r := e.do(t, "POST", "/v1/check", `{"domain":"`+in.Domain+`","key":"path","value":"/x"}`)
+	if msg, _ := r.body["error"].(string); r.code != 400 || !strings.Contains(msg, "exceeds the limit of 1024") {
+		t.Errorf("POST /v1/check with a domain of 1025 bytes: %d %v, want 400 naming the limit", r.code, r.body)
+	}
+}
