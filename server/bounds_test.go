@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -251,5 +253,48 @@ func TestShouldRateLimit_DomainBound(t *testing.T) {
 	r := e.do(t, "POST", "/v1/check", `{"domain":"`+in.Domain+`","key":"path","value":"/x"}`)
 	if msg, _ := r.body["error"].(string); r.code != 400 || !strings.Contains(msg, "exceeds the limit of 1024") {
 		t.Errorf("POST /v1/check with a domain of 1025 bytes: %d %v, want 400 naming the limit", r.code, r.body)
+	}
+}
+
+// TestRefunds_Setting: with Refunds deny every request holding a refund
+// (is_negative_hits, COST_KIND_REFUND) is refused PERMISSION_DENIED (HTTP
+// 403) and others are answered; with token only a caller sending the
+// admin token in "authorization: Bearer" may refund; allow, the default,
+// takes refunds from anyone, as the reference.
+func TestRefunds_Setting(t *testing.T) {
+	refund := req(0, negative(hits(d("path", "/x"), 1)))
+	apiRefund := `{"domain":"e2e","key":"path","value":"/x","kind":"COST_KIND_REFUND"}`
+	for _, c := range []struct {
+		refunds             server.Refunds
+		anyone, withToken   codes.Code
+		httpAnyone, httpTok int
+	}{
+		{server.RefundsAllow, codes.OK, codes.OK, 200, 200},
+		{server.RefundsToken, codes.PermissionDenied, codes.OK, 403, 200},
+		{server.RefundsDeny, codes.PermissionDenied, codes.PermissionDenied, 403, 403},
+	} {
+		e := newEnv(t, limiter.Options{}, server.Options{Refunds: c.refunds, RefundAuth: tokenAuth(goodToken)})
+		if _, err := e.rls.ShouldRateLimit(ctx(t), req(0, d("path", "/x"))); err != nil {
+			t.Errorf("refunds %v: a request without a refund: %v", c.refunds, err)
+		}
+		_, err := e.rls.ShouldRateLimit(ctx(t), refund)
+		if status.Code(err) != c.anyone {
+			t.Errorf("refunds %v: a refund without the token: %v, want %v", c.refunds, err, c.anyone)
+		}
+		withToken := metadata.AppendToOutgoingContext(ctx(t), "authorization", "Bearer "+goodToken)
+		if _, err := e.rls.ShouldRateLimit(withToken, refund); status.Code(err) != c.withToken {
+			t.Errorf("refunds %v: a refund with the token: %v, want %v", c.refunds, err, c.withToken)
+		}
+		wrong := metadata.AppendToOutgoingContext(ctx(t), "authorization", "Bearer "+goodToken+"x")
+		if _, err := e.rls.ShouldRateLimit(wrong, refund); status.Code(err) != c.anyone {
+			t.Errorf("refunds %v: a refund with a wrong token: %v, want %v", c.refunds, err, c.anyone)
+		}
+		if r := e.do(t, "POST", "/v1/check", apiRefund); r.code != c.httpAnyone {
+			t.Errorf("refunds %v: POST /v1/check of a refund: %d %v, want %d", c.refunds, r.code, r.body, c.httpAnyone)
+		}
+		h := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer " + goodToken}}
+		if r := e.doWith(t, "POST", "/v1/check", apiRefund, h); r.code != c.httpTok {
+			t.Errorf("refunds %v: POST /v1/check of a refund with the token: %d %v, want %d", c.refunds, r.code, r.body, c.httpTok)
+		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/config"
 	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
@@ -34,7 +36,23 @@ type CountersOptions struct {
 	OnReset func(domain string, rule *config.Rule)
 	// MaxBodyBytes bounds a POST body; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// RefusedDelay is how long a reset without the right token waits
+	// before its 401: it slows a guesser, costs a client that has the
+	// token nothing, and holds no lock (a flood of wrong tokens delays
+	// no one else). 0 means DefaultRefusedDelay; negative, none.
+	RefusedDelay time.Duration
+	// Now and Sleep tell the time (for the rate of the refusals' log
+	// lines) and wait RefusedDelay; nil means the system's.
+	Now   func() time.Time
+	Sleep func(ctx context.Context, d time.Duration)
 }
+
+// DefaultRefusedDelay is CountersOptions.RefusedDelay's default.
+const DefaultRefusedDelay = 250 * time.Millisecond
+
+// refusedLogEvery is the most often a refused reset is logged; the line
+// counts the refusals since the last one.
+const refusedLogEvery = time.Minute
 
 // Counters serves the counter endpoints over a limiter:
 //
@@ -50,6 +68,10 @@ type Counters struct {
 	lim  CounterLimiter
 	opts CountersOptions
 	mux  *http.ServeMux
+	// refused resets not yet logged, and when the next line may be
+	mu       sync.Mutex
+	refusals int
+	nextLog  time.Time
 }
 
 // Authorizer decides which bearer tokens may reset counters (the admin
@@ -76,6 +98,15 @@ var _ CounterLimiter = (*limiter.Limiter)(nil)
 func NewCounters(lim CounterLimiter, opts CountersOptions) *Counters {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.RefusedDelay == 0 {
+		opts.RefusedDelay = DefaultRefusedDelay
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Sleep == nil {
+		opts.Sleep = sleep
 	}
 	c := &Counters{lim: lim, opts: opts, mux: http.NewServeMux()}
 	c.mux.HandleFunc("GET /v1/counters", c.lookupQuery)
@@ -179,6 +210,7 @@ func (c *Counters) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !c.opts.Auth.Valid(bearer(r)) {
+		c.refused(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 		writeJSONError(w, http.StatusUnauthorized, "a reset needs Authorization: Bearer <the admin token>")
 		return
@@ -194,6 +226,36 @@ func (c *Counters) reset(w http.ResponseWriter, r *http.Request) {
 		}
 		return got, err
 	})
+}
+
+// refused logs a reset refused for its token, at most once per
+// refusedLogEvery (counting the others), and waits RefusedDelay.
+func (c *Counters) refused(r *http.Request) {
+	now := c.opts.Now()
+	c.mu.Lock()
+	c.refusals++
+	n := 0
+	if !now.Before(c.nextLog) {
+		n, c.refusals, c.nextLog = c.refusals, 0, now.Add(refusedLogEvery)
+	}
+	c.mu.Unlock()
+	if n > 0 && c.opts.Logger != nil {
+		c.opts.Logger.Warn("counter reset refused: missing or wrong admin token", "client", r.RemoteAddr,
+			"refused", n, "since", "the last such line (at most one a minute)")
+	}
+	if c.opts.RefusedDelay > 0 {
+		c.opts.Sleep(r.Context(), c.opts.RefusedDelay)
+	}
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // bearer is the token of r's Authorization header, nil if none.

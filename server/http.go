@@ -98,6 +98,10 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer cancel()
+	if err := h.rls.opts.checkRefunds(ctx, r.Header, &c.req); err != nil {
+		writeError(w, err)
+		return
+	}
 	if err := h.rls.opts.Tracing.check(ctx, "POST /json", r.Header, h.rls.lim, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
@@ -153,6 +157,10 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		return
 	}
 	defer cancel()
+	if err := h.api.opts.checkRefunds(ctx, r.Header, &c.req); err != nil {
+		writeError(w, err)
+		return
+	}
 	if err := h.api.tracing.check(ctx, checkSpan(r), r.Header, h.api.lim, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
@@ -269,9 +277,12 @@ func writeProto(w http.ResponseWriter, code int, opts protojson.MarshalOptions, 
 // store failed or no config is loaded.
 func writeError(w http.ResponseWriter, err error) {
 	var inv *limiter.InvalidError
+	var re *RefusedError
 	switch {
 	case errors.As(err, &inv):
 		writeJSONError(w, http.StatusBadRequest, inv.Reason)
+	case errors.As(err, &re):
+		writeJSONError(w, http.StatusForbidden, re.Reason)
 	default:
 		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
 	}

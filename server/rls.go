@@ -59,6 +59,10 @@ type Options struct {
 	// Tracing, with a Tracer, starts a span per decision and per RLQS
 	// report.
 	Tracing Tracing
+	// Refunds says who may give usage back; RefundAuth decides the
+	// token of RefundsToken (the admin token).
+	Refunds    Refunds
+	RefundAuth Authorizer
 }
 
 // RLS serves Envoy's envoy.service.ratelimit.v3.RateLimitService. It
@@ -130,6 +134,9 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, in *rlspb.RateLimitRequest) (
 
 // check answers c's request with a message.
 func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, error) {
+	if err := s.opts.checkRefunds(ctx, nil, &c.req); err != nil {
+		return nil, grpcError(err)
+	}
 	if err := s.opts.Tracing.check(ctx, spanShouldRateLimit, nil, s.lim, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
@@ -139,6 +146,9 @@ func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, err
 // reply answers c's request with a *reply, the response's wire form,
 // which no longer refers to c.
 func (s *RLS) reply(ctx context.Context, c *call) (any, error) {
+	if err := s.opts.checkRefunds(ctx, nil, &c.req); err != nil {
+		return nil, grpcError(err)
+	}
 	if err := s.opts.Tracing.check(ctx, spanShouldRateLimit, nil, s.lim, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
@@ -184,11 +194,14 @@ func (s *RLS) response(req *limiter.Request, r *limiter.Response) *rlspb.RateLim
 func grpcError(err error) error {
 	var inv *limiter.InvalidError
 	var se *limiter.StoreError
+	var re *RefusedError
 	switch {
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, inv.Reason)
 	case errors.As(err, &se):
 		return status.Error(codes.Unavailable, se.Error())
+	case errors.As(err, &re):
+		return status.Error(codes.PermissionDenied, re.Reason)
 	case errors.Is(err, limiter.ErrNoConfig):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

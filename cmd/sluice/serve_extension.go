@@ -52,6 +52,9 @@ type serveContext struct {
 	HTTPRoot http.Handler
 	// HTTPBounds bound every HTTP server, extensions' included.
 	HTTPBounds httpBounds
+	// HTTPTLS reports that --http-addr is served over TLS (--tls-cert
+	// with --tls-http).
+	HTTPTLS bool
 	// Observers are told about every decision.
 	Observers []limiter.Observer
 	// GRPCOptions are added to the gRPC server (stats handlers,
@@ -81,6 +84,10 @@ type serveContext struct {
 	Tracing server.Tracing
 	// Counters serves /v1/counters (for the status page's lookup form).
 	Counters *server.Counters
+	// Refunds and RefundAuth say who may give usage back (--refunds,
+	// the admin token).
+	Refunds    server.Refunds
+	RefundAuth server.Authorizer
 }
 
 // serving reports whether to serve with config table t: there is one and
