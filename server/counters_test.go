@@ -363,7 +363,7 @@ func TestCounters_RefusedResetsLoggedAndSlowed(t *testing.T) {
 	var mu sync.Mutex
 	var waits []time.Duration
 	c := server.NewCounters(lim, server.CountersOptions{Auth: tokenAuth(goodToken), Logger: slog.New(slog.NewTextHandler(logs, nil)),
-		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		Now:   func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
 		Sleep: func(_ context.Context, d time.Duration) { mu.Lock(); waits = append(waits, d); mu.Unlock() }})
 	hs := httptest.NewServer(c)
 	defer hs.Close()

@@ -51,7 +51,7 @@ func (f *countersServeFlags) setup(_ context.Context, x *serveContext) error {
 		x.RefundAuth = tok
 		x.Logger.Info("counter resets on: POST /v1/counters/reset needs the admin token", "token_file", f.tokenFile)
 		if !x.HTTPTLS {
-			x.Logger.Warn("counter resets over plain HTTP: the admin token crosses the network in the clear on every reset; "+
+			x.Logger.Warn("counter resets over plain HTTP: the admin token crosses the network in the clear on every reset; " +
 				"serve HTTP over TLS (--tls-cert, --tls-http) or keep --http-addr on a private network")
 		}
 	}
