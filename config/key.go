@@ -37,14 +37,16 @@ const DefaultMaxValueBytes = 256
 // %23, so a key splits back unambiguously. '{' and '}' are written as %7B
 // and %7D, so that no part of a key is a Redis Cluster hash tag: the whole
 // key chooses its hash slot, not a client's value (only the store's key
-// prefix, the operator's, may hold a tag). A part longer than the maximum is
-// written as '#' and the first 16 bytes of its SHA-256 in hex.
+// prefix, the operator's, may hold a tag). A part longer than the maximum
+// once escaped is written as '#' and the first 16 bytes of its SHA-256 in
+// hex.
 
 const hexDigits = "0123456789ABCDEF"
 
-// appendPart appends s escaped, or its hash when it is longer than max.
+// appendPart appends s escaped, or its hash when it is longer than max
+// escaped (a '|' takes three bytes), so that no part is longer than max.
 func appendPart(dst []byte, s string, max int) []byte {
-	if len(s) > max {
+	if escapedLen(s) > max {
 		// Hash in dst's own spare room: no allocation beyond growing dst.
 		start := len(dst)
 		dst = append(dst, s...)
@@ -61,6 +63,18 @@ func appendPart(dst []byte, s string, max int) []byte {
 		}
 	}
 	return dst
+}
+
+// escapedLen is the length of s escaped.
+func escapedLen(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '%', '|', '=', '#', '{', '}':
+			n += 2
+		}
+	}
+	return n
 }
 
 func escapePart(s string, max int) string { return string(appendPart(nil, s, max)) }

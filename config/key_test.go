@@ -182,3 +182,51 @@ descriptors:
 		}
 	}
 }
+
+// TestKeys_PartsBoundedEscaped: --max-value-bytes bounds a part of a
+// counter key as written, escapes included: 256 '|' would be 768 bytes
+// escaped, so they are hashed, as is a value just past the bound once
+// escaped; one at the bound is written as is.
+func TestKeys_PartsBoundedEscaped(t *testing.T) {
+	tbl := mustCompile(t, `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	for _, c := range []struct {
+		value  string
+		hashed bool
+	}{
+		{strings.Repeat("|", 256), true},
+		{strings.Repeat("x", 254) + "|", true},  // 257 bytes escaped
+		{strings.Repeat("x", 253) + "|", false}, // 256
+		{strings.Repeat("{", 85) + "x", false},  // 256
+		{strings.Repeat("x", 256), false},
+	} {
+		_, key := tbl.Match("api", entries("user="+c.value), nil)
+		ov := tbl.OverrideKey(nil, "api", entries("user="+c.value), Minute, false)
+		for _, k := range []string{string(key), string(ov)} {
+			part := strings.TrimPrefix(strings.Split(k, "|")[1], "user=")
+			if hashed := strings.HasPrefix(part, "#"); hashed != c.hashed || len(part) > DefaultMaxValueBytes {
+				t.Errorf("a value of %d bytes, %d escaped: part of %d bytes (hashed %v), want hashed %v and at most %d bytes",
+					len(c.value), escapedLen(c.value), len(part), hashed, c.hashed, DefaultMaxValueBytes)
+			}
+		}
+	}
+}
+
+// FuzzAppendPart: a part as written is at most max bytes, or '#' and 32
+// hex digits.
+func FuzzAppendPart(f *testing.F) {
+	for _, s := range []string{"", "a", "||||", "{x}", "%25", strings.Repeat("=", 30)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		const max = 16
+		got := escapePart(s, max)
+		if len(got) > max && (len(got) != 33 || got[0] != '#') {
+			t.Fatalf("escapePart(%q, %d) = %q: %d bytes", s, max, got, len(got))
+		}
+	})
+}

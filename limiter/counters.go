@@ -83,7 +83,7 @@ func (l *Limiter) Reset(ctx context.Context, req *Request) ([]Lookup, error) {
 	}
 	if len(s.hits) > 0 {
 		if err := rs.Reset(ctx, l.clock.Now(), s.hits); err != nil {
-			return nil, &StoreError{Err: err}
+			return nil, &StoreError{Err: s.named(err, nil)}
 		}
 	}
 	return l.Counters(ctx, req)
@@ -126,7 +126,7 @@ func (l *Limiter) lookup(ctx context.Context, req *Request, peek bool) (*scratch
 	}
 	if len(s.hits) > 0 {
 		if err := l.store.Take(ctx, l.clock.Now(), s.hits, s.out); err != nil {
-			return s, nil, &StoreError{Err: err}
+			return s, nil, &StoreError{Err: s.named(err, nil)}
 		}
 	}
 	for i := range s.plan {

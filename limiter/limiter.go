@@ -18,6 +18,10 @@ import (
 const (
 	DefaultMaxDescriptors = 64
 	DefaultMaxEntries     = 16
+	// DefaultMaxDomainBytes leaves ample room for the longest domain
+	// Envoy Gateway writes, a listener's namespace/gateway/listener
+	// (at most 63 + 253 + 253 bytes and two slashes: 571).
+	DefaultMaxDomainBytes = 1024
 )
 
 // maxOverrideRules bounds the cache of compiled override rules; past it an
@@ -103,6 +107,9 @@ type Options struct {
 	// more entries in one descriptor, is invalid. Zero means the default.
 	MaxDescriptors int
 	MaxEntries     int
+	// MaxDomainBytes bounds a request's domain (which the reference does
+	// not bound): a longer one is invalid. Zero means the default.
+	MaxDomainBytes int
 	// ShadowMode answers every request OK overall while statuses keep
 	// their codes (the reference's SHADOW_MODE).
 	ShadowMode bool
@@ -153,6 +160,9 @@ func New(tables Tables, st store.Store, opts Options) *Limiter {
 	}
 	if opts.MaxEntries <= 0 {
 		opts.MaxEntries = DefaultMaxEntries
+	}
+	if opts.MaxDomainBytes <= 0 {
+		opts.MaxDomainBytes = DefaultMaxDomainBytes
 	}
 	l := &Limiter{tables: tables, store: st, opts: opts, clock: opts.Clock,
 		overrides: xsync.NewMap[Override, *store.Rule]()}
@@ -208,13 +218,35 @@ type planLimit struct {
 	plain    bool // the key is the reference's (store.Hit.Plain)
 }
 
-// Validate checks a request's shape: a domain, at least one descriptor,
+// Bounds returns the most descriptors in one request and the most
+// entries in one descriptor (Options.MaxDescriptors and MaxEntries), for
+// adapters that stop decoding at them.
+func (l *Limiter) Bounds() (descriptors, entries int) {
+	return l.opts.MaxDescriptors, l.opts.MaxEntries
+}
+
+// TooManyDescriptors is the error for a request found, while it was
+// decoded, to have more than max descriptors.
+func TooManyDescriptors(max int) *InvalidError {
+	return &InvalidError{Reason: fmt.Sprintf("more than %d descriptors exceed the limit of %d", max, max)}
+}
+
+// TooManyEntries is the error for a request whose descriptor i was
+// found, while it was decoded, to have more than max entries.
+func TooManyEntries(i, max int) *InvalidError {
+	return &InvalidError{Reason: fmt.Sprintf("descriptor %d: more than %d entries exceed the limit of %d", i, max, max)}
+}
+
+// Validate checks a request's shape: a domain of at most MaxDomainBytes,
+// at least one descriptor,
 // at most MaxDescriptors descriptors of at most MaxEntries entries, no
 // empty entry key and no override with an unknown unit.
 func (l *Limiter) Validate(req *Request) error {
 	switch {
 	case req.Domain == "":
 		return &InvalidError{Reason: "domain must not be empty"}
+	case len(req.Domain) > l.opts.MaxDomainBytes:
+		return &InvalidError{Reason: fmt.Sprintf("a domain of %d bytes exceeds the limit of %d", len(req.Domain), l.opts.MaxDomainBytes)}
 	case len(req.Descriptors) == 0:
 		return &InvalidError{Reason: "at least one descriptor is required"}
 	case len(req.Descriptors) > l.opts.MaxDescriptors:
@@ -516,7 +548,7 @@ func keyString(b []byte) string {
 // round.
 func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 	if err := l.store.Take(ctx, now, s.hits, s.out); err != nil {
-		return err
+		return s.named(err, nil)
 	}
 	denied := false
 	for i := range s.out {
@@ -551,7 +583,7 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 		}
 		s.roundOut = s.roundOut[:len(s.round)]
 		if err := l.store.Take(ctx, now, s.round, s.roundOut); err != nil {
-			return err
+			return s.named(err, s.roundAt)
 		}
 		denied = false
 		for k, h := range s.roundAt {
@@ -561,6 +593,35 @@ func (l *Limiter) take(ctx context.Context, now int64, s *scratch) error {
 		s.markOver()
 	}
 	return nil
+}
+
+// named names the rule of a store's failure on one hit (a
+// *store.HitError of s.hits, or of a round whose hits at maps to s.hits)
+// by its domain and path: the hit's key carries descriptor values, which
+// no error shows (docs/TRACING.md: values only for detailed_metric
+// rules).
+func (s *scratch) named(err error, at []int) error {
+	var he *store.HitError
+	if !errors.As(err, &he) {
+		return err
+	}
+	h := he.Index
+	if at != nil {
+		if h >= len(at) {
+			return err
+		}
+		h = at[h]
+	}
+	for j := range s.lims {
+		if s.lims[j].hit != h {
+			continue
+		}
+		if r := s.lims[j].rule; r != nil {
+			return fmt.Errorf("rule %s.%s: %w", r.Domain, r.Path, err)
+		}
+		return fmt.Errorf("a limit override: %w", err)
+	}
+	return err
 }
 
 // markOver sets each descriptor's over from the decisions.

@@ -81,6 +81,10 @@ const (
 	CapBucketKeys
 )
 
+// MaxBucketsPerStream is Options.MaxBucketsPerStream (its default when
+// unset).
+func (s *Service) MaxBucketsPerStream() int { return s.o.MaxBucketsPerStream }
+
 // String names the cap for metrics.
 func (c Cap) String() string {
 	switch c {
@@ -244,6 +248,10 @@ func New(tables Tables, o Options) *Service {
 }
 
 // refuse counts a stream or report refused at cap c.
+// Refused counts a report refused at cap c before it reached a stream
+// (an adapter that counts a report's usages or keys before decoding it).
+func (s *Service) Refused(c Cap) { s.refuse(c) }
+
 func (s *Service) refuse(c Cap) {
 	s.rejected.Add(1)
 	s.capped[c].Add(1)

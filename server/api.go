@@ -20,12 +20,16 @@ type API struct {
 	lim     *limiter.Limiter
 	calls   sync.Pool
 	tracing Tracing
+	opts    Options
+	bounds  bounds
+	shape   shape // of a request's wire form
 }
 
 // NewAPI returns the sluice.v1.RateLimiter service over lim; of opts it
 // reads Tracing.
 func NewAPI(lim *limiter.Limiter, opts Options) *API {
-	a := &API{lim: lim, tracing: opts.Tracing}
+	a := &API{lim: lim, tracing: opts.Tracing, opts: opts, bounds: limiterBounds(lim)}
+	a.shape = requestShape(a.bounds)
 	a.calls.New = func() any { return new(call) }
 	return a
 }
@@ -44,6 +48,9 @@ func (a *API) check(ctx context.Context, in *sluicev1.CheckRequest) (*sluicev1.C
 	c := a.calls.Get().(*call)
 	defer a.calls.Put(c)
 	if err := fillCheck(&c.req, in); err != nil {
+		return nil, err
+	}
+	if err := a.opts.checkRefunds(ctx, nil, &c.req); err != nil {
 		return nil, err
 	}
 	if err := a.tracing.check(ctx, spanAPICheck, nil, a.lim, &c.req, &c.resp); err != nil {

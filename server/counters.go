@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice/config"
 	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
@@ -34,7 +36,23 @@ type CountersOptions struct {
 	OnReset func(domain string, rule *config.Rule)
 	// MaxBodyBytes bounds a POST body; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// RefusedDelay is how long a reset without the right token waits
+	// before its 401: it slows a guesser, costs a client that has the
+	// token nothing, and holds no lock (a flood of wrong tokens delays
+	// no one else). 0 means DefaultRefusedDelay; negative, none.
+	RefusedDelay time.Duration
+	// Now and Sleep tell the time (for the rate of the refusals' log
+	// lines) and wait RefusedDelay; nil means the system's.
+	Now   func() time.Time
+	Sleep func(ctx context.Context, d time.Duration)
 }
+
+// DefaultRefusedDelay is CountersOptions.RefusedDelay's default.
+const DefaultRefusedDelay = 250 * time.Millisecond
+
+// refusedLogEvery is the most often a refused reset is logged; the line
+// counts the refusals since the last one.
+const refusedLogEvery = time.Minute
 
 // Counters serves the counter endpoints over a limiter:
 //
@@ -50,6 +68,10 @@ type Counters struct {
 	lim  CounterLimiter
 	opts CountersOptions
 	mux  *http.ServeMux
+	// refused resets not yet logged, and when the next line may be
+	mu       sync.Mutex
+	refusals int
+	nextLog  time.Time
 }
 
 // Authorizer decides which bearer tokens may reset counters (the admin
@@ -65,6 +87,9 @@ type Authorizer interface {
 type CounterLimiter interface {
 	Counters(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error)
 	Reset(ctx context.Context, req *limiter.Request) ([]limiter.Lookup, error)
+	// Bounds are the most descriptors in a request and entries in a
+	// descriptor.
+	Bounds() (descriptors, entries int)
 }
 
 var _ CounterLimiter = (*limiter.Limiter)(nil)
@@ -73,6 +98,15 @@ var _ CounterLimiter = (*limiter.Limiter)(nil)
 func NewCounters(lim CounterLimiter, opts CountersOptions) *Counters {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.RefusedDelay == 0 {
+		opts.RefusedDelay = DefaultRefusedDelay
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Sleep == nil {
+		opts.Sleep = sleep
 	}
 	c := &Counters{lim: lim, opts: opts, mux: http.NewServeMux()}
 	c.mux.HandleFunc("GET /v1/counters", c.lookupQuery)
@@ -93,8 +127,9 @@ func (c *Counters) Resets() bool { return c.opts.Auth != nil }
 // ParseCountersQuery reads GET /v1/counters's query: a domain and one
 // descriptor whose entries are the key and value parameters, paired in
 // order (key=a&value=1&key=b&value=2 is the descriptor a=1, b=2). Every
-// key needs its value (value= for an empty one).
-func ParseCountersQuery(q url.Values, req *limiter.Request) error {
+// key needs its value (value= for an empty one); more than maxEntries
+// keys are refused.
+func ParseCountersQuery(q url.Values, req *limiter.Request, maxEntries int) error {
 	req.Reset()
 	for name := range q {
 		if name != "domain" && name != "key" && name != "value" {
@@ -111,6 +146,8 @@ func ParseCountersQuery(q url.Values, req *limiter.Request) error {
 		return &limiter.InvalidError{Reason: "key is required"}
 	case len(keys) != len(values):
 		return &limiter.InvalidError{Reason: "every key needs a value, in order: key=K&value=V (value= for an empty one)"}
+	case len(keys) > maxEntries:
+		return limiter.TooManyEntries(0, maxEntries)
 	}
 	d := req.AddDescriptor()
 	for i, k := range keys {
@@ -134,7 +171,8 @@ func truncateBytes(s string, n int) string {
 
 func (c *Counters) lookupQuery(w http.ResponseWriter, r *http.Request) {
 	var req limiter.Request
-	if err := ParseCountersQuery(r.URL.Query(), &req); err != nil {
+	_, maxEntries := c.lim.Bounds()
+	if err := ParseCountersQuery(r.URL.Query(), &req, maxEntries); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -152,7 +190,8 @@ func (c *Counters) lookupJSON(w http.ResponseWriter, r *http.Request) {
 // readRequest reads a POST body as POST /v1/check takes it.
 func (c *Counters) readRequest(w http.ResponseWriter, r *http.Request) (*limiter.Request, bool) {
 	in := new(sluicev1.CheckRequest)
-	if !readJSON(w, r, c.opts.MaxBodyBytes, in) {
+	d, e := c.lim.Bounds()
+	if !readJSON(w, r, c.opts.MaxBodyBytes, bounds{descriptors: d, entries: e}, in) {
 		return nil, false
 	}
 	req := new(limiter.Request)
@@ -171,6 +210,7 @@ func (c *Counters) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !c.opts.Auth.Valid(bearer(r)) {
+		c.refused(r)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 		writeJSONError(w, http.StatusUnauthorized, "a reset needs Authorization: Bearer <the admin token>")
 		return
@@ -186,6 +226,36 @@ func (c *Counters) reset(w http.ResponseWriter, r *http.Request) {
 		}
 		return got, err
 	})
+}
+
+// refused logs a reset refused for its token, at most once per
+// refusedLogEvery (counting the others), and waits RefusedDelay.
+func (c *Counters) refused(r *http.Request) {
+	now := c.opts.Now()
+	c.mu.Lock()
+	c.refusals++
+	n := 0
+	if !now.Before(c.nextLog) {
+		n, c.refusals, c.nextLog = c.refusals, 0, now.Add(refusedLogEvery)
+	}
+	c.mu.Unlock()
+	if n > 0 && c.opts.Logger != nil {
+		c.opts.Logger.Warn("counter reset refused: missing or wrong admin token", "client", r.RemoteAddr,
+			"refused", n, "since", "the last such line (at most one a minute)")
+	}
+	if c.opts.RefusedDelay > 0 {
+		c.opts.Sleep(r.Context(), c.opts.RefusedDelay)
+	}
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // bearer is the token of r's Authorization header, nil if none.

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/limiter"
@@ -64,6 +66,7 @@ func newCountersEnv(t *testing.T, withToken bool) *countersEnv {
 		logs: &lockedBuffer{}, resets: map[string]int{}}
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{Clock: e.clock})
 	opts := server.CountersOptions{Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
+		Sleep: func(context.Context, time.Duration) {}, // TestCounters_RefusedResetsLoggedAndSlowed checks the wait
 		OnReset: func(domain string, rule *config.Rule) {
 			path := "override"
 			if rule != nil {
@@ -271,7 +274,12 @@ func TestCounters_ResetNeedsToken(t *testing.T) {
 		t.Fatalf("reset of a detailed_metric rule: %d %v", r.code, r.body)
 	}
 	logs := e.logs.String()
-	lines := strings.Split(strings.TrimSpace(logs), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
+		if strings.Contains(l, "counters reset") {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) != 2 {
 		t.Fatalf("log = %q, want one line per reset", logs)
 	}
@@ -320,7 +328,7 @@ func FuzzCountersQuery(f *testing.F) {
 			return
 		}
 		var req limiter.Request
-		if err := server.ParseCountersQuery(q, &req); err != nil {
+		if err := server.ParseCountersQuery(q, &req, limiter.DefaultMaxEntries); err != nil {
 			var inv *limiter.InvalidError
 			if !errors.As(err, &inv) || inv.Reason == "" {
 				t.Fatalf("%q: error %v, want an InvalidError with a reason", raw, err)
@@ -340,4 +348,55 @@ func FuzzCountersQuery(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCounters_RefusedResetsLoggedAndSlowed: a reset with a wrong or
+// missing token waits RefusedDelay before its 401 (a guesser is slowed;
+// the wait holds no lock) and is logged at most once a minute on the
+// clock, the line counting the refusals since the last one; a reset with
+// the token waits nothing and logs no refusal.
+func TestCounters_RefusedResetsLoggedAndSlowed(t *testing.T) {
+	table := loadTable(t)
+	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{})
+	logs := &lockedBuffer{}
+	now := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	var waits []time.Duration
+	c := server.NewCounters(lim, server.CountersOptions{Auth: tokenAuth(goodToken), Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		Now:   func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		Sleep: func(_ context.Context, d time.Duration) { mu.Lock(); waits = append(waits, d); mu.Unlock() }})
+	hs := httptest.NewServer(c)
+	defer hs.Close()
+	e := &env{http: hs}
+	body := `{"domain":"e2e","key":"path","value":"/x"}`
+	reset := func(auth string) int {
+		h := http.Header{"Content-Type": {"application/json"}}
+		if auth != "" {
+			h.Set("Authorization", auth)
+		}
+		return e.doWith(t, "POST", "/v1/counters/reset", body, h).code
+	}
+	for range 5 {
+		if code := reset("Bearer wrong-token-wrong-token"); code != 401 {
+			t.Fatalf("a wrong token: %d, want 401", code)
+		}
+	}
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	if code := reset(""); code != 401 {
+		t.Fatalf("no token: %d, want 401", code)
+	}
+	if code := reset("Bearer " + goodToken); code != 200 {
+		t.Fatalf("the token: %d, want 200", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(waits) != 6 || waits[0] != server.DefaultRefusedDelay {
+		t.Errorf("waits %v, want 6 of %v (none for the right token)", waits, server.DefaultRefusedDelay)
+	}
+	lines := strings.Count(logs.String(), "counter reset refused")
+	if lines != 2 || !strings.Contains(logs.String(), "refused=1 ") || !strings.Contains(logs.String(), "refused=5 ") {
+		t.Errorf("logs %q, want 2 lines: the first refusal, then the 5 since", logs)
+	}
 }

@@ -40,27 +40,40 @@ const shouldRateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/Shou
 func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	s := srv.(*RLS)
 	c := s.calls.Get().(*call)
-	defer s.calls.Put(c)
+	defer s.release(c)
 	if err := dec(c); err != nil {
 		return nil, err
 	}
 	if c.unknown.n > 0 {
 		c.unknown.report(s.opts.OnIgnoredField)
 	}
-	if interceptor == nil {
-		return s.reply(ctx, c)
+	handle := s.handle
+	if c.invalid != nil {
+		// past the bounds: answered through the interceptors, which count it
+		handle = refuseCall
 	}
-	return interceptor(ctx, c, s.info, s.handle)
+	if interceptor == nil {
+		return handle(ctx, c)
+	}
+	return interceptor(ctx, c, s.info, handle)
 }
 
-// codec decodes a *call and encodes a *reply itself, and leaves every
-// other message to the proto codec.
+// refuseCall answers a call the codec stopped decoding at the bounds.
+func refuseCall(_ context.Context, c any) (any, error) {
+	return nil, grpcError(c.(*call).invalid)
+}
+
+// codec decodes a *call and encodes a *reply itself, checks the shape of
+// a *bounded message's wire form before the proto codec decodes it, and
+// leaves every other message to the proto codec.
 type codec struct {
 	proto encoding.CodecV2
+	// bounds stop the decoding of a *call
+	bounds bounds
 }
 
-func newCodec() codec {
-	return codec{proto: encoding.GetCodecV2("proto")}
+func newCodec(b bounds) codec {
+	return codec{proto: encoding.GetCodecV2("proto"), bounds: b}
 }
 
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
@@ -71,19 +84,32 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	cl, ok := v.(*call)
-	if !ok {
-		return c.proto.Unmarshal(data, v)
+	switch m := v.(type) {
+	case *call:
+		return c.unmarshalCall(data, m)
+	case *bounded:
+		return m.unmarshal(data)
 	}
+	return c.proto.Unmarshal(data, v)
+}
+
+// unmarshalCall decodes Envoy's request into cl. A request past the
+// bounds is not an error of the codec's (gRPC would answer INTERNAL): it
+// is left in cl.invalid, for the handler to answer INVALID_ARGUMENT.
+func (c codec) unmarshalCall(data mem.BufferSlice, cl *call) error {
+	cl.invalid = nil
 	n := data.Len()
 	if cap(cl.buf) < n {
 		cl.buf = make([]byte, n)
 	}
 	cl.buf = cl.buf[:n]
 	data.CopyTo(cl.buf)
-	err := decodeRLS(&cl.req, cl.buf, cl.domain, &cl.unknown)
+	err := decodeRLS(&cl.req, cl.buf, cl.domain, c.bounds, &cl.unknown)
 	if cl.req.Domain != "" {
 		cl.domain = cl.req.Domain
+	}
+	if inv, ok := err.(*limiter.InvalidError); ok {
+		cl.invalid, err = inv, nil
 	}
 	return err
 }
@@ -99,7 +125,10 @@ var errWire = errors.New("cannot parse invalid wire-format data")
 // recording them in u. Entry
 // keys and values alias b, so r must not outlive b; the domain is a copy
 // (observers may keep it), or prev when equal to it, which saves the copy.
-func decodeRLS(r *limiter.Request, b []byte, prev string, u *unknownFields) error {
+// It stops at the first descriptor or entry past lim with an
+// *limiter.InvalidError, so a request holds no more than lim whatever its
+// size.
+func decodeRLS(r *limiter.Request, b []byte, prev string, lim bounds, u *unknownFields) error {
 	r.Reset()
 	*u = unknownFields{}
 	return eachField(b, msgRequest, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
@@ -115,7 +144,11 @@ func decodeRLS(r *limiter.Request, b []byte, prev string, u *unknownFields) erro
 			}
 			return n, nil
 		case num == 2 && typ == protowire.BytesType:
-			return message(b, func(v []byte) error { return decodeDescriptor(r.AddDescriptor(), v, u) })
+			i := len(r.Descriptors)
+			if i == lim.descriptors {
+				return 0, limiter.TooManyDescriptors(i)
+			}
+			return message(b, func(v []byte) error { return decodeDescriptor(r.AddDescriptor(), i, lim.entries, v, u) })
 		case num == 3 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			r.HitsAddend = uint64(uint32(v))
@@ -125,13 +158,17 @@ func decodeRLS(r *limiter.Request, b []byte, prev string, u *unknownFields) erro
 	})
 }
 
-// decodeDescriptor decodes a RateLimitDescriptor into d. Repeated
-// occurrences of limit and hits_addend merge, as in proto.
-func decodeDescriptor(d *limiter.Descriptor, b []byte, u *unknownFields) error {
+// decodeDescriptor decodes a RateLimitDescriptor, the request's i-th,
+// into d, stopping past maxEntries entries. Repeated occurrences of limit
+// and hits_addend merge, as in proto.
+func decodeDescriptor(d *limiter.Descriptor, i, maxEntries int, b []byte, u *unknownFields) error {
 	negative := false
 	err := eachField(b, msgDescriptor, u, func(num protowire.Number, typ protowire.Type, b []byte) (int, error) {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
+			if len(d.Entries) == maxEntries {
+				return 0, limiter.TooManyEntries(i, maxEntries)
+			}
 			return message(b, func(v []byte) error {
 				e, err := decodeEntry(v, u)
 				d.Entries = append(d.Entries, e)

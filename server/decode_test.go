@@ -41,12 +41,14 @@ func FuzzDecodeRLS(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	// Bounds no message of the fuzzer's reaches (FuzzShape checks them).
+	const maxDescriptors, maxEntries = 1 << 30, 1 << 30
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		var got limiter.Request
-		if err := server.DecodeRLS(&got, prev, ""); err != nil {
+		if err := server.DecodeRLS(&got, prev, "", maxDescriptors, maxEntries); err != nil {
 			t.Fatal(err)
 		}
-		gotErr := server.DecodeRLS(&got, wire, "domain")
+		gotErr := server.DecodeRLS(&got, wire, "domain", maxDescriptors, maxEntries)
 		in := new(rlspb.RateLimitRequest)
 		wantErr := proto.Unmarshal(wire, in)
 		if (gotErr == nil) != (wantErr == nil) {

@@ -15,23 +15,45 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// DecodeRLS and FillRequest expose the two decodings of Envoy's request
-// for comparison.
+// FillRequest is the proto message's translation, which DecodeRLS is
+// checked against.
 var FillRequest = fillRequest
 
-// DecodeRLS is the codec's decoding of Envoy's request, its unknown
-// fields dropped.
-func DecodeRLS(r *limiter.Request, b []byte, prev string) error {
+// DecodeRLS is the gRPC codec's decoding of Envoy's request, stopped at
+// maxDescriptors and maxEntries, its unknown fields dropped.
+func DecodeRLS(r *limiter.Request, b []byte, prev string, maxDescriptors, maxEntries int) error {
 	var u unknownFields
-	return decodeRLS(r, b, prev, &u)
+	return decodeRLS(r, b, prev, bounds{descriptors: maxDescriptors, entries: maxEntries}, &u)
+}
+
+// JSONShape checks the shape of a RateLimitRequest's or a CheckRequest's
+// JSON form against maxDescriptors and maxEntries.
+func JSONShape(body []byte, maxDescriptors, maxEntries int) error {
+	return jsonShape(body, bounds{descriptors: maxDescriptors, entries: maxEntries})
+}
+
+// WireShape checks the shape of a RateLimitRequest's or a CheckRequest's
+// wire form against maxDescriptors and maxEntries.
+func WireShape(wire []byte, maxDescriptors, maxEntries int) error {
+	sh := requestShape(bounds{descriptors: maxDescriptors, entries: maxEntries})
+	return sh.check(wire)
 }
 
 // NewCallDecoder returns the gRPC codec's decoding of wire into one
-// reused call, and that call's request.
+// reused call, and that call's request; a request past the default bounds
+// is the error.
 func NewCallDecoder(wire []byte) (func() error, *limiter.Request) {
-	c, cl := newCodec(), new(call)
+	c, cl := newCodec(bounds{descriptors: limiter.DefaultMaxDescriptors, entries: limiter.DefaultMaxEntries}), new(call)
 	data := mem.BufferSlice{mem.SliceBuffer(wire)}
-	return func() error { return c.Unmarshal(data, cl) }, &cl.req
+	return func() error {
+		if err := c.Unmarshal(data, cl); err != nil {
+			return err
+		}
+		if cl.invalid != nil {
+			return cl.invalid
+		}
+		return nil
+	}, &cl.req
 }
 
 // NewCall returns what gRPC does with one call of Envoy's ShouldRateLimit
@@ -39,7 +61,7 @@ func NewCallDecoder(wire []byte) (func() error, *limiter.Request) {
 // nil) decodes it with the codec and answers, the codec marshals the
 // answer, and the buffers are freed once out has seen their bytes.
 func NewCall(s *RLS, wire []byte, interceptor grpc.UnaryServerInterceptor, out func([]byte)) func() error {
-	c := newCodec()
+	c := newCodec(s.bounds)
 	data := mem.BufferSlice{mem.SliceBuffer(wire)}
 	dec := func(v any) error { return c.Unmarshal(data, v) }
 	ctx := context.Background()
@@ -67,7 +89,7 @@ func NewCall(s *RLS, wire []byte, interceptor grpc.UnaryServerInterceptor, out f
 func UnknownFields(wire []byte) (decoded, fromProto []string, err error) {
 	var r limiter.Request
 	var u unknownFields
-	if err := decodeRLS(&r, wire, "", &u); err != nil {
+	if err := decodeRLS(&r, wire, "", bounds{descriptors: -1, entries: -1}, &u); err != nil {
 		return nil, nil, err
 	}
 	in := new(rlspb.RateLimitRequest)

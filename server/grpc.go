@@ -10,7 +10,6 @@ import (
 	"time"
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -21,7 +20,6 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
-	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/quota"
 )
@@ -130,18 +128,18 @@ func NewGRPC(lim *limiter.Limiter, health *Health, o GRPCOptions) *grpc.Server {
 	// Without interceptors that may look at them, Envoy's requests are
 	// decoded straight into the limiter's form and its responses written
 	// straight from it (see decodeRLS and appendResponse).
+	// Every request message is checked against the bounds before it is
+	// decoded further (see bounds.go), so the codec is ours either way.
 	direct := len(o.Interceptors) == 0
-	if direct {
-		opts = append(opts, grpc.ForceServerCodecV2(newCodec()))
-	}
+	opts = append(opts, grpc.ForceServerCodecV2(newCodec(limiterBounds(lim))))
 	opts = append(opts, o.ServerOptions...)
 	s := grpc.NewServer(opts...)
 	if rls := NewRLS(lim, o.Options); direct {
 		s.RegisterService(&rlsService, rls)
 	} else {
-		rlspb.RegisterRateLimitServiceServer(s, rls)
+		s.RegisterService(rlsProtoService, rls)
 	}
-	sluicev1.RegisterRateLimiterServer(s, NewAPI(lim, o.Options))
+	s.RegisterService(apiService, NewAPI(lim, o.Options))
 	if o.Quota != nil {
 		rlqs := NewRLQS(o.Quota)
 		rlqs.draining, rlqs.logger, rlqs.tracing = health.draining, logger, o.Tracing

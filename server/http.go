@@ -87,7 +87,7 @@ func (h *HTTP) healthcheck(w http.ResponseWriter, _ *http.Request) {
 // RateLimitResponse out, 200 or 429.
 func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 	var in rlspb.RateLimitRequest
-	if !h.readJSON(w, r, &in) {
+	if !readJSON(w, r, h.maxBody, h.rls.bounds, &in) {
 		return
 	}
 	c := h.rls.calls.Get().(*call)
@@ -98,6 +98,10 @@ func (h *HTTP) json(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer cancel()
+	if err := h.rls.opts.checkRefunds(ctx, r.Header, &c.req); err != nil {
+		writeError(w, err)
+		return
+	}
 	if err := h.rls.opts.Tracing.check(ctx, "POST /json", r.Header, h.rls.lim, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
@@ -135,7 +139,7 @@ func (h *HTTP) checkQuery(w http.ResponseWriter, r *http.Request) {
 // checkJSON is POST /v1/check with a sluice.v1.CheckRequest as JSON.
 func (h *HTTP) checkJSON(w http.ResponseWriter, r *http.Request) {
 	in := new(sluicev1.CheckRequest)
-	if !h.readJSON(w, r, in) {
+	if !readJSON(w, r, h.maxBody, h.api.bounds, in) {
 		return
 	}
 	h.check(w, r, in)
@@ -153,6 +157,10 @@ func (h *HTTP) check(w http.ResponseWriter, r *http.Request, in *sluicev1.CheckR
 		return
 	}
 	defer cancel()
+	if err := h.api.opts.checkRefunds(ctx, r.Header, &c.req); err != nil {
+		writeError(w, err)
+		return
+	}
 	if err := h.api.tracing.check(ctx, checkSpan(r), r.Header, h.api.lim, &c.req, &c.resp); err != nil {
 		writeError(w, err)
 		return
@@ -215,14 +223,10 @@ func requestContext(w http.ResponseWriter, r *http.Request) (ctx context.Context
 }
 
 // readJSON reads r's body, of Content-Type application/json and at most
-// maxBody bytes, into m. Otherwise it answers 415, 413, 408 or 400 (ok
-// false).
-func (h *HTTP) readJSON(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
-	return readJSON(w, r, h.maxBody, m)
-}
-
-// readJSON is HTTP.readJSON with the bound maxBody.
-func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, m proto.Message) bool {
+// maxBody bytes, into m, a RateLimitRequest or a CheckRequest: one with
+// more descriptors or entries than b is refused before it is decoded.
+// Otherwise it answers 415, 413, 408 or 400 (ok false).
+func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, b bounds, m proto.Message) bool {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		writeJSONError(w, http.StatusUnsupportedMediaType, "Content-Type must be application/json (curl: -H 'Content-Type: application/json')")
 		return false
@@ -240,6 +244,10 @@ func readJSON(w http.ResponseWriter, r *http.Request, maxBody int64, m proto.Mes
 		return false
 	}
 	if err == nil {
+		if err := jsonShape(body, b); err != nil {
+			writeError(w, err)
+			return false
+		}
 		err = unmarshalJSON.Unmarshal(body, m)
 	}
 	if err != nil {
@@ -269,9 +277,12 @@ func writeProto(w http.ResponseWriter, code int, opts protojson.MarshalOptions, 
 // store failed or no config is loaded.
 func writeError(w http.ResponseWriter, err error) {
 	var inv *limiter.InvalidError
+	var re *RefusedError
 	switch {
 	case errors.As(err, &inv):
 		writeJSONError(w, http.StatusBadRequest, inv.Reason)
+	case errors.As(err, &re):
+		writeJSONError(w, http.StatusForbidden, re.Reason)
 	default:
 		writeJSONError(w, http.StatusServiceUnavailable, err.Error())
 	}

@@ -13,9 +13,11 @@ import (
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/quota"
 )
 
@@ -41,11 +43,31 @@ type RLQS struct {
 	// tracing, with a Tracer, makes each report a span, a child of the
 	// trace context in the stream's metadata.
 	tracing Tracing
+	// shape bounds a report's wire form: its usages, and the keys of
+	// each bucket id, are counted before it is decoded (by NewGRPC's
+	// codec; another server's decodes it unchecked).
+	shape shape
+}
+
+// reportShape bounds q's RLQS reports: at most a stream's most buckets of
+// usages (more cannot all be new), of bucket ids of at most
+// config.MaxBucketKeys keys, refused (and counted) as the quota service
+// refuses them.
+func reportShape(q *quota.Service) shape {
+	return shape{outer: 2, maxOuter: q.MaxBucketsPerStream(), path: []protowire.Number{1, 1}, maxInner: config.MaxBucketKeys,
+		tooMany: func(max int) error {
+			q.Refused(quota.CapStreamBuckets)
+			return fmt.Errorf("%w: more than %d bucket_quota_usages in one report", quota.ErrTooManyBuckets, max)
+		},
+		tooManyInner: func(i, max int) error {
+			q.Refused(quota.CapBucketKeys)
+			return fmt.Errorf("%w: bucket_quota_usages[%d]: bucket_id of more than %d keys", quota.ErrTooManyKeys, i, max)
+		}}
 }
 
 // NewRLQS returns the RLQS adapter of q.
 func NewRLQS(q *quota.Service) *RLQS {
-	return &RLQS{q: q, draining: context.Background(), logger: slog.New(slog.DiscardHandler)}
+	return &RLQS{q: q, draining: context.Background(), logger: slog.New(slog.DiscardHandler), shape: reportShape(q)}
 }
 
 // StreamRateLimitQuotas serves one proxy's stream: it is opened (counted
@@ -89,9 +111,14 @@ func (s *RLQS) receive(stream rlqspb.RateLimitQuotaService_StreamRateLimitQuotas
 		}
 	}()
 	for {
-		m, err := stream.Recv()
-		if err != nil {
+		m := new(rlqspb.RateLimitQuotaUsageReports)
+		b := &bounded{Message: m, shape: &s.shape}
+		if err := stream.RecvMsg(b); err != nil {
 			done <- endOfStream(err)
+			return
+		}
+		if b.err != nil {
+			done <- quotaStatus(b.err)
 			return
 		}
 		if err := s.report(stream.Context(), st, m); err != nil {

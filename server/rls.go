@@ -65,6 +65,10 @@ type Options struct {
 	// its message and its number, once per request and field (at most 8
 	// fields a request). Called on the request's path: it must be cheap.
 	OnIgnoredField func(message string, number int32)
+	// Refunds says who may give usage back; RefundAuth decides the
+	// token of RefundsToken (the admin token).
+	Refunds    Refunds
+	RefundAuth Authorizer
 }
 
 // RLS serves Envoy's envoy.service.ratelimit.v3.RateLimitService. It
@@ -81,6 +85,8 @@ type RLS struct {
 	// call).
 	info   *grpc.UnaryServerInfo
 	handle grpc.UnaryHandler
+	bounds bounds
+	shape  shape // of a request's wire form
 }
 
 // call holds the limiter's request and response for one RPC. Pooled.
@@ -92,6 +98,21 @@ type call struct {
 	buf     []byte
 	domain  string
 	unknown unknownFields
+	// invalid is why the codec stopped decoding req: past the bounds.
+	invalid *limiter.InvalidError
+}
+
+// maxPooledBuf bounds the message buffer a pooled call keeps: a call that
+// held a larger request is left to the garbage collector, so that a few
+// large requests do not pin their size in every pooled call.
+const maxPooledBuf = 64 << 10
+
+// release returns c to the pool unless it holds a large buffer.
+func (s *RLS) release(c *call) {
+	if cap(c.buf) > maxPooledBuf {
+		return
+	}
+	s.calls.Put(c)
 }
 
 // NewRLS returns Envoy's rate-limit service over lim.
@@ -102,7 +123,8 @@ func NewRLS(lim *limiter.Limiter, opts Options) *RLS {
 	for _, n := range []*string{&h.Limit, &h.Remaining, &h.Reset} {
 		*n = strings.ToValidUTF8(*n, "\uFFFD")
 	}
-	s := &RLS{lim: lim, opts: opts, headers: h, replies: newReplyPool()}
+	s := &RLS{lim: lim, opts: opts, headers: h, replies: newReplyPool(), bounds: limiterBounds(lim)}
+	s.shape = requestShape(s.bounds)
 	s.calls.New = func() any { return new(call) }
 	s.info = &grpc.UnaryServerInfo{Server: s, FullMethod: shouldRateLimitMethod}
 	s.handle = func(ctx context.Context, req any) (any, error) { return s.reply(ctx, req.(*call)) }
@@ -123,6 +145,9 @@ func (s *RLS) ShouldRateLimit(ctx context.Context, in *rlspb.RateLimitRequest) (
 
 // check answers c's request with a message.
 func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, error) {
+	if err := s.opts.checkRefunds(ctx, nil, &c.req); err != nil {
+		return nil, grpcError(err)
+	}
 	if err := s.opts.Tracing.check(ctx, spanShouldRateLimit, nil, s.lim, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
@@ -132,6 +157,9 @@ func (s *RLS) check(ctx context.Context, c *call) (*rlspb.RateLimitResponse, err
 // reply answers c's request with a *reply, the response's wire form,
 // which no longer refers to c.
 func (s *RLS) reply(ctx context.Context, c *call) (any, error) {
+	if err := s.opts.checkRefunds(ctx, nil, &c.req); err != nil {
+		return nil, grpcError(err)
+	}
 	if err := s.opts.Tracing.check(ctx, spanShouldRateLimit, nil, s.lim, &c.req, &c.resp); err != nil {
 		return nil, grpcError(err)
 	}
@@ -177,11 +205,14 @@ func (s *RLS) response(req *limiter.Request, r *limiter.Response) *rlspb.RateLim
 func grpcError(err error) error {
 	var inv *limiter.InvalidError
 	var se *limiter.StoreError
+	var re *RefusedError
 	switch {
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, inv.Reason)
 	case errors.As(err, &se):
 		return status.Error(codes.Unavailable, se.Error())
+	case errors.As(err, &re):
+		return status.Error(codes.PermissionDenied, re.Reason)
 	case errors.Is(err, limiter.ErrNoConfig):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

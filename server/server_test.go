@@ -339,8 +339,8 @@ func TestShouldRateLimit_BadRequests(t *testing.T) {
 	}{
 		{"empty domain", &rlspb.RateLimitRequest{Descriptors: []*commonpb.RateLimitDescriptor{d("a", "b")}}, "domain must not be empty"},
 		{"no descriptors", &rlspb.RateLimitRequest{Domain: "e2e"}, "at least one descriptor"},
-		{"too many descriptors", req(0, d("a", "b"), d("a", "b"), d("a", "b")), "3 descriptors exceed the limit of 2"},
-		{"too many entries", req(0, d("a", "b", "c", "d", "e", "f")), "3 entries exceed the limit of 2"},
+		{"too many descriptors", req(0, d("a", "b"), d("a", "b"), d("a", "b")), "more than 2 descriptors exceed the limit of 2"},
+		{"too many entries", req(0, d("a", "b", "c", "d", "e", "f")), "descriptor 0: more than 2 entries exceed the limit of 2"},
 		{"empty key", req(0, d("", "b")), "empty key"},
 		{"override without unit", req(0, override(d("a", "b"), 1, typepb.RateLimitUnit_UNKNOWN)), "unknown unit"},
 	}

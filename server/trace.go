@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -80,7 +81,7 @@ func (t *Tracing) start(ctx context.Context, name string, headers http.Header) (
 // with detailed_metric, the descriptors' entries. Strings of req may
 // alias a reused buffer and the span outlives the call: they are copied.
 func annotate(span trace.Span, req *limiter.Request, resp *limiter.Response, err error) {
-	span.SetAttributes(attrDomain.String(strings.Clone(req.Domain)), attrDescriptors.Int(len(req.Descriptors)))
+	span.SetAttributes(attrDomain.String(strings.Clone(clip(req.Domain, maxSpanDomain))), attrDescriptors.Int(len(req.Descriptors)))
 	if err != nil {
 		failed(span, err)
 		return
@@ -107,6 +108,22 @@ func annotate(span trace.Span, req *limiter.Request, resp *limiter.Response, err
 	if values != nil {
 		span.SetAttributes(attrValues.StringSlice(values))
 	}
+}
+
+// maxSpanDomain bounds the part of a domain a span copies (a refused
+// request's may be as long as its message; the exporter cuts attributes
+// to about this anyway).
+const maxSpanDomain = 1024
+
+// clip is s cut to at most n bytes, at the start of a UTF-8 sequence.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // failed records err on span and marks it failed.

@@ -33,7 +33,11 @@ type unknownField struct {
 	num protowire.Number
 }
 
+// add records the field num of msg; a nil u records nothing.
 func (u *unknownFields) add(msg string, num protowire.Number) {
+	if u == nil {
+		return
+	}
 	for _, f := range u.f[:u.n] {
 		if f.msg == msg && f.num == num {
 			return

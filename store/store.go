@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -103,6 +104,18 @@ type Hit struct {
 	// the zero value is PeekWithin.
 	Peek Peek
 }
+
+// HitError is a store's failure on one hit of a batch. It names the hit
+// by its index in the batch, never by its key: a key carries descriptor
+// values, and errors reach logs, spans and clients. Callers name the
+// hit's rule instead.
+type HitError struct {
+	Index int
+	Err   error
+}
+
+func (e *HitError) Error() string { return "hit " + strconv.Itoa(e.Index) + ": " + e.Err.Error() }
+func (e *HitError) Unwrap() error { return e.Err }
 
 // Always reports whether a store applies the hit whatever its batch's
 // outcome: a saturating hit, a charge or a refund.

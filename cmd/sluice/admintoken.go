@@ -19,6 +19,35 @@ const minAdminTokenBytes = 16
 // shorter than minAdminTokenBytes.
 var errShortToken = fmt.Errorf("token shorter than %d bytes", minAdminTokenBytes)
 
+// minAdminTokenDistinct is the fewest distinct bytes a token may have: 16
+// identical bytes, or a pattern of two or three, are not secrets. (A
+// random token of 16 hex digits has fewer than 5 distinct ones about
+// once in 10^8.)
+const minAdminTokenDistinct = 5
+
+// errWeakToken is (wrapped) the error of a token of fewer than
+// minAdminTokenDistinct distinct bytes.
+var errWeakToken = fmt.Errorf("token of fewer than %d distinct bytes: not a secret (make one with: openssl rand -hex 32)", minAdminTokenDistinct)
+
+// checkToken returns what is wrong with tok as an admin token, or nil.
+func checkToken(tok []byte) error {
+	if len(tok) < minAdminTokenBytes {
+		return errShortToken
+	}
+	var seen [256]bool
+	n := 0
+	for _, b := range tok {
+		if !seen[b] {
+			seen[b] = true
+			n++
+		}
+	}
+	if n < minAdminTokenDistinct {
+		return errWeakToken
+	}
+	return nil
+}
+
 // adminToken is the bearer token of POST /v1/counters/reset
 // (--admin-token-file), read from a file and read again when the file
 // changes (its size, modification time or inode), so that a rotated
@@ -86,11 +115,18 @@ func (t *adminToken) refresh() {
 		return
 	}
 	t.read = fi
-	if tok := bytes.TrimSpace(b); len(tok) >= minAdminTokenBytes {
-		t.set(tok, nil)
-	} else {
-		t.set(nil, fmt.Errorf("admin token in %s: %w", t.path, errShortToken))
+	tok := bytes.TrimSpace(b)
+	if err := checkToken(tok); err != nil {
+		t.set(nil, fmt.Errorf("admin token in %s: %w", t.path, err))
+		return
 	}
+	if fi.Mode().Perm()&0o004 != 0 {
+		// Warned, not refused: Kubernetes mounts a Secret 0644 unless
+		// its defaultMode says otherwise, readable only inside the pod.
+		t.log.Warn("the admin token file is readable by every user of this machine: anyone who can log in here can reset counters; "+
+			"chmod 600 it (in Kubernetes: defaultMode: 0400 on the Secret's volume)", "token_file", t.path, "mode", fi.Mode().Perm().String())
+	}
+	t.set(tok, nil)
 }
 
 // set records the outcome of a stat or a read. A WARN says why resets

@@ -152,3 +152,42 @@ func TestNewAdminToken_Errors(t *testing.T) {
 		t.Errorf("a short token: %v, want shorter than 16 bytes", err)
 	}
 }
+
+// TestNewAdminToken_WeakTokens: a token of 16 identical bytes, or of a
+// short pattern repeated, is refused with a clear error; a random-looking
+// one of 16 bytes is taken.
+func TestNewAdminToken_WeakTokens(t *testing.T) {
+	dir := t.TempDir()
+	for _, weak := range []string{strings.Repeat("a", 16), strings.Repeat("ab", 16), strings.Repeat("0123", 8)} {
+		p := filepath.Join(dir, "weak")
+		writeToken(t, p, weak)
+		if _, err := newAdminToken(p, slog.Default()); !errors.Is(err, errWeakToken) || !strings.Contains(err.Error(), "openssl rand -hex 32") {
+			t.Errorf("the token %q: %v, want %v", weak, err, errWeakToken)
+		}
+	}
+	if _, _, logs := newTestToken(t, "9f2c41d0b7e85a63"); strings.Contains(logs.String(), "WARN") {
+		t.Errorf("a good token file of mode 0600 warned: %s", logs)
+	}
+}
+
+// TestAdminToken_WorldReadableWarns: a token file every user can read is
+// taken (Kubernetes mounts Secrets 0644 by default) with a WARN that says
+// how to fix it.
+func TestAdminToken_WorldReadableWarns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	writeToken(t, path, adminTestToken)
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	tok, err := newAdminToken(path, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tok.Valid([]byte(adminTestToken)) {
+		t.Error("a world-readable token file's token is not valid")
+	}
+	if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "readable by every user") || !strings.Contains(l, "chmod 600") {
+		t.Errorf("logs %q, want a WARN saying the file is readable by every user and how to fix it", l)
+	}
+}

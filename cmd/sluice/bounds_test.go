@@ -30,11 +30,11 @@ func TestServe_RequestBounds(t *testing.T) {
 	}
 	three := rlsRequest("e2e", "remote_address", "a")
 	three.Descriptors = append(three.Descriptors, three.Descriptors[0], three.Descriptors[0])
-	if _, err := rls.ShouldRateLimit(ctx, three); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "3 descriptors exceed the limit of 2") {
+	if _, err := rls.ShouldRateLimit(ctx, three); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more than 2 descriptors exceed the limit of 2") {
 		t.Errorf("3 descriptors with --max-descriptors 2: %v, want InvalidArgument naming the limit", err)
 	}
 	long := rlsRequest("e2e", "a", "1", "b", "2", "c", "3")
-	if _, err := rls.ShouldRateLimit(ctx, long); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "3 entries exceed the limit of 2") {
+	if _, err := rls.ShouldRateLimit(ctx, long); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptor 0: more than 2 entries exceed the limit of 2") {
 		t.Errorf("3 entries with --max-entries 2: %v, want InvalidArgument naming the limit", err)
 	}
 	empty := rlsRequest("e2e")

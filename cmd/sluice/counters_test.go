@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -207,4 +208,32 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestServe_ResetsOverPlainHTTPWarn: resets on with HTTP in plain text
+// (no --tls-cert) are warned about at start: the admin token would cross
+// the network in the clear.
+func TestServe_ResetsOverPlainHTTPWarn(t *testing.T) {
+	_, _, logs := countersServe(t)
+	if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "counter resets over plain HTTP") {
+		t.Errorf("logs %q, want a WARN about resets over plain HTTP", l)
+	}
+}
+
+// TestServe_RefundsFlag: --refunds takes allow, token or deny; token
+// needs the admin token file.
+func TestServe_RefundsFlag(t *testing.T) {
+	base := []string{"--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--refunds", "maybe"}, "--refunds"},
+		{[]string{"--refunds", "token"}, "--admin-token-file"},
+	} {
+		err := serve(testCtx(t), append(slices.Clone(base), c.args...), serveEnv(nil).get, io.Discard, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error naming %s", c.args, err, c.want)
+		}
+	}
 }

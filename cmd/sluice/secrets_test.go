@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,23 @@ func TestRedisDeployment_NoCredentials(t *testing.T) {
 		for _, s := range append(redisDeployment(fs, "redis"), redisDeployment(fs, "redis-persecond")...) {
 			if strings.Contains(s.Value, "hunter2") {
 				t.Errorf("%q: %s = %q", args, s.Name, s.Value)
+			}
+		}
+	}
+}
+
+// TestServe_RedisURLPasswordNeverPrinted: a Redis URL whose password has
+// a character that the URL parser's error escapes ('"', '\') fails serve
+// with an error that holds the password in no form.
+func TestServe_RedisURLPasswordNeverPrinted(t *testing.T) {
+	for _, pass := range []string{`pa"ss`, `pa\ss`, `p"a\ss`} {
+		for _, flagName := range []string{"--redis-url", "--redis-persecond-url"} {
+			args := []string{"serve", "--config", "testdata/serve", "--store", "redis", "--redis-url", "redis://127.0.0.1:1"}
+			args = append(args, flagName, "redis://:"+pass+"@127.0.0.1:1")
+			code, out, errOut := runMain(t, args...)
+			q := strconv.Quote(pass)
+			if code == 0 || strings.Contains(out+errOut, pass) || strings.Contains(out+errOut, q[1:len(q)-1]) {
+				t.Errorf("%s with the password %s: exit %d, output %q", flagName, pass, code, out+errOut)
 			}
 		}
 	}

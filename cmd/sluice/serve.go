@@ -219,7 +219,8 @@ func (c *serveCmd) openStore(ctx context.Context, logger *slog.Logger, clock sto
 // runs their setups.
 func (c *serveCmd) setup(ctx context.Context, logger *slog.Logger, reloader *config.Reloader, st openStore, clock store.Clock) (*serveContext, error) {
 	x := &serveContext{Logger: logger, Registry: prometheus.NewRegistry(), Config: reloader,
-		Health: server.NewHealth(), HTTP: http.NewServeMux(), HTTPBounds: c.flags.http, Store: st.Store, Clock: clock}
+		Health: server.NewHealth(), HTTP: http.NewServeMux(), HTTPBounds: c.flags.http, Store: st.Store, Clock: clock,
+		HTTPTLS: c.flags.tlsCert != "" && c.flags.tlsHTTP}
 	// Fields Sluice does not use, of pushed configs and of requests.
 	ignored, err := observe.NewConfigIgnoredFields(x.Registry)
 	if err != nil {
@@ -279,6 +280,7 @@ func (f *serveFlags) newServers(x *serveContext, lim *limiter.Limiter, waits boo
 	sopts := server.Options{ResponseHeaders: f.responseHeaders, HeaderNames: f.headers,
 		IETFHeaders: f.ietfHeaders, DynamicMetadata: f.dynamicMetadata, MaxBodyBytes: f.http.maxBody, Tracing: x.Tracing,
 		OnIgnoredField: x.IgnoredFields.Field}
+	sopts.Refunds, sopts.RefundAuth = x.Refunds, x.RefundAuth
 	gopts := server.GRPCOptions{Options: sopts, Logger: x.Logger, MaxRecvMsgSize: f.maxRecvMsgSize,
 		MaxConnectionAge: f.maxConnAge, MaxConnectionAgeGrace: f.maxConnAgeGrace,
 		KeepaliveTime: f.keepaliveTime, KeepaliveTimeout: f.keepaliveTimeout, MaxConcurrentStreams: uint32(f.maxStreams),

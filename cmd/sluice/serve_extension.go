@@ -53,6 +53,9 @@ type serveContext struct {
 	HTTPRoot http.Handler
 	// HTTPBounds bound every HTTP server, extensions' included.
 	HTTPBounds httpBounds
+	// HTTPTLS reports that --http-addr is served over TLS (--tls-cert
+	// with --tls-http).
+	HTTPTLS bool
 	// Observers are told about every decision.
 	Observers []limiter.Observer
 	// GRPCOptions are added to the gRPC server (stats handlers,
@@ -85,6 +88,10 @@ type serveContext struct {
 	// IgnoredFields counts the fields of Envoy's requests that Sluice
 	// does not read.
 	IgnoredFields *observe.IgnoredFields
+	// Refunds and RefundAuth say who may give usage back (--refunds,
+	// the admin token).
+	Refunds    server.Refunds
+	RefundAuth server.Authorizer
 }
 
 // serving reports whether to serve with config table t: there is one and

@@ -34,6 +34,7 @@ type serveFlags struct {
 	strictPeeks      bool
 	failureMode      string
 	maxDescriptors   int
+	maxDomainBytes   int
 	maxEntries       int
 	maxValueBytes    int
 	responseHeaders  bool
@@ -74,6 +75,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.failureMode, "store-failure-mode", "error", "answer when the store fails: error (gRPC UNAVAILABLE) | allow | deny")
 	fs.IntVar(&f.maxDescriptors, "max-descriptors", limiter.DefaultMaxDescriptors, "most descriptors in one request")
 	fs.IntVar(&f.maxEntries, "max-entries", limiter.DefaultMaxEntries, "most entries in one descriptor")
+	fs.IntVar(&f.maxDomainBytes, "max-domain-bytes", limiter.DefaultMaxDomainBytes, "longest domain of a request, in bytes (the reference has no bound)")
 	fs.IntVar(&f.maxValueBytes, "max-value-bytes", config.DefaultMaxValueBytes, "longer descriptor values are hashed in counter keys")
 	fs.BoolVar(&f.responseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset (and Retry-After) to Envoy's response_headers_to_add")
 	fs.BoolVar(&f.ietfHeaders, "ietf-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to Envoy's response_headers_to_add and to /v1/check answers")
@@ -113,8 +115,8 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 
 // limiterOptions checks the policy flags.
 func (f *serveFlags) limiterOptions() (limiter.Options, error) {
-	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, ShadowMode: f.shadowMode, QuotaMode: f.quotaMode,
-		StrictPeeks: f.strictPeeks}
+	o := limiter.Options{MaxDescriptors: f.maxDescriptors, MaxEntries: f.maxEntries, MaxDomainBytes: f.maxDomainBytes,
+		ShadowMode: f.shadowMode, QuotaMode: f.quotaMode, StrictPeeks: f.strictPeeks}
 	switch f.deniedHits {
 	case "drop":
 	case "saturate":
@@ -134,8 +136,8 @@ func (f *serveFlags) limiterOptions() (limiter.Options, error) {
 		return o, fmt.Errorf("--store-failure-mode: %w", err)
 	}
 	o.FailureMode = m
-	if f.maxDescriptors < 1 || f.maxEntries < 1 {
-		return o, errors.New("--max-descriptors and --max-entries must be at least 1")
+	if f.maxDescriptors < 1 || f.maxEntries < 1 || f.maxDomainBytes < 1 {
+		return o, errors.New("--max-descriptors, --max-entries and --max-domain-bytes must be at least 1")
 	}
 	return o, nil
 }

@@ -31,6 +31,7 @@ type tracingFlags struct {
 	namespace    string
 	instance     string
 	samplingRate float64
+	parentCap    float64
 }
 
 func (f *tracingFlags) register(fs *flag.FlagSet) {
@@ -40,6 +41,7 @@ func (f *tracingFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.namespace, "tracing-service-namespace", "", "service.namespace of the traces")
 	fs.StringVar(&f.instance, "tracing-service-instance-id", "", "service.instance.id of the traces (default: a random UUID)")
 	fs.Float64Var(&f.samplingRate, "tracing-sampling-rate", 1, "fraction of the traces that start here to sample, 0 to 1; a caller's sampled or unsampled trace context is followed")
+	fs.Float64Var(&f.parentCap, "tracing-parent-sampled-per-second", 0, "most traces a second that a caller's sampled flag (traceparent, B3) makes Sluice record; past it they are not; 0: no cap, every sampled parent is followed as in the reference")
 }
 
 // traceShutdownTimeout bounds the flush of the spans not yet sent when
@@ -56,8 +58,11 @@ func (f *tracingFlags) setup(ctx context.Context, x *serveContext) error {
 	if math.IsNaN(f.samplingRate) || f.samplingRate < 0 || f.samplingRate > 1 {
 		return fmt.Errorf("--tracing-sampling-rate %v: want a number from 0 to 1", f.samplingRate)
 	}
+	if math.IsNaN(f.parentCap) || math.IsInf(f.parentCap, 0) || f.parentCap < 0 {
+		return fmt.Errorf("--tracing-parent-sampled-per-second %v: want 0 (no cap) or more", f.parentCap)
+	}
 	p, err := tracing.New(ctx, tracing.Options{Protocol: f.protocol, ServiceName: f.service, ServiceNamespace: f.namespace,
-		ServiceInstanceID: f.instance, SamplingRate: f.samplingRate})
+		ServiceInstanceID: f.instance, SamplingRate: f.samplingRate, ParentSampledPerSecond: f.parentCap})
 	if err != nil {
 		return err
 	}
@@ -74,7 +79,7 @@ func (f *tracingFlags) setup(ctx context.Context, x *serveContext) error {
 			instance = kv.Value.String()
 		}
 	}
-	x.Logger.Info("tracing", "protocol", strings.ToLower(f.protocol), "service", service, "instance", instance, "sampling_rate", f.samplingRate)
+	x.Logger.Info("tracing", "protocol", strings.ToLower(f.protocol), "service", service, "instance", instance, "sampling_rate", f.samplingRate, "parent_sampled_per_second", f.parentCap)
 	// Shut down (send the spans still queued) once serve has drained:
 	// requests that end during the drain have spans too.
 	x.Stop = append(x.Stop, func() error {

@@ -1,6 +1,11 @@
 package redact
 
-import "strings"
+import (
+	"errors"
+	"net/url"
+	"strconv"
+	"strings"
+)
 
 // Mask replaces a secret.
 const Mask = "xxxxx"
@@ -106,14 +111,55 @@ func redactValue(v string, k Kind) string {
 	return Addrs(v)
 }
 
-// Error returns err with every occurrence of raw in its message (a URL an
-// error quotes, credentials and all) replaced by Addr(raw); errors.Is and
-// errors.As still see err.
+// Error returns an error whose text describes err, an error about raw (a
+// URL or address that may hold credentials), without raw's user
+// information; errors.Is and errors.As still see err. The text is built
+// from parts, never by replacing raw inside err's text: a message may
+// quote raw escaped (url.Error quotes with %q, so a password with '"' or
+// '\' is printed escaped) where no replacement would find it. A
+// *url.Error of raw becomes its operation, Addr(raw) and its cause; any
+// other error is kept when its text holds the user information in none of
+// the forms it could be printed in, else replaced by a text that names
+// Addr(raw) only.
 func Error(err error, raw string) error {
 	if err == nil || raw == "" || Addr(raw) == raw {
 		return err
 	}
-	return &redacted{err: err, msg: strings.ReplaceAll(err.Error(), raw, Addr(raw))}
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.URL == raw {
+		return &redacted{err: err, msg: ue.Op + " " + strconv.Quote(Addr(raw)) + ": " + Error(ue.Err, raw).Error()}
+	}
+	if leaks(err.Error(), raw) {
+		return &redacted{err: err, msg: "an error about " + Addr(raw) + " (its text, which shows the credentials, is not shown)"}
+	}
+	return err
+}
+
+// leaks reports whether msg holds the user information of raw (what
+// Addr hides) as written, unescaped, or escaped as %q or a URL would.
+func leaks(msg, raw string) bool {
+	at := strings.LastIndexByte(raw, '@')
+	if at < 0 {
+		return false
+	}
+	info := raw[userStart(raw, at):at]
+	if _, pass, ok := strings.Cut(info, ":"); ok {
+		info = pass
+	}
+	forms := []string{info}
+	if u, err := url.PathUnescape(info); err == nil {
+		forms = append(forms, u)
+	}
+	for _, f := range forms[:len(forms):len(forms)] {
+		q := strconv.Quote(f)
+		forms = append(forms, q[1:len(q)-1], url.QueryEscape(f), url.PathEscape(f))
+	}
+	for _, f := range forms {
+		if f != "" && strings.Contains(msg, f) {
+			return true
+		}
+	}
+	return false
 }
 
 type redacted struct {

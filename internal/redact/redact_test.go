@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -102,5 +103,48 @@ func TestError(t *testing.T) {
 	}
 	if e := errors.New("x"); Error(e, "r:6379") != e || Error(nil, raw) != nil {
 		t.Error("Error wrapped an error with nothing to hide")
+	}
+}
+
+// TestError_EscapedPasswords: a URL whose password a parser's error
+// quotes escaped (url.Error quotes with %q: '"' becomes \", '\' becomes
+// \\) is described without the password in any form, as is an error that
+// quotes the URL some other way; errors.As still finds the *url.Error.
+func TestError_EscapedPasswords(t *testing.T) {
+	for _, raw := range []string{
+		`redis://:pa"ss@r:6379`,
+		`redis://:pa\ss@r:6379`,
+		`rediss://u:p"w\d@r:6380/0`,
+		`redis://u:hunter2@r:notaport`,
+		`redis://hunter"2@r:6379`,
+		`https://user:s"ecret@collector:4318/v1/traces`,
+		`pa"ss@sentinel:26379`,
+	} {
+		at := strings.LastIndexByte(raw, '@')
+		info := raw[userStart(raw, at):at]
+		if _, p, ok := strings.Cut(info, ":"); ok {
+			info = p
+		}
+		q := strconv.Quote(info)
+		secretForms := []string{info, q[1 : len(q)-1]}
+		errs := []error{fmt.Errorf("dial %q: connection refused", raw), fmt.Errorf("dial %s: connection refused", raw)}
+		if _, perr := url.Parse(raw); perr != nil {
+			errs = append(errs, perr, fmt.Errorf("redis: url: %w", perr))
+		}
+		for _, err := range errs {
+			got := Error(err, raw)
+			for _, f := range secretForms {
+				if strings.Contains(got.Error(), f) {
+					t.Errorf("Error(%q, %q) = %q: holds %q", err, raw, got, f)
+				}
+			}
+			if !strings.Contains(got.Error(), Addr(raw)) && !strings.Contains(got.Error(), strconv.Quote(Addr(raw))) {
+				t.Errorf("Error(%q, %q) = %q: does not name %q", err, raw, got, Addr(raw))
+			}
+			var ue *url.Error
+			if errors.As(err, &ue) && !errors.As(got, &ue) {
+				t.Errorf("Error(%q) unwraps to no *url.Error", err)
+			}
+		}
 	}
 }

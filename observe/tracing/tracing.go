@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
+	"time"
 
 	"go.opentelemetry.io/contrib/propagators/b3"
 	"go.opentelemetry.io/otel/attribute"
@@ -36,6 +38,77 @@ type Options struct {
 	// is followed, as in the reference. 1 or more samples all, 0 or less
 	// none.
 	SamplingRate float64
+	// ParentSampledPerSecond caps the traces that a caller's sampled
+	// parent (its traceparent's or B3's sampled flag) makes Sluice
+	// record: at most this many a second, with a burst of as many (at
+	// least 1); past it such a span is not recorded. 0 (or less) follows
+	// every sampled parent, as the reference does.
+	ParentSampledPerSecond float64
+	// Now tells the time for ParentSampledPerSecond; nil means time.Now.
+	Now func() time.Time
+}
+
+// MaxAttributeBytes bounds the value of each string attribute of a span,
+// each string of a slice included (longer ones are cut), unless
+// OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT or
+// OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT asks for less: a caller's domain or
+// descriptor values cannot make a span larger than the attribute count
+// (128, OpenTelemetry's default) times this.
+const MaxAttributeBytes = 1024
+
+// spanLimits are OpenTelemetry's limits (from the environment, else its
+// defaults), with attribute values bounded by MaxAttributeBytes.
+func spanLimits() sdktrace.SpanLimits {
+	l := sdktrace.NewSpanLimits()
+	if l.AttributeValueLengthLimit < 0 || l.AttributeValueLengthLimit > MaxAttributeBytes {
+		l.AttributeValueLengthLimit = MaxAttributeBytes
+	}
+	return l
+}
+
+// sampler samples the traces that start here at rate and follows a
+// caller's parent, a sampled one within perSecond when that is above 0.
+func sampler(rate, perSecond float64, now func() time.Time) sdktrace.Sampler {
+	var opts []sdktrace.ParentBasedSamplerOption
+	if perSecond > 0 {
+		if now == nil {
+			now = time.Now
+		}
+		opts = append(opts, sdktrace.WithRemoteParentSampled(&capped{perSecond: perSecond, tokens: max(perSecond, 1), now: now}))
+	}
+	return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(rate), opts...)
+}
+
+// capped samples at most perSecond spans a second (a token bucket of
+// max(perSecond, 1) tokens), the rest not.
+type capped struct {
+	perSecond float64
+	now       func() time.Time
+	mu        sync.Mutex
+	tokens    float64
+	last      time.Time
+}
+
+func (c *capped) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	res := sdktrace.SamplingResult{Decision: sdktrace.Drop, Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+	now := c.now()
+	c.mu.Lock()
+	if !c.last.IsZero() && now.After(c.last) {
+		c.tokens = min(c.tokens+now.Sub(c.last).Seconds()*c.perSecond, max(c.perSecond, 1))
+	}
+	if c.last.IsZero() || now.After(c.last) {
+		c.last = now
+	}
+	if c.tokens >= 1 {
+		c.tokens--
+		res.Decision = sdktrace.RecordAndSample
+	}
+	c.mu.Unlock()
+	return res
+}
+
+func (c *capped) Description() string {
+	return fmt.Sprintf("ParentSampledCap{%g/s}", c.perSecond)
 }
 
 // Name is the instrumentation scope of Sluice's spans.
@@ -59,6 +132,9 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	if math.IsNaN(o.SamplingRate) {
 		return nil, errors.New("tracing: sampling rate is not a number")
 	}
+	if math.IsNaN(o.ParentSampledPerSecond) || math.IsInf(o.ParentSampledPerSecond, 0) {
+		return nil, errors.New("tracing: the cap on parent-sampled traces is not a finite number")
+	}
 	var (
 		exp sdktrace.SpanExporter
 		err error
@@ -79,7 +155,8 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		return nil, err
 	}
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SamplingRate))),
+		sdktrace.WithSampler(sampler(o.SamplingRate, o.ParentSampledPerSecond, o.Now)),
+		sdktrace.WithRawSpanLimits(spanLimits()),
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithResource(res),
 	)

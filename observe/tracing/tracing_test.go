@@ -5,9 +5,11 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -219,5 +221,50 @@ func TestStore_KeepsResetter(t *testing.T) {
 	}
 	if _, ok := tracing.Store(&fakeStore{}, tracer, "memory").(store.Resetter); ok {
 		t.Error("the wrapper of a store that cannot reset claims to")
+	}
+}
+
+// TestNew_ParentSampledCap: with ParentSampledPerSecond, a caller's
+// sampled flag records at most that many spans a second (on a fake
+// clock: 3 of 10 at one instant, 3 more a second later), and without it
+// every one, as the reference; a string attribute longer than
+// MaxAttributeBytes is exported cut to it.
+func TestNew_ParentSampledCap(t *testing.T) {
+	for _, perSecond := range []float64{0, 3} {
+		rcv := tracingtest.StartHTTP(t)
+		t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
+		now := time.Unix(1_800_000_000, 0)
+		p, err := tracing.New(testCtx(t), tracing.Options{SamplingRate: 0, ParentSampledPerSecond: perSecond,
+			Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent := tracing.Propagator().Extract(testCtx(t), propagation.HeaderCarrier(http.Header{
+			"Traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}))
+		for range 2 {
+			for range 10 {
+				_, span := p.Tracer.Start(parent, "child")
+				span.SetAttributes(attribute.String("long", strings.Repeat("x", 5000)))
+				span.End()
+			}
+			now = now.Add(time.Second)
+		}
+		if err := p.Shutdown(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		want := 20
+		if perSecond > 0 {
+			want = 6
+		}
+		spans := rcv.Spans()
+		if len(spans) != want {
+			t.Errorf("cap %v/s: %d spans of 20 recorded, want %d", perSecond, len(spans), want)
+		}
+		for _, s := range spans {
+			if v, _ := s.Attr("long"); len(v) != tracing.MaxAttributeBytes {
+				t.Errorf("an attribute of 5000 bytes exported as %d, want %d", len(v), tracing.MaxAttributeBytes)
+				break
+			}
+		}
 	}
 }

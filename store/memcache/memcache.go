@@ -354,6 +354,7 @@ func (s *Store) take(ctx context.Context, now int64, hits []store.Hit, out []sto
 				}
 			}
 			if err != nil {
+				err = &store.HitError{Index: i, Err: err}
 				break
 			}
 		}
@@ -382,7 +383,7 @@ func (s *Store) take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		if tk[i].key != "" {
 			st, err := s.load(&hits[i], now)
 			if err != nil {
-				return fmt.Errorf("memcache: %w", err)
+				return fmt.Errorf("memcache: %w", &store.HitError{Index: i, Err: err})
 			}
 			out[i] = store.View(st, hits[i].Rule, now)
 		}
@@ -403,7 +404,7 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 			key = s.windowKey(h, h.Rule.WindowEnd(now), now)
 		}
 		if err := s.c.Delete(key); err != nil && !errors.Is(err, memcache.ErrCacheMiss) {
-			return fmt.Errorf("memcache: reset %q: %w", h.Key, err)
+			return fmt.Errorf("memcache: reset: %w", &store.HitError{Index: i, Err: err})
 		}
 	}
 	return nil
@@ -532,7 +533,7 @@ func (s *Store) applyCAS(ctx context.Context, h *store.Hit, now int64) (taken, s
 		}
 	}
 	s.contended.Add(1)
-	return taken{}, store.Decision{}, fmt.Errorf("key %q: %w", h.Key, errContended)
+	return taken{}, store.Decision{}, errContended
 }
 
 // backoff waits before CAS attempt n (from 1): a random time up to
@@ -656,7 +657,7 @@ func (s *Store) incr(key string, inc uint64, exp int32) (uint64, error) {
 		// Another caller added it first: count on it, unless it is
 		// gone again.
 	}
-	return 0, fmt.Errorf("key %q deleted while counted, %d times in a row", key, incrRounds)
+	return 0, fmt.Errorf("the count deleted while counted, %d times in a row", incrRounds)
 }
 
 // incrRounds bounds incr's rounds of increment and add.
@@ -683,7 +684,7 @@ func (s *Store) count(key string) (uint64, error) {
 	// DECR keeps a value's length: it pads a shorter count with spaces.
 	n, err := strconv.ParseUint(string(bytes.TrimRight(it.Value, " ")), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("key %q holds %q, not a count", key, it.Value)
+		return 0, fmt.Errorf("the count's key holds %d bytes that are not a count", len(it.Value))
 	}
 	return n, nil
 }

@@ -41,7 +41,7 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 	var errs []error
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		if err := res.Error(); err != nil {
-			errs = append(errs, fmt.Errorf("redis: reset %s: %w", hits[i].Key, err))
+			errs = append(errs, fmt.Errorf("redis: reset: %w", &store.HitError{Index: i, Err: err}))
 		}
 	}
 	if s.cache != nil {

@@ -178,7 +178,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	// On Cluster the script's final states of a denied batch predate the
 	// refunds.
 	if (committed != r.committed || r.committed || !s.cluster) && !sameStates(final, r.final) {
-		return fmt.Errorf("redis: script and store algorithms disagree on %s", keys[0])
+		return fmt.Errorf("redis: %w", &store.HitError{Index: 0, Err: errors.New("script and store algorithms disagree on the batch")})
 	}
 	if s.cache != nil {
 		s.cache.update(now, r.now, hits, keys, final)
@@ -256,10 +256,10 @@ func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits
 		before, err := a[1+i].AsInt64()
 		if err == nil && (before < 0 || before > math.MaxUint32) {
 			// (a value no script wrote: fixed-window counts stay below 2^32)
-			err = fmt.Errorf("%s holds a count of %d", hits[i].Key, before)
+			err = fmt.Errorf("the count's key holds %d", before)
 		}
 		if err != nil {
-			return r, false, abandoned, fmt.Errorf("redis: window script reply: %w", err)
+			return r, false, abandoned, fmt.Errorf("redis: window script reply: %w", &store.HitError{Index: i, Err: err})
 		}
 		// The states the script read and wrote, as far as they matter: an
 		// older window is no window.
