@@ -46,7 +46,7 @@ func goldenReport() *report {
 		redis: []cell{
 			{workload: "multi", concurrency: 50, sluice: measured{Result: result(9000, 45000, 3, 500), ServerCPU: 40, RedisCPU: 15.25, RedisCommands: 1.16},
 				noop: m(result(17000, 85000, 0, 250), 47), paired: []float64{0.5, 0.55},
-				ref:  &measured{Result: result(4000, 20000, 2, 900), ServerCPU: 90, RedisCPU: 30.5}, refPaired: []float64{0.25, 0.2}, refSluice: []float64{2.1, 2.4}},
+				ref: &measured{Result: result(4000, 20000, 2, 900), ServerCPU: 90, RedisCPU: 30.5}, refPaired: []float64{0.25, 0.2}, refSluice: []float64{2.1, 2.4}},
 		},
 		starved: []cell{{workload: "distinct", concurrency: 50, sluice: m(result(3000, 15000, 4, 900), 60)}},
 		open:    []cell{{workload: "distinct", concurrency: 200, rate: 8800, fraction: 0.8, sluice: open, noop: m(result(8000, 40000, 0, 280), 22)}},
