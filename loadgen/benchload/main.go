@@ -38,6 +38,7 @@ import (
 type settings struct {
 	sluice, config, out, ghz    string
 	cpuProfile, redisServer     string
+	reference                   string
 	duration, warmup            time.Duration
 	concurrency, redisConc      []int
 	workloads                   []string
@@ -80,6 +81,7 @@ func parseFlags() settings {
 	flag.DurationVar(&s.warmup, "warmup", time.Second, "warmup per run")
 	flag.StringVar(&conc, "concurrency", "1,50,200", "closed-loop concurrencies")
 	flag.StringVar(&s.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis store's runs; skipped if absent")
+	flag.StringVar(&s.reference, "reference", "", "envoyproxy/ratelimit's binary (built by hand: docs/BENCHMARKS.md), run on a redis-server of its own beside Sluice's in the Redis store's runs; skipped if empty")
 	flag.StringVar(&redisConc, "redis-concurrency", "50,200", "closed-loop concurrencies of the Redis store's runs")
 	flag.StringVar(&workloads, "workloads", "distinct,hot,multi", "workloads")
 	flag.IntVar(&s.connections, "connections", 2, "HTTP/2 connections per run")
@@ -167,6 +169,12 @@ type cell struct {
 	fraction     float64 // open loop: rate / the no-op's closed-loop throughput at 50
 	sluice, noop measured
 	paired       []float64 // each repetition's Sluice req/s / the no-op's beside it
+	// ref is envoyproxy/ratelimit's run (Redis store runs with
+	// -reference), refPaired each repetition's reference req/s / the
+	// no-op's, and refSluice each repetition's Sluice req/s / the
+	// reference's.
+	ref                  *measured
+	refPaired, refSluice []float64
 }
 
 type crossCheck struct {
@@ -261,7 +269,7 @@ func (b *bench) closedLoop(ctx context.Context, rep *report) error {
 			if w == "multi" && c == 50 {
 				profileTo = b.s.cpuProfile
 			}
-			cl, err := b.cell(ctx, b.sluice, w, c, 0, profileTo)
+			cl, err := b.cell(ctx, b.sluice, nil, w, c, 0, profileTo)
 			if err != nil {
 				return err
 			}
@@ -278,8 +286,10 @@ func (b *bench) closedLoop(ctx context.Context, rep *report) error {
 }
 
 // redisStore runs the key workloads at each Redis concurrency on Sluice
-// with a redis-server of its own and on the no-op server, then on that
-// Sluice alone beside busy processes. Without redis-server it says why.
+// with a redis-server of its own and on the no-op server (and, with
+// -reference, on envoyproxy/ratelimit with a redis-server of its own),
+// then on that Sluice alone beside busy processes. Without redis-server
+// it says why.
 func (b *bench) redisStore(ctx context.Context, rep *report) error {
 	if _, err := exec.LookPath(b.s.redisServer); err != nil {
 		rep.noRedis = fmt.Sprintf("No `%s` was found on this machine, so the Redis store was not measured.", b.s.redisServer)
@@ -291,9 +301,16 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 		return err
 	}
 	defer sr.stop()
+	var ref *server
+	if b.s.reference != "" {
+		if ref, err = startReference(b.s, b.dir); err != nil {
+			return err
+		}
+		defer ref.stop()
+	}
 	for _, w := range keyWorkloads {
 		for _, c := range b.s.redisConc {
-			cl, err := b.cell(ctx, sr, w, c, 0, "")
+			cl, err := b.cell(ctx, sr, ref, w, c, 0, "")
 			if err != nil {
 				return err
 			}
@@ -341,7 +358,7 @@ func (b *bench) openLoop(ctx context.Context, rep *report) error {
 				continue
 			}
 			rate := float64(int(frac*b.noopAt50[w]/100)) * 100 // rounded down to 100/s
-			cl, err := b.cell(ctx, b.sluice, w, b.s.openConc, rate, "")
+			cl, err := b.cell(ctx, b.sluice, nil, w, b.s.openConc, rate, "")
 			if err != nil {
 				return err
 			}
@@ -367,54 +384,66 @@ func (b *bench) crossCheck(ctx context.Context, rep *report) error {
 }
 
 // cell runs a workload at concurrency conc (and rate, if an open loop)
-// on target and the no-op server; profileTo is as both's.
-func (b *bench) cell(ctx context.Context, target *server, workload string, conc int, rate float64, profileTo string) (cell, error) {
+// on target, the no-op server and ref unless nil; profileTo is as
+// both's.
+func (b *bench) cell(ctx context.Context, target, ref *server, workload string, conc int, rate float64, profileTo string) (cell, error) {
 	o, err := b.options(workload, conc, rate)
 	if err != nil {
 		return cell{}, err
 	}
-	sm, nm, paired, err := b.both(ctx, target, o, profileTo)
+	servers := []*server{target, b.noop}
+	if ref != nil {
+		servers = append(servers, ref)
+	}
+	med, runs, err := b.runs(ctx, servers, o, profileTo)
 	if err != nil {
 		return cell{}, err
 	}
-	return cell{workload: workload, concurrency: conc, rate: rate, sluice: sm, noop: nm, paired: paired}, nil
+	cl := cell{workload: workload, concurrency: conc, rate: rate, sluice: med[0], noop: med[1]}
+	for i := range runs[0] {
+		cl.paired = append(cl.paired, ratio(runs[0][i].RPS, runs[1][i].RPS))
+		if ref != nil {
+			cl.refPaired = append(cl.refPaired, ratio(runs[2][i].RPS, runs[1][i].RPS))
+			cl.refSluice = append(cl.refSluice, ratio(runs[0][i].RPS, runs[2][i].RPS))
+		}
+	}
+	if ref != nil {
+		cl.ref = &med[2]
+	}
+	return cl, nil
 }
 
-// both runs o against target and the no-op server -repeat times, the
-// order alternating from run to run, and keeps each server's median run
-// (by throughput, or by p99 in an open loop) and each repetition's ratio
-// of throughputs. With a profile file, Sluice's CPU profile during its
-// first run goes there.
-func (b *bench) both(ctx context.Context, target *server, o loadgen.Options, profileTo string) (sm, nm measured, paired []float64, err error) {
-	var sruns, nruns []measured
+// runs runs o against each server -repeat times, the order rotating from
+// run to run and cell to cell, and returns each server's median run (by
+// throughput, or by p99 in an open loop) and all its runs in repetition
+// order. With a profile file, Sluice's CPU profile during its first run
+// goes there.
+func (b *bench) runs(ctx context.Context, servers []*server, o loadgen.Options, profileTo string) (med []measured, runs [][]measured, err error) {
+	runs = make([][]measured, len(servers))
 	for rep := range b.s.repeat {
-		order := []*server{target, b.noop}
-		if (b.cells+rep)%2 == 1 {
-			order = []*server{b.noop, target}
-		}
-		for _, srv := range order {
+		for k := range servers {
+			i := (b.cells + rep + k) % len(servers)
+			srv := servers[i]
 			file := ""
 			if srv == b.sluice && rep == 0 {
 				file = profileTo
 			}
 			m, err := measureProfiled(ctx, srv, o, file)
 			if err != nil {
-				return sm, nm, nil, err
+				return nil, nil, err
 			}
-			if srv != b.noop {
-				sruns = append(sruns, m)
-			} else {
-				nruns = append(nruns, m)
-			}
+			runs[i] = append(runs[i], m)
 		}
-		paired = append(paired, ratio(sruns[rep].RPS, nruns[rep].RPS))
 	}
 	b.cells++
 	key := func(m measured) float64 { return m.RPS }
 	if o.Rate > 0 {
 		key = func(m measured) float64 { return m.Latency.P99 }
 	}
-	return median(sruns, key), median(nruns, key), paired, nil
+	for i := range servers {
+		med = append(med, median(slices.Clone(runs[i]), key))
+	}
+	return med, runs, nil
 }
 
 // measureProfiled measures o on srv and, given a file, writes srv's CPU

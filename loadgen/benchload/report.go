@@ -16,7 +16,7 @@ type printf func(format string, a ...any)
 func (r *report) write(out io.Writer) error {
 	w := bufio.NewWriter(out)
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	for _, section := range []func(printf){r.writeIntro, r.writeClosed, r.writeRedis, r.writeStarved, r.writeOpen, r.writeGhz} {
+	for _, section := range []func(printf){r.writeIntro, r.writeClosed, r.writeRedis, r.writeReference, r.writeStarved, r.writeOpen, r.writeGhz, r.writeHowReference} {
 		section(p)
 	}
 	return w.Flush()
@@ -87,6 +87,32 @@ func (r *report) writeRedis(p printf) {
 	}
 }
 
+// writeReference is Sluice beside envoyproxy/ratelimit, each on a Redis
+// of its own, if the Redis store's runs had -reference.
+func (r *report) writeReference(p printf) {
+	if len(r.redis) == 0 || r.redis[0].ref == nil {
+		return
+	}
+	p("\n### Beside envoyproxy/ratelimit\n\n")
+	p("envoyproxy/ratelimit (`-reference`, built from its source: see *Running the reference* below) ran the same cells on a `redis-server` of its own with its documented defaults ")
+	p("(`REDIS_POOL_SIZE=10`, no pipeline window, no local cache, statsd off), in turn with Sluice on Redis and the no-op server. ")
+	p("Ratios are the medians of each repetition's ratio (*paired*); memory / no-op is the closed loop's above. ")
+	p("CPU per call is the server's plus its Redis's. The goals: Sluice on Redis ≥ 0.9× the no-op server and ≥ 2.5× the reference in every cell, at ≤ 1/3 of its CPU per call; memory ≥ 1.0×.\n\n")
+	p("| workload | concurrency | memory / no-op | Sluice Redis / no-op | reference Redis / no-op | Sluice Redis / reference | CPU µs per call, Sluice + Redis vs reference + Redis | p99 µs Sluice / reference | reference errors |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range r.redis {
+		mem := "–"
+		for _, m := range r.closed {
+			if m.workload == c.workload && m.concurrency == c.concurrency {
+				mem = fmt.Sprintf("%.2f", medianOf(m.paired))
+			}
+		}
+		p("| %s | %d | %s | **%.2f** | %.2f | **%.2f×** | %.0f vs %.0f | %.0f / %.0f | %d |\n", c.workload, c.concurrency, mem,
+			medianOf(c.paired), medianOf(c.refPaired), medianOf(c.refSluice),
+			c.sluice.ServerCPU+c.sluice.RedisCPU, c.ref.ServerCPU+c.ref.RedisCPU, c.sluice.Latency.P99, c.ref.Latency.P99, failed(*c.ref))
+	}
+}
+
 // writeStarved is the Redis store beside busy processes, if run.
 func (r *report) writeStarved(p printf) {
 	if len(r.starved) == 0 {
@@ -140,6 +166,17 @@ func (r *report) writeGhz(p printf) {
 	p("| sluice bench, from the schedule | %.0f | %.0f | %.0f | %.0f | %.0f |\n", g.bench.RPS, l.Mean, l.P50, l.P90, l.P99)
 }
 
+// writeHowReference says how to run the reference beside Sluice.
+func (r *report) writeHowReference(p printf) {
+	p("\n## Running the reference\n\n")
+	p("The Go module proxy does not serve envoyproxy/ratelimit, so its binary is built by hand from a copy of its source ")
+	p("(a clone of github.com/envoyproxy/ratelimit; it builds with the Go toolchain that builds Sluice) and named to the benchmark, which runs it on a `redis-server` of its own:\n\n")
+	p("```\ncd ratelimit && go build -o /tmp/ratelimit ./src/service_cmd\nmake bench-load REFERENCE=/tmp/ratelimit\n```\n")
+	if r.reference == "" {
+		p("\nThis run had no reference.\n")
+	}
+}
+
 // codeList is "OK 10, Unavailable 2", by code name.
 func codeList(m map[string]uint64) string {
 	names := slices.Sorted(maps.Keys(m))
@@ -169,6 +206,16 @@ func pairedRatios(rs []float64) string {
 		return fmt.Sprintf("%.2f", s[0])
 	}
 	return fmt.Sprintf("%.2f (%.2f–%.2f)", s[(len(s)-1)/2], s[0], s[len(s)-1])
+}
+
+// medianOf is the median of rs (the lower one of an even count), 0 for
+// none.
+func medianOf(rs []float64) float64 {
+	if len(rs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(rs))
+	return s[(len(s)-1)/2]
 }
 
 func ratio(a, b float64) float64 {

@@ -28,7 +28,7 @@ func result(rps float64, ok, failed uint64, p50 float64) *loadgen.Result {
 // goldenReport has every section of the Markdown, and calls that failed
 // in the closed loop and in the Redis store's runs.
 func goldenReport() *report {
-	s := settings{connections: 2, keys: 10000, openConc: 200, repeat: 3, starveBusy: 3,
+	s := settings{connections: 2, keys: 10000, openConc: 200, repeat: 3, starveBusy: 3, reference: "/tmp/ratelimit",
 		duration: 5 * time.Second, warmup: time.Second, starveTimeout: time.Second}
 	m := func(r *loadgen.Result, cpu float64) measured { return measured{Result: r, ServerCPU: cpu} }
 	open := m(result(8000, 40000, 0, 300), 20)
@@ -45,7 +45,8 @@ func goldenReport() *report {
 		},
 		redis: []cell{
 			{workload: "multi", concurrency: 50, sluice: measured{Result: result(9000, 45000, 3, 500), ServerCPU: 40, RedisCPU: 15.25, RedisCommands: 1.16},
-				noop: m(result(17000, 85000, 0, 250), 47), paired: []float64{0.5, 0.55}},
+				noop: m(result(17000, 85000, 0, 250), 47), paired: []float64{0.5, 0.55},
+				ref: &measured{Result: result(4000, 20000, 2, 900), ServerCPU: 90, RedisCPU: 30.5}, refPaired: []float64{0.25, 0.2}, refSluice: []float64{2.1, 2.4}},
 		},
 		starved: []cell{{workload: "distinct", concurrency: 50, sluice: m(result(3000, 15000, 4, 900), 60)}},
 		open:    []cell{{workload: "distinct", concurrency: 200, rate: 8800, fraction: 0.8, sluice: open, noop: m(result(8000, 40000, 0, 280), 22)}},

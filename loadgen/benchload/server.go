@@ -55,6 +55,26 @@ func startRedisStore(s settings, dir string) (*server, error) {
 	return srv, nil
 }
 
+// startReference starts a redis-server of its own, its files in
+// dir/reference-redis, and envoyproxy/ratelimit's binary on it with the
+// same limits and its documented defaults.
+func startReference(s settings, dir string) (*server, error) {
+	rdir := filepath.Join(dir, "reference-redis")
+	if err := os.Mkdir(rdir, 0o755); err != nil {
+		return nil, err
+	}
+	rd, err := harness.StartRedis(s.redisServer, rdir)
+	if err != nil {
+		return nil, err
+	}
+	p, err := harness.StartReference(s.reference, "ref", dir, s.config, rd.Addr)
+	if err != nil {
+		rd.Kill()
+		return nil, err
+	}
+	return &server{proc: p, redis: rd}, nil
+}
+
 func (s *server) name() string { return s.proc.Name }
 
 func (s *server) stop() {

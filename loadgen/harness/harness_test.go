@@ -228,3 +228,52 @@ func TestRedis_RestartEvery(t *testing.T) {
 		t.Error("Redis answers after Kill")
 	}
 }
+
+// TestStartReference: the reference gets its limits under its runtime
+// directory, loopback ports and Redis in its environment, and is ready
+// once /healthcheck answers 200. The stand-in serves its runtime root's
+// files over HTTP (python3's http.server), so /healthcheck is a file.
+func TestStartReference(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 for the stand-in's HTTP server")
+	}
+	bin := fakeSluice(t, `cd "$RUNTIME_ROOT" || exit 1
+echo "$REDIS_URL $REDIS_SOCKET_TYPE $USE_STATSD $GRPC_HOST:$GRPC_PORT" > healthcheck
+exec `+py+` -m http.server "$PORT" --bind "$HOST"
+`)
+	dir := t.TempDir()
+	config := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(config, []byte("domain: d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := StartReference(bin, "ref", dir, config, "127.0.0.1:6390")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	got, err := os.ReadFile(filepath.Join(dir, "ref-runtime", "ratelimit", "config", "limits.yaml"))
+	if err != nil || string(got) != "domain: d\n" {
+		t.Errorf("limits in the runtime directory: %q, %v", got, err)
+	}
+	health, err := os.ReadFile(filepath.Join(dir, "ref-runtime", "healthcheck"))
+	if want := "127.0.0.1:6390 tcp false " + s.GRPC + "\n"; err != nil || string(health) != want {
+		t.Errorf("environment seen: %q, %v; want %q", health, err, want)
+	}
+	if !strings.HasPrefix(s.GRPC, "127.0.0.1:") || !strings.HasPrefix(s.HTTP, "127.0.0.1:") || s.GRPC == s.HTTP {
+		t.Errorf("addresses %q, %q: want two loopback ports", s.GRPC, s.HTTP)
+	}
+}
+
+func TestStartReference_ExitsBeforeServing(t *testing.T) {
+	dir := t.TempDir()
+	config := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(config, []byte("domain: d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := fakeSluice(t, "echo 'redis: connection refused'; exit 1\n")
+	_, err := StartReference(bin, "ref", dir, config, "127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "exited before serving") || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("err = %v, want the exit and the log", err)
+	}
+}
