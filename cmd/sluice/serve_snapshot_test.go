@@ -505,10 +505,10 @@ func TestSnapshotter_RemoveTemps(t *testing.T) {
 	sn := newSnapshotter(path, 0, memory.New(memory.Options{}), store.NewWallClock(), slog.New(slog.DiscardHandler))
 	files := map[string]bool{ // name: removed
 		"snap[1].tmp-" + tempHost() + "-123": true,
-		"snap[1].tmp-otherhost-456":         false,
-		"snap[1].tmp-stalehost-789":         true,
-		"snap1.tmp-" + tempHost() + "-123":  false,
-		"snap[1].tmpx":                      false,
+		"snap[1].tmp-otherhost-456":          false,
+		"snap[1].tmp-stalehost-789":          true,
+		"snap1.tmp-" + tempHost() + "-123":   false,
+		"snap[1].tmpx":                       false,
 	}
 	for name := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
