@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/hostguard"
 	"github.com/sluicehq/sluice/internal/sparse"
 	"github.com/sluicehq/sluice/server"
 )
@@ -33,13 +34,37 @@ type httpBounds struct {
 	writeTimeout time.Duration
 	idleTimeout  time.Duration
 	maxBody      int64
+	// hosts guards the browser-facing endpoints of --http-addr (the
+	// status page, /v1/counters) against DNS rebinding.
+	hosts *hostguard.Guard
 }
+
+// allowedHostsSetting names --http-allowed-hosts in the guard's error page.
+const allowedHostsSetting = "--http-allowed-hosts (SLUICE_HTTP_ALLOWED_HOSTS)"
 
 func (b *httpBounds) register(fs *flag.FlagSet) {
 	fs.DurationVar(&b.readTimeout, "http-read-timeout", defaultHTTPReadTimeout, "HTTP: longest a client may take to send a request, headers and body (a slower one is cut off)")
 	fs.DurationVar(&b.writeTimeout, "http-write-timeout", defaultHTTPWriteTimeout, "HTTP: longest from the end of a request's headers to the end of its answer; keep it above --redis-timeout (the debug port has none: its CPU profiles last 30s)")
 	fs.DurationVar(&b.idleTimeout, "http-idle-timeout", defaultHTTPIdleTimeout, "HTTP: close a kept-alive connection idle this long")
 	fs.Int64Var(&b.maxBody, "http-max-body-bytes", server.DefaultMaxBodyBytes, "HTTP: largest request body (413 above it)")
+	fs.Func("http-allowed-hosts", "HTTP: comma-separated host `names` (exact, *.domain, or * for any) the status page and /v1/counters answer besides IP addresses and localhost; other Host headers get 403 (DNS rebinding)", func(s string) error {
+		g, err := hostguard.New(strings.Split(s, ","), allowedHostsSetting)
+		if err != nil {
+			return err
+		}
+		b.hosts = g
+		return nil
+	})
+}
+
+// browser returns h answering only the Host headers --http-allowed-hosts
+// allows: for the endpoints a browser uses.
+func (b httpBounds) browser(h http.Handler) http.Handler {
+	g := b.hosts
+	if g == nil {
+		g, _ = hostguard.New(nil, allowedHostsSetting)
+	}
+	return g.Wrap(h)
 }
 
 func (b httpBounds) check() error {

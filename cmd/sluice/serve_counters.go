@@ -57,7 +57,7 @@ func (f *countersServeFlags) setup(_ context.Context, x *serveContext) error {
 	}
 	x.Counters = server.NewCounters(lateLimiter{x}, opts)
 	for _, p := range x.Counters.Patterns() {
-		x.HTTP.Handle(p, x.Counters)
+		x.HTTP.Handle(p, x.HTTPBounds.browser(x.Counters))
 	}
 	return nil
 }

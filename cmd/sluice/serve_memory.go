@@ -26,6 +26,7 @@ type memoryConfig struct {
 	sweepEvery    time.Duration
 	snapshot      string
 	snapshotEvery time.Duration
+	snapshotMax   int64
 }
 
 func newMemoryConfig(fs *flag.FlagSet) storeConfig {
@@ -34,6 +35,7 @@ func newMemoryConfig(fs *flag.FlagSet) storeConfig {
 	fs.DurationVar(&c.sweepEvery, "memory-sweep-interval", 10*time.Second, "memory store: how often idle counters are dropped")
 	fs.StringVar(&c.snapshot, "memory-snapshot", "", "memory store: keep the counters in this file across restarts: restored at start, written every --memory-snapshot-interval and at shutdown (docs/STORE.md)")
 	fs.DurationVar(&c.snapshotEvery, "memory-snapshot-interval", 10*time.Second, "memory store: how often --memory-snapshot is written in the background; 0 writes it only at shutdown (a SIGKILL loses up to one interval of counts)")
+	fs.Int64Var(&c.snapshotMax, "memory-snapshot-max-bytes", defaultSnapshotMaxBytes, "memory store: largest --memory-snapshot read at start; a larger file is moved aside")
 	return c
 }
 
@@ -43,6 +45,9 @@ func (c *memoryConfig) open(_ context.Context, logger *slog.Logger, clock store.
 	}
 	if c.snapshotEvery < 0 {
 		return openStore{}, errors.New("--memory-snapshot-interval must not be negative")
+	}
+	if c.snapshotMax <= 0 {
+		return openStore{}, errors.New("--memory-snapshot-max-bytes must be positive")
 	}
 	if c.snapshot != "" {
 		if err := writableDir(filepath.Dir(c.snapshot)); err != nil {
@@ -62,6 +67,7 @@ func (c *memoryConfig) open(_ context.Context, logger *slog.Logger, clock store.
 	o := openStore{Store: st, closer: io.NopCloser(nil), run: sweep}
 	if c.snapshot != "" {
 		sn := newSnapshotter(c.snapshot, c.snapshotEvery, st, clock, logger)
+		sn.maxBytes = c.snapshotMax
 		o.setup, o.stop = sn.setup, sn.stop
 	}
 	return o, nil

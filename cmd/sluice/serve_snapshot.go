@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,8 +27,12 @@ import (
 // rewrites it every interval in the background and once more at shutdown,
 // after draining. docs/STORE.md describes the format and the semantics.
 type snapshotter struct {
-	path   string
-	every  time.Duration // 0: only at shutdown
+	path     string
+	every    time.Duration // 0: only at shutdown
+	maxBytes int64         // the largest file restore reads
+	// temp begins the names of this process's temporary files:
+	// PATH.tmp-HOST-, HOST this machine's name (see removeTemps).
+	temp   string
 	st     *memory.Store
 	clock  store.Clock
 	logger *slog.Logger
@@ -39,10 +46,12 @@ type snapshotter struct {
 	last     prometheus.Gauge
 	counters prometheus.Gauge
 	seconds  prometheus.Gauge
+	ahead    prometheus.Counter
 }
 
 func newSnapshotter(path string, every time.Duration, st *memory.Store, clock store.Clock, logger *slog.Logger) *snapshotter {
-	return &snapshotter{path: path, every: every, st: st, clock: clock, logger: logger,
+	return &snapshotter{path: path, every: every, maxBytes: defaultSnapshotMaxBytes, st: st, clock: clock, logger: logger,
+		temp: filepath.Base(path) + ".tmp-" + tempHost() + "-",
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_memory_snapshot_writes_total",
 			Help: "Snapshots of the memory store written to --memory-snapshot, by result (ok, error)."}, []string{"result"}),
 		last: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_memory_snapshot_last_success_timestamp_seconds",
@@ -51,6 +60,8 @@ func newSnapshotter(path string, every time.Duration, st *memory.Store, clock st
 			Help: "Counters in the last snapshot of the memory store written."}),
 		seconds: prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_memory_snapshot_write_seconds",
 			Help: "How long the last snapshot of the memory store took to write, fsync and rename."}),
+		ahead: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_memory_snapshot_ahead_counters_total",
+			Help: "Counters of a --memory-snapshot not restored because the snapshot's clock was more than an hour ahead of this one (their windows would end in the future)."}),
 	}
 }
 
@@ -59,16 +70,21 @@ func newSnapshotter(path string, every time.Duration, st *memory.Store, clock st
 // directory) it restores against the first config that has a domain,
 // before the health hook (registered after it) reports SERVING.
 func (s *snapshotter) setup(x *serveContext) error {
-	x.Registry.MustRegister(s.writes, s.last, s.counters, s.seconds)
+	x.Registry.MustRegister(s.writes, s.last, s.counters, s.seconds, s.ahead)
 	s.writes.WithLabelValues("ok")
 	s.writes.WithLabelValues("error")
 	if t := x.Config.Current(); t != nil && len(t.Domains()) > 0 {
-		s.restore(t)
+		if err := s.restore(t); err != nil {
+			return err
+		}
 	} else {
 		x.Logger.Info("memory snapshot: restored once a config is loaded", "path", s.path)
+		var tried atomic.Bool
 		x.Config.OnReload(func(t *config.Table, _ error) {
-			if !s.ready.Load() && t != nil && len(t.Domains()) > 0 {
-				s.restore(t)
+			if t != nil && len(t.Domains()) > 0 && !tried.Swap(true) {
+				if err := s.restore(t); err != nil {
+					s.logger.Error("memory snapshot not read: left in place, and none is written until a restart reads it", "err", err)
+				}
 			}
 		})
 	}
@@ -79,36 +95,53 @@ func (s *snapshotter) setup(x *serveContext) error {
 }
 
 // restore reads the file into the store, continuing the store's clock from
-// the snapshot's (see store.WallClock.AtLeast). A file that cannot be read
-// or restored whole is moved aside with one WARN; the store starts empty.
-func (s *snapshotter) restore(t *config.Table) {
-	defer s.ready.Store(true)
+// the snapshot's (see store.WallClock.AtLeast). A file that was read but
+// is refused (too large, corrupt, of another config) is moved aside with
+// one WARN, and the store starts empty; a snapshot whose clock was more
+// than maxClockAdvance ahead is not restored (its windows would end in
+// the future), with one WARN. A file that cannot be read (not a regular
+// file, no permission, an I/O error) is an error and left in place: the
+// snapshotter then never writes, since that would replace it.
+func (s *snapshotter) restore(t *config.Table) error {
 	s.removeTemps()
-	b, err := os.ReadFile(s.path)
+	b, err := readSnapshotFile(s.path, s.maxBytes)
 	if errors.Is(err, fs.ErrNotExist) {
 		s.logger.Info("memory snapshot: none yet, starting empty", "path", s.path)
-		return
+		s.ready.Store(true)
+		return nil
 	}
-	var sn *memory.Snapshot
-	if err == nil {
-		sn, err = memory.ReadSnapshot(b)
+	if errors.Is(err, errSnapshotTooLarge) {
+		s.moveAside(err)
+		s.ready.Store(true)
+		return nil
 	}
 	if err != nil {
+		return fmt.Errorf("--memory-snapshot %s: not read (left in place): %w", s.path, err)
+	}
+	defer s.ready.Store(true)
+	sn, err := memory.ReadSnapshot(b)
+	if err != nil {
 		s.moveAside(err)
-		return
+		return nil
 	}
 	// The snapshot's clock, moved on by the wall-clock time since.
 	wall, now := time.Now().UnixNano(), s.clock.Now()
 	then := sn.Now + max(0, wall-sn.Wall)
+	if then-now > int64(maxClockAdvance) {
+		s.ahead.Add(float64(sn.Len()))
+		s.logger.Warn("memory snapshot not restored: its clock was ahead of this one, so its windows would end in the future; starting empty",
+			"path", s.path, "counters", sn.Len(), "clock_ahead", time.Duration(then-now).Round(time.Second), "most", maxClockAdvance)
+		return nil
+	}
 	c, ok := s.clock.(interface{ AtLeast(int64) })
-	advance := ok && then > now && then-now <= int64(maxClockAdvance)
+	advance := ok && then > now
 	if advance {
 		now = then
 	}
 	st, err := s.st.Restore(sn, now, ruleOfKey(t))
 	if err != nil {
 		s.moveAside(err)
-		return
+		return nil
 	}
 	if advance {
 		c.AtLeast(then)
@@ -116,14 +149,50 @@ func (s *snapshotter) restore(t *config.Table) {
 	s.logger.Info("memory snapshot restored", "path", s.path, "restored", st.Restored, "lapsed", st.Lapsed,
 		"no_rule", st.NoRule, "over_max_keys", st.Full, "age", time.Duration(wall-sn.Wall).Round(time.Millisecond),
 		"clock_ahead", time.Duration(then-s.clock.Now()).Round(time.Millisecond))
+	return nil
+}
+
+// defaultSnapshotMaxBytes is --memory-snapshot-max-bytes's default.
+const defaultSnapshotMaxBytes = 1 << 30
+
+// errSnapshotTooLarge is readSnapshotFile's error for a file above its
+// bound.
+var errSnapshotTooLarge = errors.New("larger than --memory-snapshot-max-bytes")
+
+// readSnapshotFile reads the regular file at path, of at most max bytes.
+// It opens without blocking (a FIFO would block the open until a writer
+// came) and refuses anything but a regular file before reading.
+func readSnapshotFile(path string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%v)", fi.Mode().Type())
+	}
+	if fi.Size() > max {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errSnapshotTooLarge, fi.Size(), max)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%w: grew past %d bytes while read", errSnapshotTooLarge, max)
+	}
+	return b, nil
 }
 
 // maxClockAdvance bounds how far a restore moves the store's clock forward
 // to continue the snapshot's. A snapshot from a clock further ahead (a
-// machine whose clock was wrong) is restored at this clock's time, where
-// its states are in the future: they count conservatively (a window keeps
-// counting, a bucket refills from its later instant) until the clock
-// catches up.
+// machine whose clock was wrong, an NTP step) is not restored: at this
+// clock's time its states would be in the future, a window counting (a
+// 10/s limit holding its count) until the clock caught up.
 const maxClockAdvance = time.Hour
 
 // moveAside renames a snapshot that was not restored to PATH.bad-<time>,
@@ -150,13 +219,50 @@ func writableDir(dir string) error {
 	return os.Remove(f.Name())
 }
 
+// staleTemp is the age past which any temporary snapshot file beside the
+// path is removed, whoever wrote it: no write takes this long.
+const staleTemp = time.Hour
+
 // removeTemps removes temporary files that a write cut short (SIGKILL)
-// left next to the snapshot.
+// left next to the snapshot: those this machine's processes name
+// (PATH.tmp-HOST-*, a process before this one; this one has written
+// none yet), and any PATH.tmp-* older than staleTemp. Names are matched
+// exactly, not as a pattern, and a replica that shares the directory
+// from another machine keeps its write in progress.
 func (s *snapshotter) removeTemps() {
-	temps, _ := filepath.Glob(s.path + ".tmp-*")
-	for _, f := range temps {
-		os.Remove(f)
+	dir := filepath.Dir(s.path)
+	entries, _ := os.ReadDir(dir)
+	temps := filepath.Base(s.path) + ".tmp-"
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, temps) {
+			continue
+		}
+		if !strings.HasPrefix(name, s.temp) {
+			fi, err := e.Info()
+			if err != nil || time.Since(fi.ModTime()) < staleTemp {
+				continue
+			}
+		}
+		os.Remove(filepath.Join(dir, name))
 	}
+}
+
+// tempHost is this machine's name as a temporary file's name holds it:
+// letters, digits, '.' and '_', no '-' (so that no host's prefix is
+// another's), "host" if it has none.
+func tempHost() string {
+	h, _ := os.Hostname()
+	h = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' {
+			return r
+		}
+		return -1
+	}, h)
+	if h == "" {
+		return "host"
+	}
+	return h
 }
 
 // ruleOfKey returns the rule of a counter key in table t: a rule of the
@@ -231,7 +337,7 @@ func (s *snapshotter) write() (memory.SnapshotStats, time.Duration, error) {
 
 func (s *snapshotter) writeFile() (memory.SnapshotStats, error) {
 	dir := filepath.Dir(s.path)
-	f, err := os.CreateTemp(dir, filepath.Base(s.path)+".tmp-*")
+	f, err := os.CreateTemp(dir, s.temp+"*")
 	if err != nil {
 		return memory.SnapshotStats{}, err
 	}

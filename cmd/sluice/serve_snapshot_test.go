@@ -415,7 +415,9 @@ func testClockContinues(t *testing.T, by time.Duration, follow bool) {
 	clock := store.NewWallClock()
 	st := memory.New(memory.Options{})
 	sn := newSnapshotter(path, 0, st, clock, slog.New(slog.DiscardHandler))
-	sn.restore(tb)
+	if err := sn.restore(tb); err != nil {
+		t.Fatal(err)
+	}
 	now := clock.Now()
 	if follow && now < ahead {
 		t.Fatalf("store clock %v after the restore, behind the snapshot's %v", time.Unix(0, now), time.Unix(0, ahead))
@@ -423,8 +425,105 @@ func testClockContinues(t *testing.T, by time.Duration, follow bool) {
 	if !follow && now-wall > int64(time.Minute) {
 		t.Fatalf("store clock %v after the restore, moved to the snapshot's %v", time.Unix(0, now), time.Unix(0, ahead))
 	}
-	if err := st.Take(context.Background(), now, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 0, Veto: true, Peek: store.PeekStrict}}, out); err != nil || out[0].Allowed {
-		t.Fatalf("check after the restore: %v %+v; want denied (no token refilled)", err, out[0])
+	if err := st.Take(context.Background(), now, []store.Hit{{Key: string(key), Rule: r.Limit, Cost: 0, Veto: true, Peek: store.PeekStrict}}, out); err != nil || out[0].Allowed != !follow {
+		t.Fatalf("check after the restore: %v %+v; want allowed %v (only a snapshot within the hour is restored)", err, out[0], !follow)
+	}
+	var m dto.Metric
+	if err := sn.ahead.Write(&m); err != nil || (m.GetCounter().GetValue() == 1) == follow {
+		t.Errorf("ahead_counters_total = %v (%v), want 1 only for the snapshot too far ahead", m.GetCounter().GetValue(), err)
+	}
+}
+
+// A snapshot file that cannot be read is an error and left in place (a
+// FIFO neither blocks the start nor is read; a file without read
+// permission is not moved aside), and no write replaces it; one larger
+// than the bound is moved aside without being read.
+func TestSnapshotter_ReadFaults(t *testing.T) {
+	tb, err := config.Parse("limits.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n"), config.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := filepath.Join(dir, "unreadable")
+	if err := os.WriteFile(unreadable, []byte("SLUICEMS"), 0); err != nil {
+		t.Fatal(err)
+	}
+	large := filepath.Join(dir, "large")
+	if err := os.WriteFile(large, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		path string
+		want string // "" for moved aside
+	}{
+		{fifo, "not a regular file"},
+		{large, ""},
+	}
+	if os.Geteuid() != 0 { // root reads anything
+		cases = append(cases, struct{ path, want string }{unreadable, "permission denied"})
+	}
+	for _, c := range cases {
+		sn := newSnapshotter(c.path, 0, memory.New(memory.Options{}), store.NewWallClock(), slog.New(slog.DiscardHandler))
+		sn.maxBytes = 1024
+		done := make(chan error, 1)
+		go func() { done <- sn.restore(tb) }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: restore still blocked after 30 s", c.path)
+		}
+		bad, _ := filepath.Glob(c.path + ".bad-*")
+		if c.want == "" {
+			if err != nil || len(bad) != 1 {
+				t.Errorf("%s: %v, moved to %v; want moved aside", c.path, err, bad)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "left in place") {
+			t.Errorf("%s: %v, want an error with %q", c.path, err, c.want)
+		}
+		if _, serr := os.Lstat(c.path); serr != nil || len(bad) != 0 {
+			t.Errorf("%s: %v, moved to %v; want it left in place", c.path, serr, bad)
+		}
+		if _, took, werr := sn.write(); werr != nil || took != -1 {
+			t.Errorf("%s: a write after the failed read: %v, %v; want none", c.path, took, werr)
+		}
+	}
+}
+
+// removeTemps removes this machine's temporary files and stale ones of
+// any machine, matching names exactly: glob characters in the path match
+// nothing else, and another machine's fresh temporary file is kept.
+func TestSnapshotter_RemoveTemps(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "snap[1]")
+	sn := newSnapshotter(path, 0, memory.New(memory.Options{}), store.NewWallClock(), slog.New(slog.DiscardHandler))
+	files := map[string]bool{ // name: removed
+		"snap[1].tmp-" + tempHost() + "-123": true,
+		"snap[1].tmp-otherhost-456":          false,
+		"snap[1].tmp-stalehost-789":          true,
+		"snap1.tmp-" + tempHost() + "-123":   false,
+		"snap[1].tmpx":                       false,
+	}
+	for name := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-2 * staleTemp)
+	if err := os.Chtimes(filepath.Join(dir, "snap[1].tmp-stalehost-789"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	sn.removeTemps()
+	for name, removed := range files {
+		if _, err := os.Stat(filepath.Join(dir, name)); os.IsNotExist(err) != removed {
+			t.Errorf("%s: %v, want removed %v", name, err, removed)
+		}
 	}
 }
 

@@ -94,7 +94,7 @@ func (f *uiFlags) setup(_ context.Context, x *serveContext) error {
 	if err != nil {
 		return err
 	}
-	h := page.Handler()
+	h := x.HTTPBounds.browser(page.Handler())
 	if prefix == "" {
 		x.HTTP.Handle("/", h)
 		return nil

@@ -230,6 +230,26 @@ func TestUI_Browser(t *testing.T) {
 		}
 	})
 
+	t.Run("the limits table fits common widths", func(t *testing.T) {
+		// Every column, the last (Shadow) included, lies within the
+		// table's box at each width, with live traffic in the rows: no
+		// column clipped or hidden behind a scroll.
+		defer do(t, "reset the viewport", chromedp.EmulateReset())
+		for _, w := range []int64{1920, 1440, 1400, 1366, 1280, 1024} {
+			do(t, "resize", chromedp.EmulateViewport(w, 1100))
+			got := eval(t, `(() => {
+				const wrap = document.querySelector('#limits-table').closest('.table-wrap');
+				const box = wrap.getBoundingClientRect();
+				const last = document.querySelector('#limits-table thead th:last-child').getBoundingClientRect();
+				return [Math.max(0, Math.round(last.right - box.right)), wrap.scrollWidth - wrap.clientWidth].join(' ');
+			})()`)
+			var past, scroll int
+			if _, err := fmt.Sscan(got, &past, &scroll); err != nil || past > 0 || scroll > 0 {
+				t.Errorf("at %d px: Shadow's right edge %d px past the table's box, %d px to scroll (%q)", w, past, scroll, got)
+			}
+		}
+	})
+
 	t.Run("RLQS buckets per rule after a stream reports", func(t *testing.T) {
 		cc, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

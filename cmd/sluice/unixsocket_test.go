@@ -10,8 +10,8 @@ import (
 
 // TestListenUnix_ModeBeforeAnyConnect: with a mode, the socket appears at
 // its path already with that mode (made in a private directory, then
-// renamed: no moment with the umask's permissions), nothing is left
-// beside it, it accepts connections, and Close removes it.
+// linked: no moment with the umask's permissions), nothing but its lock
+// is left beside it, it accepts connections, and Close removes it.
 func TestListenUnix_ModeBeforeAnyConnect(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rls.sock")
@@ -23,8 +23,8 @@ func TestListenUnix_ModeBeforeAnyConnect(t *testing.T) {
 	if err != nil || fi.Mode().Type() != fs.ModeSocket || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket %v %v, want a socket with mode 0600", fi, err)
 	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Errorf("%d entries in the directory, want the socket only", len(entries))
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 || entries[0].Name() != "rls.sock" || entries[1].Name() != "rls.sock.lock" {
+		t.Errorf("%v in the directory, want the socket and its lock only", entries)
 	}
 	go func() {
 		if c, err := lis.Accept(); err == nil {

@@ -199,7 +199,7 @@ async function refreshLimits() {
     const tr = el('tr', {'data-rule': r.domain + '/' + r.path},
       el('td', null, r.domain),
       el('td', {class: 'rule', title: where}, el('code', null, r.path), r.name ? el('span', {class: 'name'}, 'name: ' + r.name) : null, cells.usage, cells.values, cells.rlqs),
-      el('td', {class: 'nowrap'}, r.limit),
+      el('td', {class: 'limit'}, r.limit),
       el('td', {class: 'nowrap'}, r.algorithm ? r.algorithm.replace('_', ' ') : '–'),
       el('td', null, ...opts),
       cells.allowed, cells.denied, el('td', null, cells.spark), cells.near, cells.shadow);
