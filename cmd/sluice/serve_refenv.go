@@ -237,15 +237,6 @@ var refStores = []refVar{
 		differs: "unset, the memory store, which counts per replica (the reference's default: `redis`)"},
 }
 
-// refUnread are variables Sluice does not read, silently, for one reason.
-func refUnread(why string, names ...string) []refVar {
-	rows := make([]refVar, len(names))
-	for i, n := range names {
-		rows[i] = refVar{name: n, note: "not read: " + why}
-	}
-	return rows
-}
-
 // The settings the reference applies to every store.
 var refCaches = []refVar{
 	{name: "LOCAL_CACHE_SIZE_IN_BYTES", ignore: "the memory store holds all counters; see --memory-max-keys"},
