@@ -23,7 +23,7 @@ import (
 )
 
 // TestBinary_RedisLater is issue 31's Redis down at start, end to end:
-// /bin/ratelimit (the binary under that name, no arguments) with the
+// /bin/ratelimit (the binary under that name) with the argument and the
 // environment of Envoy AI Gateway's QuotaPolicy Deployment (limits over
 // xDS under the node id envoy-ai-gateway-ratelimit, Redis over TCP)
 // starts before its Redis exists, serves with health NOT_SERVING (gRPC
@@ -48,7 +48,8 @@ func TestBinary_RedisLater(t *testing.T) {
 	if err := os.Symlink(bin, ratelimit); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(ratelimit)
+	// The Deployment's argument, which the reference ignores.
+	cmd := exec.Command(ratelimit, "--quotaRateLimitServiceHost=envoy-ai-gateway-ratelimit.envoy-gateway-system")
 	cmd.Env = []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_ID=" + node, "CONFIG_GRPC_XDS_SERVER_URL=" + xs.Addr,
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=127.0.0.1:" + strconv.Itoa(rdb.Port), "BACKEND_TYPE=redis",
 		// The test's own: loopback, any free port.
