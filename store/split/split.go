@@ -116,7 +116,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	case bOK && !aOK:
 		s.refund(ctx, now, s.other, b)
 	}
-	if err := errors.Join(a.err, b.err); err != nil {
+	if err := errors.Join(batchIndex(a.err, a.idx), batchIndex(b.err, b.idx)); err != nil {
 		return err
 	}
 	for k, i := range a.idx {
@@ -217,4 +217,16 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 		}
 	}
 	return nil
+}
+
+// batchIndex makes a store.HitError in err, which names a hit of one
+// store's share by its index there, name it by its index in the whole
+// batch: idx maps the one to the other. The error is the share's own, made
+// by this call, so it is changed in place.
+func batchIndex(err error, idx []int) error {
+	var he *store.HitError
+	if errors.As(err, &he) && he.Index >= 0 && he.Index < len(idx) {
+		he.Index = idx[he.Index]
+	}
+	return err
 }

@@ -3,6 +3,7 @@ package split_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +177,48 @@ func TestSplit_RefundFails(t *testing.T) {
 	}
 	if got[0].Remaining != 1 {
 		t.Errorf("m after a failed refund = %+v, want 1 left (the failed request's take stays)", got[0])
+	}
+}
+
+// hitFails fails the Take of a batch whose hit failKey it holds with a
+// store.HitError naming that hit by its index in the batch it was given.
+type hitFails struct {
+	store.Store
+	failKey string
+}
+
+func (f *hitFails) Take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
+	for i, h := range hits {
+		if h.Key == f.failKey {
+			return fmt.Errorf("store: %w", &store.HitError{Index: i, Err: errors.New("bad value")})
+		}
+	}
+	return f.Store.Take(ctx, now, hits, out)
+}
+
+// A store.HitError from either store names the hit by its index in the
+// whole batch, not in that store's share: the limiter names the hit's rule
+// from it.
+func TestSplit_HitErrorIndex(t *testing.T) {
+	sec, min := rules(t)
+	for _, c := range []struct {
+		name, failKey string
+		main          bool
+		want          int
+	}{{"per-second store", "s2", false, 3}, {"main store", "m2", true, 2}} {
+		t.Run(c.name, func(t *testing.T) {
+			var a, b store.Store = memory.New(memory.Options{}), memory.New(memory.Options{})
+			if c.main {
+				a = &hitFails{Store: a, failKey: c.failKey}
+			} else {
+				b = &hitFails{Store: b, failKey: c.failKey}
+			}
+			st := split.New(a, b, shortPeriod, split.Options{})
+			_, err := take(t, st, hit("m1", min), hit("s1", sec), hit("m2", min), hit("s2", sec))
+			var he *store.HitError
+			if !errors.As(err, &he) || he.Index != c.want {
+				t.Fatalf("error %v (%+v), want a HitError of index %d", err, he, c.want)
+			}
+		})
 	}
 }
