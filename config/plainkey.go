@@ -58,3 +58,18 @@ func PlainOverrideKey(dst []byte, domainName string, entries []Entry) []byte {
 	}
 	return dst
 }
+
+// PlainFits reports whether the reference's key can hold entries: no key
+// or value longer than the table's MaxValueBytes. The reference writes
+// them raw; past that bound a hit keeps Sluice's key, where they are
+// hashed, so that no caller makes a counter key of its value's size (such
+// counters are not shared with the reference's pods: docs/MIGRATION.md).
+// The domain is bounded by the limiter (Options.MaxDomainBytes).
+func (t *Table) PlainFits(entries []Entry) bool {
+	for _, e := range entries {
+		if len(e.Key) > t.max || len(e.Value) > t.max {
+			return false
+		}
+	}
+	return true
+}

@@ -346,7 +346,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			}
 			p.override = true
 			start := len(s.keys)
-			plain := l.opts.ReferenceKeys && d.Override.UnitMultiplier <= 1 && r.Plainable()
+			plain := l.opts.ReferenceKeys && d.Override.UnitMultiplier <= 1 && r.Plainable() && table.PlainFits(d.Entries)
 			switch {
 			case plain:
 				s.keys = config.PlainOverrideKey(s.keys, req.Domain, d.Entries)
@@ -376,7 +376,7 @@ func (l *Limiter) plan(table *config.Table, req *Request, s *scratch) error {
 			p.unlimited = true
 			continue
 		}
-		if l.opts.ReferenceKeys && rule.Plainable() {
+		if l.opts.ReferenceKeys && rule.Plainable() && table.PlainFits(d.Entries) {
 			s.keys = table.PlainKey(s.keys[:start], req.Domain, d.Entries)
 			s.addPlanLimit(rule, rule.Limit, start)
 			s.lims[len(s.lims)-1].plain = true

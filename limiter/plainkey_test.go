@@ -111,6 +111,12 @@ func TestPlainKey_Golden(t *testing.T) {
 		{"unit multiplier", desc("mult", "x"), "", 0, false},
 		{"wide", desc("wide", "x"), "", 0, false},
 		{"rate_limits", desc("two", "x"), "", 0, false},
+		// A value past --max-value-bytes (256): Sluice's hashed key, never a
+		// key of the value's size.
+		{"value too long", desc("m", strings.Repeat("v", 257)), "", 0, false},
+		{"override of a value too long", limiter.Descriptor{Entries: desc("m", strings.Repeat("v", 257)).Entries,
+			Override: limiter.Override{RequestsPerUnit: 3, Unit: config.Hour}}, "", 0, false},
+		{"value at the bound", desc("m", strings.Repeat("v", 256)), "pre:api_v1_m_" + strings.Repeat("v", 256) + "_1795930020", 60, false},
 		{"override with a multiplier", limiter.Descriptor{Entries: desc("m", "x").Entries,
 			Override: limiter.Override{RequestsPerUnit: 3, Unit: config.Second, UnitMultiplier: 60}}, "", 0, false},
 	} {

@@ -29,6 +29,12 @@ type backend struct {
 	// blockingWorkers gRPC stream workers per CPU instead of one (see
 	// server.GRPCOptions.StreamWorkers).
 	waits bool
+	// shared reports that the store's counters are shared with other
+	// processes (Redis, memcached): --key-format reference applies to it.
+	// The memory store shares nothing with the reference's pods, and its
+	// keys stay Sluice's whatever --key-format says (a reference key leaves
+	// the unit and the window's start to the store, which it would not add).
+	shared bool
 }
 
 // storeConfig is one serve invocation's settings of a backend.

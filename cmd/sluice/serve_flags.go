@@ -153,6 +153,7 @@ func (f *serveFlags) check() (limiter.Options, backend, error) {
 	if !ok {
 		return lopts, b, fmt.Errorf("--store %q: unknown store (have %s)", f.store, strings.Join(backendNames(), ", "))
 	}
+	lopts.ReferenceKeys = lopts.ReferenceKeys && b.shared
 	if (f.tlsCert == "") != (f.tlsKey == "") || f.tlsClientCA != "" && f.tlsCert == "" {
 		return lopts, b, errors.New("TLS needs both --tls-cert and --tls-key (and --tls-client-ca only with them)")
 	}

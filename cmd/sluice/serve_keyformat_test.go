@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,5 +80,25 @@ descriptors:
 	}
 	if got := main.CLI("GET", yearKey); got != "4" {
 		t.Errorf("with SLUICE_KEY_FORMAT=sluice: %s = %s, want 4", yearKey, got)
+	}
+}
+
+// --key-format reference applies to the shared stores only: the memory
+// store shares nothing with the reference's pods, and a reference key,
+// which leaves the unit and the window's start to the store, would mix a
+// descriptor's rules there.
+func TestKeyFormat_SharedStoresOnly(t *testing.T) {
+	for store, want := range map[string]bool{"memory": false, "redis": true, "memcache": true} {
+		c := newServeCmd(io.Discard)
+		if err := c.fs.Parse([]string{"--key-format", "reference", "--store", store}); err != nil {
+			t.Fatal(err)
+		}
+		lopts, _, err := c.flags.check()
+		if err != nil {
+			t.Fatalf("%s: %v", store, err)
+		}
+		if lopts.ReferenceKeys != want {
+			t.Errorf("--store %s --key-format reference: reference keys %v, want %v", store, lopts.ReferenceKeys, want)
+		}
 	}
 }

@@ -21,7 +21,7 @@ import (
 // BACKEND_TYPE=memcache. docs/MEMCACHED.md says where it is weaker than
 // Redis.
 func init() {
-	registerBackend(backend{name: "memcache", waits: true, newConfig: newMemcacheConfig, refVars: memcacheRefVars})
+	registerBackend(backend{name: "memcache", waits: true, shared: true, newConfig: newMemcacheConfig, refVars: memcacheRefVars})
 }
 
 // memcacheConfig is one serve invocation's settings of the memcache
@@ -60,6 +60,9 @@ func (c *memcacheConfig) options() (memcache.Options, error) {
 	o := memcache.Options{Servers: splitList(c.servers), SRV: c.srv, SRVRefresh: c.srvRefresh,
 		MaxIdleConns: c.maxIdleConns, Timeout: c.timeout, KeyPrefix: c.keyPrefix, PlainJitterMax: int64(c.jitter / time.Second),
 		ModuloServers: c.modulo}
+	if err := checkJitter("--memcache-expiry-jitter", c.jitter); err != nil {
+		return o, err
+	}
 	switch {
 	case len(o.Servers) == 0 && o.SRV == "":
 		return o, errors.New("memcache store: give --memcache-servers or --memcache-srv")

@@ -55,7 +55,7 @@ type redisConn struct {
 // The redis backend: counters in Redis (single, Sentinel or Cluster), so
 // every replica shares every limit.
 func init() {
-	registerBackend(backend{name: "redis", waits: true, newConfig: newRedisConfig, refVars: redisRefVars})
+	registerBackend(backend{name: "redis", waits: true, shared: true, newConfig: newRedisConfig, refVars: redisRefVars})
 }
 
 // redisConfig is one serve invocation's settings of the redis backend.
@@ -359,6 +359,9 @@ func (f *redisFlags) options(conn *redisConn) (redis.Options, error) {
 		Password: conn.password, SentinelPassword: conn.sentinelPassword, Timeout: conn.timeout, PipelineWindow: conn.pipelineWindow,
 		KeyPrefix: f.keyPrefix, NoLocalCache: !f.localCache, PlainJitterMax: int64(f.jitter / time.Second),
 		ConnectRetry: f.connectRetry, ConnectRetryMax: f.connectRetryMax, ConnectMaxWait: f.connectMaxWait}
+	if err := checkJitter("--redis-expiry-jitter", f.jitter); err != nil {
+		return o, err
+	}
 	if conn.sentinel != "" {
 		o.SentinelAddrs = splitList(conn.sentinel)
 	}
@@ -562,6 +565,15 @@ func redisURLFromRef(e *refEnv, env, flags, url string) error {
 		e.set(flags+"cluster", url)
 	default:
 		return fmt.Errorf("%sTYPE=%s: want SINGLE, SENTINEL or CLUSTER", env, t)
+	}
+	return nil
+}
+
+// checkJitter checks an expiry jitter flag: whole seconds, 0 or more, as
+// EXPIRATION_JITTER_MAX_SECONDS counts it.
+func checkJitter(name string, d time.Duration) error {
+	if d < 0 || d%time.Second != 0 {
+		return fmt.Errorf("%s %v: want whole seconds, 0 or more", name, d)
 	}
 	return nil
 }

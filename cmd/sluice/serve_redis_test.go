@@ -118,6 +118,8 @@ func TestServeRedis_BadSettings(t *testing.T) {
 		{[]string{"--store", "redis"}, "give --redis-url"},
 		{[]string{"--redis-url", url, "--redis-clock", "sundial"}, "--redis-clock"},
 		{[]string{"--redis-url", url, "--redis-timeout", "0s"}, "--redis-timeout"},
+		{[]string{"--redis-url", url, "--redis-expiry-jitter", "500ms"}, "--redis-expiry-jitter"},
+		{[]string{"--redis-url", url, "--redis-expiry-jitter", "-1s"}, "--redis-expiry-jitter"},
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "-1us"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-pipeline-window", "1s"}, "--redis-pipeline-window"},
 		{[]string{"--redis-url", url, "--redis-tls-cert", "c.pem"}, "--redis-tls-cert"},

@@ -178,7 +178,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	// On Cluster the script's final states of a denied batch predate the
 	// refunds.
 	if (committed != r.committed || r.committed || !s.cluster) && !sameStates(final, r.final) {
-		return fmt.Errorf("redis: %w", &store.HitError{Index: 0, Err: errors.New("script and store algorithms disagree on the batch")})
+		return errors.New("redis: script and store algorithms disagree on the batch")
 	}
 	if s.cache != nil {
 		s.cache.update(now, r.now, hits, keys, final)
