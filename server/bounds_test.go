@@ -260,7 +260,7 @@ func TestShouldRateLimit_DomainBound(t *testing.T) {
 // (is_negative_hits, COST_KIND_REFUND) is refused PERMISSION_DENIED (HTTP
 // 403) and others are answered; with token only a caller sending the
 // admin token in "authorization: Bearer" may refund; allow, the default,
-// takes refunds from anyone, as the reference.
+// takes refunds from anyone, as anyone may send hits.
 func TestRefunds_Setting(t *testing.T) {
 	refund := req(0, negative(hits(d("path", "/x"), 1)))
 	apiRefund := `{"domain":"e2e","key":"path","value":"/x","kind":"COST_KIND_REFUND"}`

@@ -13,13 +13,15 @@ import (
 
 // Refunds says who may give usage back (Envoy's is_negative_hits, our
 // API's COST_KIND_REFUND). Anyone who reaches the ports may by default,
-// as with envoyproxy/ratelimit's ports, which have no authentication: a
-// refund needs no token, so a client can undo what it spent.
+// as anyone may send hits: envoyproxy/ratelimit's ports have no
+// authentication either (it has no refunds: it ignores is_negative_hits
+// and counts the hits). A refund needs no token, so a client can undo
+// what it spent.
 type Refunds uint8
 
 const (
-	// RefundsAllow takes every refund (the default, the reference's
-	// behaviour).
+	// RefundsAllow takes every refund (the default): anyone may refund,
+	// as anyone may send hits.
 	RefundsAllow Refunds = iota
 	// RefundsToken takes a refund only from a caller that presents the
 	// admin token ("authorization: Bearer TOKEN" in gRPC metadata or

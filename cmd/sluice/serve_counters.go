@@ -18,7 +18,7 @@ func init() {
 	registerExtension("counters", func(fs *flag.FlagSet) extensionSetup {
 		f := &countersServeFlags{}
 		fs.StringVar(&f.tokenFile, "admin-token-file", "", "turn on POST /v1/counters/reset: it needs \"Authorization: Bearer TOKEN\", TOKEN being this `file`'s content (at least 16 bytes, read again when the file changes); off by default")
-		fs.StringVar(&f.refunds, "refunds", "allow", "who may give usage back (is_negative_hits, COST_KIND_REFUND): allow (anyone, as envoyproxy/ratelimit), token (callers sending \"authorization: Bearer\" the admin token of --admin-token-file) or deny (no one)")
+		fs.StringVar(&f.refunds, "refunds", "allow", "who may give usage back (is_negative_hits, COST_KIND_REFUND): allow (anyone, as anyone may send hits), token (callers sending \"authorization: Bearer\" the admin token of --admin-token-file) or deny (no one)")
 		return f.setup
 	})
 }

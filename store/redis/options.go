@@ -115,9 +115,10 @@ type Options struct {
 	FailureMode string
 }
 
-// Defaults of Options.ConnectRetry and ConnectRetryMax: a Redis that
-// comes up a second after this process is found within 100 ms of it, and
-// one that takes minutes is asked every 5 s.
+// Defaults of Options.ConnectRetry and ConnectRetryMax: attempts at
+// 0.1, 0.3, 0.7, 1.5 and 3.1 s, then every 5 s, so a Redis that comes up
+// is found within about as long as was already waited, at most 5 s after
+// it comes up (a Redis up after 1 s is found at 1.5 s).
 const (
 	DefaultConnectRetry    = 100 * time.Millisecond
 	DefaultConnectRetryMax = 5 * time.Second
