@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
@@ -291,34 +292,38 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if n := s.left.Load(); n >= int64(s.opt.MaxIdleConns) {
 		return fmt.Errorf("memcache: %d calls past their deadline still wait for memcached", n)
 	}
-	t := &detached{hits: slices.Clone(hits), out: make([]store.Decision, len(out)), done: make(chan error, 1)}
+	t := newDetached(hits)
 	go func() {
 		err := s.take(ctx, now, t.hits, t.out)
-		if !t.state.CompareAndSwap(detachedRunning, detachedDone) {
-			s.left.Add(-1)
+		if t.state.CompareAndSwap(detachedRunning, detachedDone) {
+			t.done <- err
+			return
 		}
-		t.done <- err
+		s.left.Add(-1)
+		t.release() // its caller has gone: nothing else holds t
 	}()
 	select {
 	case err := <-t.done:
-		copy(out, t.out)
-		return err
+		return t.answer(out, err)
 	case <-ctx.Done():
 	}
 	if !t.state.CompareAndSwap(detachedRunning, detachedLeft) {
-		err := <-t.done
-		copy(out, t.out)
-		return err
+		return t.answer(out, <-t.done)
 	}
 	s.left.Add(1)
 	return fmt.Errorf("memcache: %w", ctx.Err())
 }
 
-// detached is a Take running in its own goroutine (see Take).
+// detached is a Take running in its own goroutine (see Take), on copies
+// it owns: the hits, their keys (the caller's may alias a buffer it
+// reuses once Take returns) and the decisions. Pooled: whoever finishes
+// with it last (the caller that got its answer, or the take whose caller
+// left) releases it.
 type detached struct {
-	hits  []store.Hit
+	hits  []store.Hit // their keys point into keys
+	keys  []byte
 	out   []store.Decision
-	done  chan error
+	done  chan error   // the take's error, when it ended first
 	state atomic.Int32 // detachedRunning, then detachedDone or detachedLeft
 }
 
@@ -327,6 +332,53 @@ const (
 	detachedDone          // the take ended first: its caller reads its result
 	detachedLeft          // its caller's ctx ended first
 )
+
+var detachedPool = sync.Pool{New: func() any { return &detached{done: make(chan error, 1)} }}
+
+// maxPooledKeys bounds the key bytes a pooled detached keeps.
+const maxPooledKeys = 64 << 10
+
+// newDetached copies hits, their keys included, into a pooled detached.
+func newDetached(hits []store.Hit) *detached {
+	t := detachedPool.Get().(*detached)
+	t.state.Store(detachedRunning)
+	n := 0
+	for i := range hits {
+		n += len(hits[i].Key)
+	}
+	t.keys = slices.Grow(t.keys[:0], n)
+	t.hits = append(t.hits[:0], hits...)
+	for i := range t.hits {
+		k := hits[i].Key
+		if k == "" {
+			continue
+		}
+		at := len(t.keys)
+		t.keys = append(t.keys, k...)
+		// No string of its own: t.keys is not written again until t is
+		// released, once the take is done with the keys.
+		t.hits[i].Key = unsafe.String(&t.keys[at], len(k))
+	}
+	t.out = slices.Grow(t.out[:0], len(hits))[:len(hits)]
+	clear(t.out)
+	return t
+}
+
+// answer gives the caller the take's decisions and error, and releases t.
+func (t *detached) answer(out []store.Decision, err error) error {
+	copy(out, t.out)
+	t.release()
+	return err
+}
+
+// release returns t to the pool.
+func (t *detached) release() {
+	clear(t.hits) // drop the rules and keys
+	if cap(t.keys) > maxPooledKeys {
+		t.keys = nil
+	}
+	detachedPool.Put(t)
+}
 
 // take is Take on the caller's goroutine.
 func (s *Store) take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {
