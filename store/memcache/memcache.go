@@ -33,6 +33,7 @@ type Store struct {
 	opt   Options
 
 	up         chan struct{} // closed once every server first answered
+	lookupErr  error         // why New found no servers (a name not resolving yet), or nil
 	upOnce     sync.Once
 	healthy    atomic.Bool
 	srvFailing atomic.Bool   // the last SRV refresh failed
@@ -61,7 +62,9 @@ type Stats struct {
 }
 
 // New returns a Store on opt's servers, or on the targets of opt.SRV
-// (resolved here, once). It does not connect: Ping does.
+// (resolved here). It does not connect: Ping does. A malformed name is
+// an error; a name that does not resolve yet is not: the store then has
+// no servers until Run resolves it (see Connect).
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
 	s := &Store{sel: &selector{modulo: opt.ModuloServers}, opt: opt, up: make(chan struct{})}
@@ -70,18 +73,13 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
 	case opt.SRV != "" && len(opt.Servers) > 0:
 		return nil, errors.New("memcache: give servers or an SRV name, not both")
-	case opt.SRV != "":
-		names, err := lookupSRV(ctx, opt.Resolver, opt.SRV)
-		if err != nil {
+	}
+	if err := s.resolve(ctx); err != nil {
+		var le *lookupError
+		if !errors.As(err, &le) {
 			return nil, err
 		}
-		if err := s.sel.set(ctx, opt.Resolver, names); err != nil {
-			return nil, err
-		}
-	default:
-		if err := s.sel.set(ctx, opt.Resolver, opt.Servers); err != nil {
-			return nil, err
-		}
+		s.lookupErr = err
 	}
 	s.c = memcache.NewFromSelector(s.sel)
 	s.c.Timeout, s.c.MaxIdleConns = opt.Timeout, opt.MaxIdleConns
@@ -94,9 +92,27 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	return s, nil
 }
 
+// resolve looks up the servers (opt.Servers' names, or opt.SRV's
+// targets) and uses them; on an error it changes nothing.
+func (s *Store) resolve(ctx context.Context) error {
+	names := s.opt.Servers
+	if s.opt.SRV != "" {
+		var err error
+		if names, err = lookupSRV(ctx, s.opt.Resolver, s.opt.SRV); err != nil {
+			return err
+		}
+	}
+	return s.sel.set(ctx, s.opt.Resolver, names)
+}
+
+var errUnresolved = errors.New("memcache: ping: the servers' names do not resolve yet")
+
 // Ping reaches every server, reporting the first that fails. Once every
 // server answered, Connected is closed.
 func (s *Store) Ping() error {
+	if s.sel.empty() {
+		return errUnresolved
+	}
 	if err := s.c.Ping(); err != nil {
 		return fmt.Errorf("memcache: ping: %w", err)
 	}
@@ -121,9 +137,12 @@ func (s *Store) Connect() error {
 	if !transient(err) {
 		return err
 	}
+	if errors.Is(err, errUnresolved) && s.lookupErr != nil {
+		err = s.lookupErr
+	}
 	s.healthy.Store(false)
 	s.opt.Logger.Warn("memcached not reachable yet: answering by the failure mode and retrying",
-		"servers", s.sel.names(), "cause", err, "retry_in", s.opt.ConnectRetry)
+		"servers", s.configured(), "cause", err, "retry_in", s.opt.ConnectRetry)
 	return nil
 }
 
@@ -153,13 +172,29 @@ func badCertificate(err error) bool {
 	return errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
+// configured names the servers for a log line: those in use, or while
+// none resolved, the names given.
+func (s *Store) configured() []string {
+	if !s.sel.empty() {
+		return s.sel.names()
+	}
+	if s.opt.SRV != "" {
+		return []string{s.opt.SRV}
+	}
+	return s.opt.Servers
+}
+
 // awaitServers pings until every server answered: at once, then after
-// ConnectRetry, then twice as long each time up to ConnectRetryMax. The
+// ConnectRetry, then twice as long each time up to ConnectRetryMax. While
+// the servers' names do not resolve, it looks them up again first. The
 // store is unhealthy meanwhile. It returns false when ctx ends first.
 func (s *Store) awaitServers(ctx context.Context) bool {
 	wait := s.opt.ConnectRetry
 	for attempt := 1; ; attempt++ {
-		err := s.Ping()
+		err := s.resolveOnce(ctx)
+		if err == nil {
+			err = s.Ping()
+		}
 		if err == nil {
 			s.healthy.Store(true)
 			if attempt > 1 {
@@ -170,7 +205,7 @@ func (s *Store) awaitServers(ctx context.Context) bool {
 		s.healthy.Store(false)
 		if attempt > 1 {
 			wait = min(2*wait, s.opt.ConnectRetryMax)
-			s.opt.Logger.Warn("memcached not reachable yet", "servers", s.sel.names(), "cause", err, "attempts", attempt, "retry_in", wait)
+			s.opt.Logger.Warn("memcached not reachable yet", "servers", s.configured(), "cause", err, "attempts", attempt, "retry_in", wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -179,6 +214,20 @@ func (s *Store) awaitServers(ctx context.Context) bool {
 		}
 	}
 }
+
+// resolveOnce resolves the servers if they have none yet, within
+// lookupTimeout.
+func (s *Store) resolveOnce(ctx context.Context) error {
+	if !s.sel.empty() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	return s.resolve(ctx)
+}
+
+// lookupTimeout bounds the DNS lookups of one resolution by Run.
+const lookupTimeout = 5 * time.Second
 
 // Close closes the idle connections.
 func (s *Store) Close() error { return s.c.Close() }
@@ -242,12 +291,9 @@ func (s *Store) refresh(ctx context.Context) {
 			_ = s.c.Close()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), lookupTimeout))
 	defer cancel()
-	names, err := lookupSRV(ctx, s.opt.Resolver, s.opt.SRV)
-	if err == nil {
-		err = s.sel.set(ctx, s.opt.Resolver, names)
-	}
+	err := s.resolve(ctx)
 	// One line when lookups start failing, one when they work again.
 	if failing := err != nil; s.srvFailing.Swap(failing) != failing {
 		if failing {
