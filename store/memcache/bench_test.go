@@ -16,7 +16,8 @@ import (
 // BenchmarkTake measures Take on a local memcached: a fixed window is one
 // INCR per hit, a token bucket a gets and a cas, by GOMAXPROCS callers or,
 // for the c50 cases, 50, each on keys of its own (the contended case
-// shares one token bucket among all callers). Every hit is allowed.
+// shares one token bucket among all callers); the ctx cases pass a ctx
+// that can end, so each Take runs detached. Every hit is allowed.
 // cpu-µs/op is this process's CPU per Take, memcached's not included.
 func BenchmarkTake(b *testing.B) {
 	srv := memcachetest.Start(b)
@@ -27,14 +28,17 @@ func BenchmarkTake(b *testing.B) {
 		rules   []*store.Rule
 		callers int
 		shared  bool
+		cancel  bool // a ctx that can end: the Take runs detached
 	}{
-		{"1hit/fixed_window", []*store.Rule{fw}, 0, false},
-		{"1hit/token_bucket", []*store.Rule{tb}, 0, false},
-		{"1hit/token_bucket/shared", []*store.Rule{tb}, 0, true},
-		{"4hits/fixed_window", []*store.Rule{fw, fw, fw, fw}, 0, false},
-		{"4hits/mixed", []*store.Rule{fw, tb, fw, tb}, 0, false},
-		{"1hit/fixed_window/c50", []*store.Rule{fw}, 50, false},
-		{"1hit/token_bucket/shared/c50", []*store.Rule{tb}, 50, true},
+		{"1hit/fixed_window", []*store.Rule{fw}, 0, false, false},
+		{"1hit/token_bucket", []*store.Rule{tb}, 0, false, false},
+		{"1hit/token_bucket/shared", []*store.Rule{tb}, 0, true, false},
+		{"4hits/fixed_window", []*store.Rule{fw, fw, fw, fw}, 0, false, false},
+		{"4hits/mixed", []*store.Rule{fw, tb, fw, tb}, 0, false, false},
+		{"1hit/fixed_window/c50", []*store.Rule{fw}, 50, false, false},
+		{"1hit/token_bucket/shared/c50", []*store.Rule{tb}, 50, true, false},
+		{"1hit/fixed_window/ctx", []*store.Rule{fw}, 0, false, true},
+		{"4hits/mixed/ctx", []*store.Rule{fw, tb, fw, tb}, 0, false, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			if c.callers > 0 {
@@ -56,8 +60,14 @@ func BenchmarkTake(b *testing.B) {
 					hits[i] = store.Hit{Key: "bench/" + run + "/" + g + "/" + strconv.Itoa(i), Rule: r, Cost: 1, Veto: true}
 				}
 				out := make([]store.Decision, len(hits))
+				ctx := context.Background()
+				if c.cancel {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithCancel(ctx)
+					defer cancel()
+				}
 				for pb.Next() {
-					if err := s.Take(context.Background(), time.Now().UnixNano(), hits, out); err != nil {
+					if err := s.Take(ctx, time.Now().UnixNano(), hits, out); err != nil {
 						b.Error(err)
 						return
 					}

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
@@ -32,6 +33,7 @@ type Store struct {
 	opt   Options
 
 	up         chan struct{} // closed once every server first answered
+	lookupErr  error         // why New found no servers (a name not resolving yet), or nil
 	upOnce     sync.Once
 	healthy    atomic.Bool
 	srvFailing atomic.Bool   // the last SRV refresh failed
@@ -60,7 +62,9 @@ type Stats struct {
 }
 
 // New returns a Store on opt's servers, or on the targets of opt.SRV
-// (resolved here, once). It does not connect: Ping does.
+// (resolved here). It does not connect: Ping does. A malformed name is
+// an error; a name that does not resolve yet is not: the store then has
+// no servers until Run resolves it (see Connect).
 func New(ctx context.Context, opt Options) (*Store, error) {
 	opt = opt.withDefaults()
 	s := &Store{sel: &selector{modulo: opt.ModuloServers}, opt: opt, up: make(chan struct{})}
@@ -69,18 +73,13 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		return nil, fmt.Errorf("memcache: key prefix %q: at most %d bytes, no spaces or control characters, not starting with #", opt.KeyPrefix, maxKeyLen/2)
 	case opt.SRV != "" && len(opt.Servers) > 0:
 		return nil, errors.New("memcache: give servers or an SRV name, not both")
-	case opt.SRV != "":
-		names, err := lookupSRV(ctx, opt.Resolver, opt.SRV)
-		if err != nil {
+	}
+	if err := s.resolve(ctx); err != nil {
+		var le *lookupError
+		if !errors.As(err, &le) {
 			return nil, err
 		}
-		if err := s.sel.set(ctx, opt.Resolver, names); err != nil {
-			return nil, err
-		}
-	default:
-		if err := s.sel.set(ctx, opt.Resolver, opt.Servers); err != nil {
-			return nil, err
-		}
+		s.lookupErr = err
 	}
 	s.c = memcache.NewFromSelector(s.sel)
 	s.c.Timeout, s.c.MaxIdleConns = opt.Timeout, opt.MaxIdleConns
@@ -93,9 +92,27 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	return s, nil
 }
 
+// resolve looks up the servers (opt.Servers' names, or opt.SRV's
+// targets) and uses them; on an error it changes nothing.
+func (s *Store) resolve(ctx context.Context) error {
+	names := s.opt.Servers
+	if s.opt.SRV != "" {
+		var err error
+		if names, err = lookupSRV(ctx, s.opt.Resolver, s.opt.SRV); err != nil {
+			return err
+		}
+	}
+	return s.sel.set(ctx, s.opt.Resolver, names)
+}
+
+var errUnresolved = errors.New("memcache: ping: the servers' names do not resolve yet")
+
 // Ping reaches every server, reporting the first that fails. Once every
 // server answered, Connected is closed.
 func (s *Store) Ping() error {
+	if s.sel.empty() {
+		return errUnresolved
+	}
 	if err := s.c.Ping(); err != nil {
 		return fmt.Errorf("memcache: ping: %w", err)
 	}
@@ -120,9 +137,12 @@ func (s *Store) Connect() error {
 	if !transient(err) {
 		return err
 	}
+	if errors.Is(err, errUnresolved) && s.lookupErr != nil {
+		err = s.lookupErr
+	}
 	s.healthy.Store(false)
 	s.opt.Logger.Warn("memcached not reachable yet: answering by the failure mode and retrying",
-		"servers", s.sel.names(), "cause", err, "retry_in", s.opt.ConnectRetry)
+		"servers", s.configured(), "cause", err, "retry_in", s.opt.ConnectRetry)
 	return nil
 }
 
@@ -152,13 +172,29 @@ func badCertificate(err error) bool {
 	return errors.As(err, &ua) || errors.As(err, &he) || errors.As(err, &ci)
 }
 
+// configured names the servers for a log line: those in use, or while
+// none resolved, the names given.
+func (s *Store) configured() []string {
+	if !s.sel.empty() {
+		return s.sel.names()
+	}
+	if s.opt.SRV != "" {
+		return []string{s.opt.SRV}
+	}
+	return s.opt.Servers
+}
+
 // awaitServers pings until every server answered: at once, then after
-// ConnectRetry, then twice as long each time up to ConnectRetryMax. The
+// ConnectRetry, then twice as long each time up to ConnectRetryMax. While
+// the servers' names do not resolve, it looks them up again first. The
 // store is unhealthy meanwhile. It returns false when ctx ends first.
 func (s *Store) awaitServers(ctx context.Context) bool {
 	wait := s.opt.ConnectRetry
 	for attempt := 1; ; attempt++ {
-		err := s.Ping()
+		err := s.resolveOnce(ctx)
+		if err == nil {
+			err = s.Ping()
+		}
 		if err == nil {
 			s.healthy.Store(true)
 			if attempt > 1 {
@@ -169,7 +205,7 @@ func (s *Store) awaitServers(ctx context.Context) bool {
 		s.healthy.Store(false)
 		if attempt > 1 {
 			wait = min(2*wait, s.opt.ConnectRetryMax)
-			s.opt.Logger.Warn("memcached not reachable yet", "servers", s.sel.names(), "cause", err, "attempts", attempt, "retry_in", wait)
+			s.opt.Logger.Warn("memcached not reachable yet", "servers", s.configured(), "cause", err, "attempts", attempt, "retry_in", wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -178,6 +214,20 @@ func (s *Store) awaitServers(ctx context.Context) bool {
 		}
 	}
 }
+
+// resolveOnce resolves the servers if they have none yet, within
+// lookupTimeout.
+func (s *Store) resolveOnce(ctx context.Context) error {
+	if !s.sel.empty() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	return s.resolve(ctx)
+}
+
+// lookupTimeout bounds the DNS lookups of one resolution by Run.
+const lookupTimeout = 5 * time.Second
 
 // Close closes the idle connections.
 func (s *Store) Close() error { return s.c.Close() }
@@ -241,12 +291,9 @@ func (s *Store) refresh(ctx context.Context) {
 			_ = s.c.Close()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), 5*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, min(max(s.opt.SRVRefresh, time.Second), lookupTimeout))
 	defer cancel()
-	names, err := lookupSRV(ctx, s.opt.Resolver, s.opt.SRV)
-	if err == nil {
-		err = s.sel.set(ctx, s.opt.Resolver, names)
-	}
+	err := s.resolve(ctx)
 	// One line when lookups start failing, one when they work again.
 	if failing := err != nil; s.srvFailing.Swap(failing) != failing {
 		if failing {
@@ -291,34 +338,38 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	if n := s.left.Load(); n >= int64(s.opt.MaxIdleConns) {
 		return fmt.Errorf("memcache: %d calls past their deadline still wait for memcached", n)
 	}
-	t := &detached{hits: slices.Clone(hits), out: make([]store.Decision, len(out)), done: make(chan error, 1)}
+	t := newDetached(hits)
 	go func() {
 		err := s.take(ctx, now, t.hits, t.out)
-		if !t.state.CompareAndSwap(detachedRunning, detachedDone) {
-			s.left.Add(-1)
+		if t.state.CompareAndSwap(detachedRunning, detachedDone) {
+			t.done <- err
+			return
 		}
-		t.done <- err
+		s.left.Add(-1)
+		t.release() // its caller has gone: nothing else holds t
 	}()
 	select {
 	case err := <-t.done:
-		copy(out, t.out)
-		return err
+		return t.answer(out, err)
 	case <-ctx.Done():
 	}
 	if !t.state.CompareAndSwap(detachedRunning, detachedLeft) {
-		err := <-t.done
-		copy(out, t.out)
-		return err
+		return t.answer(out, <-t.done)
 	}
 	s.left.Add(1)
 	return fmt.Errorf("memcache: %w", ctx.Err())
 }
 
-// detached is a Take running in its own goroutine (see Take).
+// detached is a Take running in its own goroutine (see Take), on copies
+// it owns: the hits, their keys (the caller's may alias a buffer it
+// reuses once Take returns) and the decisions. Pooled: whoever finishes
+// with it last (the caller that got its answer, or the take whose caller
+// left) releases it.
 type detached struct {
-	hits  []store.Hit
+	hits  []store.Hit // their keys point into keys
+	keys  []byte
 	out   []store.Decision
-	done  chan error
+	done  chan error   // the take's error, when it ended first
 	state atomic.Int32 // detachedRunning, then detachedDone or detachedLeft
 }
 
@@ -327,6 +378,53 @@ const (
 	detachedDone          // the take ended first: its caller reads its result
 	detachedLeft          // its caller's ctx ended first
 )
+
+var detachedPool = sync.Pool{New: func() any { return &detached{done: make(chan error, 1)} }}
+
+// maxPooledKeys bounds the key bytes a pooled detached keeps.
+const maxPooledKeys = 64 << 10
+
+// newDetached copies hits, their keys included, into a pooled detached.
+func newDetached(hits []store.Hit) *detached {
+	t := detachedPool.Get().(*detached)
+	t.state.Store(detachedRunning)
+	n := 0
+	for i := range hits {
+		n += len(hits[i].Key)
+	}
+	t.keys = slices.Grow(t.keys[:0], n)
+	t.hits = append(t.hits[:0], hits...)
+	for i := range t.hits {
+		k := hits[i].Key
+		if k == "" {
+			continue
+		}
+		at := len(t.keys)
+		t.keys = append(t.keys, k...)
+		// No string of its own: t.keys is not written again until t is
+		// released, once the take is done with the keys.
+		t.hits[i].Key = unsafe.String(&t.keys[at], len(k))
+	}
+	t.out = slices.Grow(t.out[:0], len(hits))[:len(hits)]
+	clear(t.out)
+	return t
+}
+
+// answer gives the caller the take's decisions and error, and releases t.
+func (t *detached) answer(out []store.Decision, err error) error {
+	copy(out, t.out)
+	t.release()
+	return err
+}
+
+// release returns t to the pool.
+func (t *detached) release() {
+	clear(t.hits) // drop the rules and keys
+	if cap(t.keys) > maxPooledKeys {
+		t.keys = nil
+	}
+	detachedPool.Put(t)
+}
 
 // take is Take on the caller's goroutine.
 func (s *Store) take(ctx context.Context, now int64, hits []store.Hit, out []store.Decision) error {

@@ -351,8 +351,11 @@ func TestSRV(t *testing.T) {
 	if got := s.Stats().Servers; len(got) != 1 || got[0] != mc2 {
 		t.Fatalf("after a failed lookup: servers %v, want [%s] kept", got, mc2)
 	}
-	if _, err := New(context.Background(), Options{SRV: name, Resolver: dns.Resolver()}); err == nil {
-		t.Error("New with an SRV name that has no targets: no error")
+	// No targets yet is no error: not up until it has (TestConnect_NotResolvingYet).
+	if st, err := New(context.Background(), Options{SRV: name, Resolver: dns.Resolver()}); err != nil {
+		t.Errorf("New with an SRV name that has no targets yet: %v, want no error", err)
+	} else if err := st.Connect(); err != nil || st.Healthy() {
+		t.Errorf("Connect with an SRV name that has no targets yet: %v, healthy %v; want no error, not healthy", err, st.Healthy())
 	}
 	if _, err := New(context.Background(), Options{SRV: "memcache.sluice.test"}); err == nil {
 		t.Error("New with a malformed SRV name: no error")

@@ -30,7 +30,8 @@ type Options struct {
 	// servers, instead of Servers (envoyproxy/ratelimit's MEMCACHE_SRV).
 	SRV string
 	// SRVRefresh, when positive, makes Run resolve SRV again at this
-	// interval; zero resolves it once, in New.
+	// interval; zero resolves it once, in New (or, if it does not resolve
+	// yet, in Run until it does).
 	SRVRefresh time.Duration
 	// Resolver looks up SRV and the servers' host names; nil is
 	// net.DefaultResolver.

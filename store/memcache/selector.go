@@ -2,6 +2,7 @@ package memcache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"net"
@@ -41,10 +42,10 @@ var _ memcache.ServerSelector = (*selector)(nil)
 // set replaces the servers. Names are host:port or a Unix socket's path;
 // duplicates count once (with modulo, each as given). It resolves every
 // name first (host names by r, nil for the system's resolver) and changes
-// nothing if one fails.
+// nothing if one fails: a lookup that failed is a *lookupError.
 func (s *selector) set(ctx context.Context, r *net.Resolver, names []string) error {
-	if len(names) == 0 {
-		return fmt.Errorf("memcache: no servers")
+	if err := checkNames(names); err != nil {
+		return err
 	}
 	if !s.modulo {
 		names = slices.Clone(names)
@@ -63,6 +64,30 @@ func (s *selector) set(ctx context.Context, r *net.Resolver, names []string) err
 	return nil
 }
 
+// checkNames reports the first malformed name of servers, or no servers.
+func checkNames(names []string) error {
+	if len(names) == 0 {
+		return errors.New("memcache: no servers")
+	}
+	for _, n := range names {
+		if strings.Contains(n, "/") {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(n); err != nil {
+			return fmt.Errorf("memcache: server %q: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// lookupError is a DNS lookup that failed: at startup, the name may not
+// resolve yet (a headless Service with no ready pods), so New does not
+// fail on it.
+type lookupError struct{ err error }
+
+func (e *lookupError) Error() string { return e.err.Error() }
+func (e *lookupError) Unwrap() error { return e.err }
+
 // resolve turns a server's name into its address: a Unix socket's path,
 // or host:port with the host looked up by r (nil: the system's resolver).
 func resolve(ctx context.Context, r *net.Resolver, name string) (net.Addr, error) {
@@ -78,7 +103,7 @@ func resolve(ctx context.Context, r *net.Resolver, name string) (net.Addr, error
 	}
 	ips, err := r.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return nil, err
+		return nil, &lookupError{err}
 	}
 	p, err := r.LookupPort(ctx, "tcp", port)
 	if err != nil {
@@ -93,6 +118,9 @@ func resolve(ctx context.Context, r *net.Resolver, name string) (net.Addr, error
 	}
 	return net.TCPAddrFromAddrPort(netip.AddrPortFrom(ip.Unmap(), uint16(p))), nil
 }
+
+// empty reports whether there are no servers yet (none resolved).
+func (s *selector) empty() bool { return s.servers.Load() == nil }
 
 // names lists the servers' names, sorted (with modulo, as given).
 func (s *selector) names() []string {
@@ -191,10 +219,10 @@ func lookupSRV(ctx context.Context, r *net.Resolver, name string) ([]string, err
 	}
 	_, recs, err := r.LookupSRV(ctx, m[1], m[2], m[3])
 	if err != nil {
-		return nil, fmt.Errorf("memcache: SRV %s: %w", name, err)
+		return nil, &lookupError{fmt.Errorf("memcache: SRV %s: %w", name, err)}
 	}
 	if len(recs) == 0 {
-		return nil, fmt.Errorf("memcache: SRV %s: no targets", name)
+		return nil, &lookupError{fmt.Errorf("memcache: SRV %s: no targets", name)}
 	}
 	out := make([]string, len(recs))
 	for i, rec := range recs {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memcache/memcachetest"
@@ -142,5 +144,52 @@ func TestDeadline_MemcachedSilent(t *testing.T) {
 	if bound := base + 3*callers + 64 + 16; most > bound {
 		t.Errorf("at most %d goroutines while memcached was stopped, want at most %d: %d before, %d callers, their takes, 64 takes left (MaxIdleConns) and as many more, 16 others",
 			most, bound, base, callers)
+	}
+}
+
+// TestDeadline_KeysOwned: a Take whose ctx ends while memcached is
+// silent goes on in its own goroutine, but its caller may reuse the
+// buffer its hits' keys point into once Take returns (the limiter
+// does). The take left running must count on the key it was given:
+// it used to build its memcached key from the hit's Key after the
+// caller had overwritten it, counting on another key (a data race).
+func TestDeadline_KeysOwned(t *testing.T) {
+	srv := memcachetest.Start(t)
+	// A round trip waits as long as memcached is stopped.
+	s := open(t, Options{Servers: []string{srv.Addr}, Timeout: time.Minute})
+	tb, err := store.NewTokenBucket(10, time.Second, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The take may not have reached memcached before its deadline (then
+	// it counts nowhere): up to 3 attempts, each on keys of its own.
+	for attempt := 1; ; attempt++ {
+		given, other := fmt.Sprint("owned/a", attempt), fmt.Sprint("owned/b", attempt)
+		buf := []byte(given)
+		hits := []store.Hit{{Key: unsafe.String(&buf[0], len(buf)), Rule: tb, Cost: 1, Veto: true}}
+		srv.Pause()
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := s.Take(ctx, time.Now().UnixNano(), hits, make([]store.Decision, 1))
+		cancel()
+		copy(buf, other) // the caller's next request
+		srv.Resume()
+		if err == nil {
+			t.Fatal("a Take answered while memcached was stopped")
+		}
+		for end := time.Now().Add(30 * time.Second); s.left.Load() != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal("30 s after memcached continued, the take left running has not ended")
+			}
+		}
+		keys := srv.Keys()
+		if slices.Contains(keys, other) {
+			t.Fatalf("the take left running counted on %q, the key the caller wrote after Take returned, not on %q (keys %q)", other, given, keys)
+		}
+		if slices.Contains(keys, given) {
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("in 3 attempts the take left running never counted on %q (keys %q)", given, keys)
+		}
 	}
 }
