@@ -238,33 +238,44 @@ func (l *loader) parse(name string, data []byte) *yaml.Node {
 	return resolve(doc.Content[0])
 }
 
-// doc compiles one document's top level into its domain.
-func (l *loader) doc(name string, root *yaml.Node) {
+// topLevel reads a document's top level (of a limits file or an
+// overlay): a mapping of domain, not empty, and descriptors. It reports
+// an error and false when it is not one.
+func (l *loader) topLevel(name string, root *yaml.Node) (fields map[string]field, domain string, ok bool) {
 	if root.Kind != yaml.MappingNode {
 		l.errorf(name, root.Line, "", "want a mapping with domain and descriptors, got %s", describe(root))
-		return
+		return nil, "", false
 	}
-	fields := l.fields(name, "", "", root, 0, "domain", "descriptors")
+	fields = l.fields(name, "", "", root, 0, "domain", "descriptors")
 	df, ok := fields["domain"]
 	if !ok {
 		l.errorf(name, root.Line, "", "missing domain")
-		return
+		return nil, "", false
 	}
-	dname, ok := l.str(name, "", "domain", df)
+	if domain, ok = l.str(name, "", "domain", df); !ok {
+		return nil, "", false
+	}
+	if domain == "" {
+		l.errorf(name, df.val.Line, "", "domain is empty")
+		return nil, "", false
+	}
+	return fields, domain, true
+}
+
+// doc compiles one document's top level into its domain.
+func (l *loader) doc(name string, root *yaml.Node) {
+	fields, dname, ok := l.topLevel(name, root)
 	if !ok {
 		return
 	}
-	if dname == "" {
-		l.errorf(name, df.val.Line, "", "domain is empty")
-		return
-	}
+	line := fields["domain"].val.Line
 	d := l.domains[dname]
 	switch {
 	case d == nil:
-		d = &domain{part: escapePart(dname, l.max), root: &level{keys: map[string]*keyNodes{}}, file: name, line: df.val.Line}
+		d = &domain{part: escapePart(dname, l.max), root: &level{keys: map[string]*keyNodes{}}, file: name, line: line}
 		l.domains[dname] = d
 	case !l.opts.MergeDomains:
-		l.errorf(name, df.val.Line, "", "domain %q is also defined at %s (merge them with --merge-domains)", dname, at(d.file, d.line))
+		l.errorf(name, line, "", "domain %q is also defined at %s (merge them with --merge-domains)", dname, at(d.file, d.line))
 		// Still validate the descriptors, into a domain of their own.
 		d = &domain{root: &level{keys: map[string]*keyNodes{}}}
 	}

@@ -216,22 +216,8 @@ func compileOverlay(srcs []source, errs []Error) (*Overlay, error) {
 // overlayDoc reads one overlay document: a domain pattern and its
 // descriptors.
 func (l *loader) overlayDoc(o *Overlay, seen map[string]*overlayEntry, name string, root *yaml.Node) {
-	if root.Kind != yaml.MappingNode {
-		l.errorf(name, root.Line, "", "want a mapping with domain and descriptors, got %s", describe(root))
-		return
-	}
-	fields := l.fields(name, "", "", root, 0, "domain", "descriptors")
-	df, ok := fields["domain"]
+	fields, dname, ok := l.topLevel(name, root)
 	if !ok {
-		l.errorf(name, root.Line, "", "missing domain")
-		return
-	}
-	dname, ok := l.str(name, "", "domain", df)
-	if !ok {
-		return
-	}
-	if dname == "" {
-		l.errorf(name, df.val.Line, "", "domain is empty")
 		return
 	}
 	w := &overlayWalk{o: o, seen: seen, file: name, domain: newPattern(dname)}
