@@ -33,17 +33,9 @@ const (
 	maxErrors    = 1000    // per Load
 )
 
-// Load reads and compiles the limits files at path: a file, or every
-// *.yaml and *.yml file directly inside a directory. Dotfiles (Kubernetes'
-// ..data) and subdirectories are not read; symbolic links are followed. A
-// directory without limits files is an error wrapping ErrEmpty. A config
-// that does not validate returns Errors listing every problem of every
-// file.
-func Load(path string, opts Options) (*Table, error) {
-	files, err := listFiles(path)
-	if err != nil {
-		return nil, err
-	}
+// readFiles reads files; a file that cannot be read is an Error of its
+// own (the cause without the path, which Error names).
+func readFiles(files []string) ([]source, []Error) {
 	srcs := make([]source, 0, len(files))
 	var readErrs []Error
 	for _, name := range files {
@@ -58,6 +50,21 @@ func Load(path string, opts Options) (*Table, error) {
 		}
 		srcs = append(srcs, source{name: name, id: filepath.Base(name), data: data})
 	}
+	return srcs, readErrs
+}
+
+// Load reads and compiles the limits files at path: a file, or every
+// *.yaml and *.yml file directly inside a directory. Dotfiles (Kubernetes'
+// ..data) and subdirectories are not read; symbolic links are followed. A
+// directory without limits files is an error wrapping ErrEmpty. A config
+// that does not validate returns Errors listing every problem of every
+// file.
+func Load(path string, opts Options) (*Table, error) {
+	files, err := listFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	srcs, readErrs := readFiles(files)
 	return compile(srcs, opts, readErrs)
 }
 

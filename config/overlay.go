@@ -6,10 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -169,20 +166,7 @@ func LoadOverlay(path string) (*Overlay, error) {
 	if err != nil {
 		return nil, err
 	}
-	srcs := make([]source, 0, len(files))
-	var readErrs []Error
-	for _, name := range files {
-		data, err := os.ReadFile(name)
-		if err != nil {
-			var pe *fs.PathError
-			if errors.As(err, &pe) {
-				err = pe.Err
-			}
-			readErrs = append(readErrs, Error{File: name, Msg: err.Error()})
-			continue
-		}
-		srcs = append(srcs, source{name: name, id: filepath.Base(name), data: data})
-	}
+	srcs, readErrs := readFiles(files)
 	return compileOverlay(srcs, readErrs)
 }
 

@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +30,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -373,7 +373,7 @@ func runEnvoyGatewayDefault(t *testing.T, binary string) {
 	// The test's own ports and flush interval.
 	env = append(env, "HOST=127.0.0.1", "PORT=0", "GRPC_HOST=127.0.0.1", "GRPC_PORT=0", "STATS_FLUSH_INTERVAL=20ms", "REDIS_TIMEOUT=1s")
 
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	cmd := exec.Command(binary)
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, logs, logs
 	if err := cmd.Start(); err != nil {
@@ -448,7 +448,7 @@ func get(t *testing.T, url string) string {
 
 // waitFor polls cond until it holds; it fails t if the process exits or
 // 30 seconds pass first.
-func waitFor(t *testing.T, exited <-chan error, logs *lockedBuffer, cond func() bool, what string) {
+func waitFor(t *testing.T, exited <-chan error, logs *logbuf.Buffer, cond func() bool, what string) {
 	t.Helper()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -465,7 +465,7 @@ func waitFor(t *testing.T, exited <-chan error, logs *lockedBuffer, cond func() 
 }
 
 // logField returns key's value on the first log line containing marker.
-func logField(logs *lockedBuffer, marker, key string) string {
+func logField(logs *logbuf.Buffer, marker, key string) string {
 	for line := range strings.Lines(logs.String()) {
 		if !strings.Contains(line, marker) {
 			continue
@@ -477,22 +477,4 @@ func logField(logs *lockedBuffer, marker, key string) string {
 		}
 	}
 	return ""
-}
-
-// lockedBuffer collects a child's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store/memory"
@@ -43,7 +44,7 @@ const goodToken = "s3cret-admin-token-0123456789"
 
 type countersEnv struct {
 	*env
-	logs   *lockedBuffer
+	logs   *logbuf.Buffer
 	resets map[string]int
 	mu     sync.Mutex
 }
@@ -63,7 +64,7 @@ func newCountersEnv(t *testing.T, withToken bool) *countersEnv {
 		t.Fatal(err)
 	}
 	e := &countersEnv{env: &env{clock: storetest.NewClock(t0), health: server.NewHealth()},
-		logs: &lockedBuffer{}, resets: map[string]int{}}
+		logs: &logbuf.Buffer{}, resets: map[string]int{}}
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{Clock: e.clock})
 	opts := server.CountersOptions{Logger: slog.New(slog.NewTextHandler(e.logs, nil)),
 		Sleep: func(context.Context, time.Duration) {}, // TestCounters_RefusedResetsLoggedAndSlowed checks the wait
@@ -358,7 +359,7 @@ func FuzzCountersQuery(f *testing.F) {
 func TestCounters_RefusedResetsLoggedAndSlowed(t *testing.T) {
 	table := loadTable(t)
 	lim := limiter.New(tables{table}, memory.New(memory.Options{}), limiter.Options{})
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	now := time.Unix(1_800_000_000, 0)
 	var mu sync.Mutex
 	var waits []time.Duration

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"math"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +29,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	sluicev1 "github.com/sluicehq/sluice/gen/sluice/v1"
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/server"
 	"github.com/sluicehq/sluice/store/memory"
@@ -481,7 +480,7 @@ func TestCheck_ChargeAndRefund(t *testing.T) {
 // TestGRPC_LoggingAndRecovery: at debug level every call is logged; a
 // panic below the recovery interceptor becomes INTERNAL and a log line.
 func TestGRPC_LoggingAndRecovery(t *testing.T) {
-	var buf lockedBuffer
+	var buf logbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	lim := limiter.New(tables{loadTable(t)}, memory.New(memory.Options{}), limiter.Options{})
 	boom := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
@@ -506,23 +505,6 @@ func TestGRPC_LoggingAndRecovery(t *testing.T) {
 	if !strings.Contains(log, "panic in gRPC handler") || !strings.Contains(log, "boom") {
 		t.Errorf("panic not logged:\n%s", log)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestNewGRPC_StreamWorkers: the server keeps the pool of stream workers

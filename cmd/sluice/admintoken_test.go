@@ -8,17 +8,19 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/logbuf"
 )
 
 const adminTestToken = "s3cret-admin-token-0123456789"
 
 // newTestToken writes content to a token file and reads it; the logs
 // are returned.
-func newTestToken(t *testing.T, content string) (*adminToken, string, *lockedBuffer) {
+func newTestToken(t *testing.T, content string) (*adminToken, string, *logbuf.Buffer) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "token")
 	writeToken(t, path, content)
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	tok, err := newAdminToken(path, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +181,7 @@ func TestAdminToken_WorldReadableWarns(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	tok, err := newAdminToken(path, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)

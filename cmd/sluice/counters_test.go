@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -30,7 +31,7 @@ const countersTestToken = "Xq9vT7-admin-token-0123456789abcdef"
 // countersServe starts serve with the counters config, resets on, on the
 // given store flags; it returns the HTTP address, the token file and the
 // logs.
-func countersServe(t *testing.T, storeArgs ...string) (string, string, *lockedBuffer) {
+func countersServe(t *testing.T, storeArgs ...string) (string, string, *logbuf.Buffer) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg, tok := filepath.Join(dir, "limits.yaml"), filepath.Join(dir, "token")
@@ -40,7 +41,7 @@ func countersServe(t *testing.T, storeArgs ...string) (string, string, *lockedBu
 	if err := os.WriteFile(tok, []byte(countersTestToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	args := append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--config", cfg,
 		"--admin-token-file", tok}, storeArgs...)
 	_, httpAddr := startServeLogged(t, nil, logs, args...)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/observe/ui"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -103,7 +104,7 @@ func TestServe_EnvoyGatewayOverlay(t *testing.T) {
 			} else {
 				env["SLUICE_STORE"] = "memory"
 			}
-			logs := &lockedBuffer{}
+			logs := &logbuf.Buffer{}
 			grpcAddr, httpAddr := startServeLogged(t, env, logs, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
 			rls, _ := dialRLS(t, grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(clientTLS)))
 			base := "http://" + httpAddr

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/observe/tracing/tracingtest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -168,7 +169,7 @@ func TestEnvoyGatewayDeployments(t *testing.T) {
 				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", traces.URL)
 				t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
 			}
-			logs := &lockedBuffer{}
+			logs := &logbuf.Buffer{}
 			grpcAddr, httpAddr := startServeLogged(t, env, logs, args...)
 			rls, health := dialRLS(t, grpcAddr, grpc.WithTransportCredentials(creds))
 			ctx := metadata.AppendToOutgoingContext(testCtx(t), traceHeaders["traceparent"]...)
@@ -238,7 +239,7 @@ func startServeLogged(t *testing.T, env serveEnv, logs io.Writer, args ...string
 
 // logValue returns the value of key on the first log line containing
 // marker.
-func logValue(t *testing.T, logs *lockedBuffer, marker, key string) string {
+func logValue(t *testing.T, logs *logbuf.Buffer, marker, key string) string {
 	t.Helper()
 	for line := range strings.Lines(logs.String()) {
 		if !strings.Contains(line, marker) {
@@ -323,7 +324,7 @@ func TestServe_RefStatsSettings(t *testing.T) {
 		}
 	}
 
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	startServeLogged(t, serveEnv{}, logs, "--config", cfg, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--stats-flush-interval", "20ms", "--ref-prometheus-addr", "127.0.0.1:0", "--ref-prometheus-path", "/stats", "--ref-prometheus-mapping", filepath.Join(t.TempDir(), "absent.yaml"))
 	addr := logValue(t, logs, `msg="envoyproxy/ratelimit metrics"`, "addr")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/internal/testcert"
 )
 
@@ -121,7 +122,7 @@ func TestServe_HTTPBadBounds(t *testing.T) {
 func TestServe_HTTPServerLogIsSparse(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := testcert.NewCA(t).Server(t).WriteFiles(t, dir, "tls")
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	_, addr := startServeLogged(t, nil, &logs, "--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--tls-cert", certFile, "--tls-key", keyFile)
 	for range 50 {
@@ -142,7 +143,7 @@ func TestServe_HTTPServerLogIsSparse(t *testing.T) {
 // httpLogEvery (10 s), with the count of those held back since, and keeps
 // the line as Go's server wrote it.
 func TestSparseLog(t *testing.T) {
-	var out lockedBuffer
+	var out logbuf.Buffer
 	now := time.Unix(1_800_000_000, 0)
 	s := newSparseLog(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{ReplaceAttr: dropTime})), func() time.Time { return now })
 	steps := []struct {

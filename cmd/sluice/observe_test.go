@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,26 +16,9 @@ import (
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/internal/logbuf"
 )
-
-// lockedBuffer is a bytes.Buffer safe to write from serve's goroutines
-// while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func httpGet(t *testing.T, url string) string {
 	t.Helper()
@@ -59,7 +40,7 @@ func TestServe_Observability(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	srvCtx, stop := context.WithCancel(ctx)
-	var stderr lockedBuffer
+	var stderr logbuf.Buffer
 	addrs := make(chan [2]net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
@@ -145,7 +126,7 @@ func TestServe_ObservabilityFlags(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, args := range [][]string{{"--near-limit-ratio", "0"}, {"--near-limit-ratio", "1.5"}, {"--metrics-max-values-per-rule", "0"}} {
-		var stderr lockedBuffer
+		var stderr logbuf.Buffer
 		err := serve(ctx, append([]string{"--config", "../../examples/bench.yaml", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, args...),
 			func(string) string { return "" }, &stderr, nil)
 		if err == nil || !strings.Contains(err.Error(), "observability") {

@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/internal/testcert"
 )
 
@@ -89,7 +90,7 @@ type sluiceProc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
 	httpAddr string
-	stderr   lockedBuffer
+	stderr   logbuf.Buffer
 	done     chan error
 }
 

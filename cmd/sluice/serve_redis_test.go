@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
@@ -195,7 +196,7 @@ func startSluices(t *testing.T, n int, config string, storeArgs ...string) []str
 func startSluice(t *testing.T, i int, bin string, args []string) (addr string, exited bool) {
 	t.Helper()
 	cmd := redistest.Command(bin, args...)
-	var out lockedBuffer
+	var out logbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	log := out.String
 	if err := cmd.Start(); err != nil {
@@ -515,7 +516,7 @@ func TestServeRedis_FailureModeAndHealth(t *testing.T) {
 func TestServeRedis_LogsOutage(t *testing.T) {
 	srv := redistest.Start(t)
 	dir := writeConfig(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() {

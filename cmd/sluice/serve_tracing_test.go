@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/observe/tracing/tracingtest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
@@ -271,7 +272,7 @@ func TestServe_TracingCollectorDown(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9") // the discard port: nothing listens
 	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "100")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	grpcAddr, _ := startServeLogged(t, serveEnv{}, logs, "--config", "testdata/serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--tracing")
 	rls, _ := dialRLS(t, grpcAddr)
 	ctx := metadata.AppendToOutgoingContext(testCtx(t), traceHeaders["traceparent"]...)
@@ -290,7 +291,7 @@ func TestServe_TracingSpanOfTheDrain(t *testing.T) {
 	rcv := tracingtest.StartHTTP(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan string, 1)

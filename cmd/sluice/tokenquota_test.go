@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 	"github.com/sluicehq/sluice/store/redis/redistest"
@@ -157,7 +158,7 @@ func TestServe_ReferenceTokenQuota(t *testing.T) {
 			clock := store.NewWallClock()
 			rls := make([]rlspb.RateLimitServiceClient, c.n)
 			for i := range rls {
-				logs := &lockedBuffer{}
+				logs := &logbuf.Buffer{}
 				addr := startServeClock(t, env, clock, logs)
 				rls[i], _ = dialRLS(t, addr)
 				waitFor(t, func() bool { return strings.Contains(logs.String(), "xds: config applied (ACK)") }, "the ACK")
@@ -261,7 +262,7 @@ func TestServe_IgnoredFields(t *testing.T) {
 	cfg := tqLimits(t)
 	cfg.Descriptors[0].ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 9, protowire.VarintType), 1))
 	xs.Push(t, tqNode, "1", cfg)
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	grpcAddr, httpAddr := startServeLogged(t, nil, logs, "--config-source", "xds", "--xds-server", xs.Addr, "--xds-node-id", tqNode,
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
 	waitFor(t, func() bool { return strings.Contains(logs.String(), "xds: config applied (ACK)") }, "the ACK")

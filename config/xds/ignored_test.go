@@ -1,7 +1,6 @@
 package xds
 
 import (
-	"bytes"
 	"log/slog"
 	"slices"
 	"strings"
@@ -12,25 +11,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/sluicehq/sluice/config/xds/xdstest"
+	"github.com/sluicehq/sluice/internal/logbuf"
 )
-
-// syncBuffer is a log that the client writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // TestClient_IgnoredFields: a field of a newer control plane's proto,
 // which the client cannot use, is named in a WARN and counted once per
@@ -40,7 +22,7 @@ func TestClient_IgnoredFields(t *testing.T) {
 	s := xdstest.Start(t, "127.0.0.1:0", nil)
 	var mu sync.Mutex
 	var got []string
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	r, updates := run(t, Options{Server: s.Addr, Logger: slog.New(slog.NewTextHandler(logs, nil)), OnIgnoredField: func(f string) {
 		mu.Lock()
 		defer mu.Unlock()

@@ -1,35 +1,16 @@
 package memcache
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memcache/memcachetest"
 )
-
-// syncBuffer is a log sink safe for the store's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // TestConnect_NotUpYet: a memcached that is not up when the store
 // connects is no error: the store is unhealthy, its calls fail (the
@@ -39,7 +20,7 @@ func (b *syncBuffer) String() string {
 func TestConnect_NotUpYet(t *testing.T) {
 	srv := memcachetest.Start(t)
 	srv.Kill()
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	st := open(t, Options{Servers: []string{srv.Addr}, Timeout: suiteTimeout, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err := st.Connect(); err != nil {
 		t.Fatalf("Connect to a memcached not up yet: %v, want no error", err)
@@ -121,7 +102,7 @@ func TestConnect_NotResolvingYet(t *testing.T) {
 			if srvName {
 				opt.Servers, opt.SRV = nil, name
 			}
-			var logs syncBuffer
+			var logs logbuf.Buffer
 			opt.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			st := open(t, opt)
 			if err := st.Connect(); err != nil {

@@ -1,37 +1,18 @@
 package redis
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
-
-// syncBuffer is a log sink safe for the store's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // TestNew_NotUpYet: a Redis (single, Sentinel, Cluster) that is not up
 // when the store is opened is no error. The store starts unhealthy,
@@ -81,7 +62,7 @@ func TestNew_NotUpYet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			opt, kill, restart := tc.start(t)
 			kill()
-			var logs syncBuffer
+			var logs logbuf.Buffer
 			opt.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			opt.FailureMode = "deny"
 			s := open(t, opt)
