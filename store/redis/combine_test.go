@@ -17,9 +17,19 @@ import (
 )
 
 // hold makes s's combiner queue every Take, as if maxSenders calls were in
-// flight, until the returned release runs flush.
+// flight, until the returned release runs flush. It first waits for the
+// flusher that the last call handed its place to (see release) to end.
 func hold(s *Store) (release func()) {
-	s.comb.mu.Lock()
+	for start := time.Now(); ; runtime.Gosched() {
+		s.comb.mu.Lock()
+		if s.comb.busy == 0 {
+			break
+		}
+		s.comb.mu.Unlock()
+		if time.Since(start) > 30*time.Second {
+			panic("the combiner stays busy")
+		}
+	}
 	s.comb.busy = maxSenders
 	s.comb.mu.Unlock()
 	return func() {
