@@ -9,29 +9,38 @@ import (
 	"github.com/sluicehq/sluice/loadgen/harness"
 )
 
-// localAnswersMetric counts the requests the Redis store's local
-// over-limit cache answered without Redis (cmd/sluice's
-// registerRedisMetrics).
-const localAnswersMetric = "sluice_redis_local_answers_total"
+const (
+	// localAnswersMetric counts the requests the Redis store's local
+	// over-limit cache answered without Redis (cmd/sluice's
+	// registerRedisMetrics).
+	localAnswersMetric = "sluice_redis_local_answers_total"
+	// handledMetric counts the gRPC calls the server completed, by
+	// method and code (observe's gRPC metrics).
+	handledMetric = "grpc_server_handled_total"
+)
 
 var metricsClient = &http.Client{Timeout: 5 * time.Second}
 
-// scrapeCounter reads the counter name from the /metrics served at
-// httpAddr.
-func scrapeCounter(ctx context.Context, httpAddr, name string) (float64, error) {
-	m, err := harness.Scrape(ctx, metricsClient, "http://"+httpAddr+"/metrics", name)
+// scrapeCounters reads the counters names, each summed over its label
+// sets, from the /metrics served at httpAddr.
+func scrapeCounters(ctx context.Context, httpAddr string, names ...string) ([]float64, error) {
+	m, err := harness.Scrape(ctx, metricsClient, "http://"+httpAddr+"/metrics", names...)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return counter(m, name)
+	return counterValues(m, names...)
 }
 
-// counter is the value of the counter name in m, an error if m has no
-// sample of it.
-func counter(m *harness.Metrics, name string) (float64, error) {
-	v, ok := m.Sum[name]
-	if !ok {
-		return 0, fmt.Errorf("/metrics has no %s", name)
+// counterValues are the values of the counters names in m, an error if
+// m has no sample of one.
+func counterValues(m *harness.Metrics, names ...string) ([]float64, error) {
+	vs := make([]float64, len(names))
+	for i, n := range names {
+		v, ok := m.Sum[n]
+		if !ok {
+			return nil, fmt.Errorf("/metrics has no %s", n)
+		}
+		vs[i] = v
 	}
-	return v, nil
+	return vs, nil
 }

@@ -16,9 +16,9 @@ import (
 type server struct {
 	proc  *harness.Sluice
 	redis *harness.Redis // the server's store, if Redis; stopped with it
-	// localAnswers is the counter on proc's /metrics of the requests its
-	// store answered without Redis, if it has one (Sluice on Redis).
-	localAnswers string
+	// localAnswers: proc's /metrics counts the requests its store
+	// answered without Redis (Sluice on Redis).
+	localAnswers bool
 }
 
 // startServer runs `bin args` (on port 0, the text log) with its log in
@@ -54,7 +54,7 @@ func startRedisStore(s settings, dir string) (*server, error) {
 		rd.Kill()
 		return nil, err
 	}
-	srv.redis, srv.localAnswers = rd, localAnswersMetric
+	srv.redis, srv.localAnswers = rd, true
 	return srv, nil
 }
 
@@ -96,29 +96,34 @@ type measured struct {
 	// RedisCPU (µs) and RedisCommands are Redis's CPU time and commands
 	// per request in the measured time, if the server's store is Redis.
 	RedisCPU, RedisCommands float64
-	// LocalShare is the share of the measured requests that the store
-	// answered without Redis (its local over-limit cache), if the server
-	// counts them.
+	// LocalShare is the share of the calls the server completed in the
+	// measured time that its store answered without Redis (its local
+	// over-limit cache), if the server counts them.
 	LocalShare float64
 }
 
-// counters are what the server and its Redis have counted so far.
-type counters struct {
+// counts are what the server and its Redis have counted so far.
+type counts struct {
 	redis redisStats
-	local float64 // the server's localAnswers
+	// local and handled are the server's local answers and completed
+	// calls, if it counts local answers.
+	local, handled float64
 }
 
-// read reads s's counters: its Redis's INFO, its local answers.
-func (s *server) read(ctx context.Context) (counters, error) {
-	var c counters
+// read reads s's counts: its Redis's INFO, its /metrics.
+func (s *server) read(ctx context.Context) (counts, error) {
+	var c counts
 	var err error
 	if s.redis != nil {
 		if c.redis, err = redisInfo(s.redis.Addr); err != nil {
 			return c, err
 		}
 	}
-	if s.localAnswers != "" {
-		c.local, err = scrapeCounter(ctx, s.proc.HTTP, s.localAnswers)
+	if s.localAnswers {
+		var vs []float64
+		if vs, err = scrapeCounters(ctx, s.proc.HTTP, localAnswersMetric, handledMetric); err == nil {
+			c.local, c.handled = vs[0], vs[1]
+		}
 	}
 	return c, err
 }
@@ -126,11 +131,11 @@ func (s *server) read(ctx context.Context) (counters, error) {
 func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
 	o.Target = s.proc.GRPC
 	cpu0 := harness.ProcCPU(s.proc.Pid())
-	// Redis's counters and the local answers are read when the warmup
-	// ends (by this process's clock) and after the run, so they cover the
-	// measured calls.
-	counted := s.redis != nil || s.localAnswers != ""
-	var c0 counters
+	// Redis's counters and the server's are read when the warmup ends (by
+	// this process's clock) and after the run, so they cover the measured
+	// calls.
+	counted := s.redis != nil || s.localAnswers
+	var c0 counts
 	warm := make(chan error, 1)
 	if counted {
 		time.AfterFunc(o.Warmup, func() {
@@ -168,10 +173,10 @@ func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, erro
 			}
 			extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
 		}
-		if s.localAnswers != "" {
-			if n > 0 {
-				m.LocalShare = (c1.local - c0.local) / n
-			}
+		if s.localAnswers {
+			// Both counts are the server's, read at once: the calls in
+			// flight at the two ends move the share little.
+			m.LocalShare = ratio(c1.local-c0.local, c1.handled-c0.handled)
 			extra += fmt.Sprintf("  local answers %.1f %%", 100*m.LocalShare)
 		}
 	}
