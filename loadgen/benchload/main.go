@@ -8,9 +8,9 @@
 // if redis-server is installed, the same against `sluice serve --store
 // redis` on a redis-server of its own for the distinct, multi and hot
 // workloads (with the share of calls its local over-limit cache
-// answered, from its /metrics); then open-loop runs at fractions of the no-op server's
-// throughput, then a cross-check of the latencies against ghz at a fixed
-// rate. It writes the results, with the machine's description, as
+// answered, from its /metrics); then open-loop runs at fractions of the
+// no-op server's throughput, then a cross-check of the latencies against
+// ghz at a fixed rate. It writes the results, with the machine's description, as
 // Markdown.
 //
 //	go run ./loadgen/benchload -sluice bin/sluice -out docs/BENCHMARKS.md
