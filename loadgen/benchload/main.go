@@ -6,10 +6,11 @@
 // library in this process: every workload at every concurrency against
 // each server in turn (the order alternating from cell to cell); then,
 // if redis-server is installed, the same against `sluice serve --store
-// redis` on a redis-server of its own for the distinct and multi
-// workloads; then open-loop runs at fractions of the no-op server's
-// throughput, then a cross-check of the latencies against ghz at a fixed
-// rate. It writes the results, with the machine's description, as
+// redis` on a redis-server of its own for the distinct, multi and hot
+// workloads (with the share of calls its local over-limit cache
+// answered, from its /metrics); then open-loop runs at fractions of the
+// no-op server's throughput, then a cross-check of the latencies against
+// ghz at a fixed rate. It writes the results, with the machine's description, as
 // Markdown.
 //
 //	go run ./loadgen/benchload -sluice bin/sluice -out docs/BENCHMARKS.md
@@ -221,6 +222,10 @@ type bench struct {
 // and the open loop run.
 var keyWorkloads = []string{"distinct", "multi"}
 
+// redisWorkloads are the Redis store's: the key workloads, whose calls
+// all reach Redis, and hot, which its local over-limit cache answers.
+var redisWorkloads = append(slices.Clone(keyWorkloads), "hot")
+
 // startBench starts Sluice and the no-op server, their logs in a
 // directory of their own. On error, what was started is stopped.
 func startBench(s settings) (*bench, error) {
@@ -285,7 +290,7 @@ func (b *bench) closedLoop(ctx context.Context, rep *report) error {
 	return nil
 }
 
-// redisStore runs the key workloads at each Redis concurrency on Sluice
+// redisStore runs the Redis workloads at each Redis concurrency on Sluice
 // with a redis-server of its own and on the no-op server (and, with
 // -reference, on envoyproxy/ratelimit with a redis-server of its own),
 // then on that Sluice alone beside busy processes. Without redis-server
@@ -308,7 +313,7 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 		}
 		defer ref.stop()
 	}
-	for _, w := range keyWorkloads {
+	for _, w := range redisWorkloads {
 		for _, c := range b.s.redisConc {
 			cl, err := b.cell(ctx, sr, ref, w, c, 0, "")
 			if err != nil {
@@ -320,7 +325,7 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 	return b.starved(ctx, sr, rep)
 }
 
-// starved runs the key workloads on sr alone while -starve-busy
+// starved runs the Redis workloads on sr alone while -starve-busy
 // processes burn CPU, each call with the -starve-timeout deadline.
 func (b *bench) starved(ctx context.Context, sr *server, rep *report) error {
 	if b.s.starveBusy == 0 {
@@ -331,7 +336,7 @@ func (b *bench) starved(ctx context.Context, sr *server, rep *report) error {
 		return err
 	}
 	defer stop()
-	for _, w := range keyWorkloads {
+	for _, w := range redisWorkloads {
 		for _, c := range b.s.redisConc {
 			o, err := b.options(w, c, 0)
 			if err != nil {

@@ -16,6 +16,9 @@ import (
 type server struct {
 	proc  *harness.Sluice
 	redis *harness.Redis // the server's store, if Redis; stopped with it
+	// localAnswers: proc's /metrics counts the requests its store
+	// answered without Redis (Sluice on Redis).
+	localAnswers bool
 }
 
 // startServer runs `bin args` (on port 0, the text log) with its log in
@@ -51,7 +54,7 @@ func startRedisStore(s settings, dir string) (*server, error) {
 		rd.Kill()
 		return nil, err
 	}
-	srv.redis = rd
+	srv.redis, srv.localAnswers = rd, true
 	return srv, nil
 }
 
@@ -93,19 +96,51 @@ type measured struct {
 	// RedisCPU (µs) and RedisCommands are Redis's CPU time and commands
 	// per request in the measured time, if the server's store is Redis.
 	RedisCPU, RedisCommands float64
+	// LocalShare is the share of the calls the server completed in the
+	// measured time that its store answered without Redis (its local
+	// over-limit cache), if the server counts them.
+	LocalShare float64
+}
+
+// counts are what the server and its Redis have counted so far.
+type counts struct {
+	redis redisStats
+	// local and handled are the server's local answers and completed
+	// calls, if it counts local answers.
+	local, handled float64
+}
+
+// read reads s's counts: its Redis's INFO, its /metrics.
+func (s *server) read(ctx context.Context) (counts, error) {
+	var c counts
+	var err error
+	if s.redis != nil {
+		if c.redis, err = redisInfo(s.redis.Addr); err != nil {
+			return c, err
+		}
+	}
+	if s.localAnswers {
+		var vs []float64
+		if vs, err = scrapeCounters(ctx, s.proc.HTTP, localAnswersMetric, handledMetric); err == nil {
+			c.local, c.handled = vs[0], vs[1]
+		}
+	}
+	return c, err
 }
 
 func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
 	o.Target = s.proc.GRPC
-	c0 := harness.ProcCPU(s.proc.Pid())
-	// Redis's counters are read when the warmup ends (by this process's
-	// clock) and after the run, so they cover the measured calls.
-	var r0 redisStats
+	cpu0 := harness.ProcCPU(s.proc.Pid())
+	// Redis's counters and the server's are read when the warmup ends (by
+	// this process's clock) and after the run, so they cover the measured
+	// calls.
+	counted := s.redis != nil || s.localAnswers
+	var c0 counts
 	warm := make(chan error, 1)
-	if s.redis != nil {
+	if counted {
 		time.AfterFunc(o.Warmup, func() {
 			var err error
-			r0, err = redisInfo(s.redis.Addr)
+			c0, err = s.read(ctx)
 			warm <- err
 		})
 	}
@@ -117,23 +152,33 @@ func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, erro
 	total := float64(res.Requests) * float64(o.Warmup+o.Duration) / float64(o.Duration)
 	m := measured{Result: res}
 	if total > 0 {
-		m.ServerCPU = float64((harness.ProcCPU(s.proc.Pid()) - c0).Microseconds()) / total
+		m.ServerCPU = float64((harness.ProcCPU(s.proc.Pid()) - cpu0).Microseconds()) / total
 	}
 	extra := ""
-	if s.redis != nil {
+	if counted {
 		if err := <-warm; err != nil {
 			return measured{}, fmt.Errorf("%s: %w", s.name(), err)
 		}
-		r1, err := redisInfo(s.redis.Addr)
+		c1, err := s.read(ctx)
 		if err != nil {
 			return measured{}, fmt.Errorf("%s: %w", s.name(), err)
 		}
-		if res.Requests > 0 {
-			m.RedisCPU = float64((r1.cpu - r0.cpu).Microseconds()) / float64(res.Requests)
-			// Less the first INFO, which the second counts.
-			m.RedisCommands = float64(r1.commands-r0.commands-1) / float64(res.Requests)
+		n := float64(res.Requests)
+		if s.redis != nil {
+			if n > 0 {
+				r0, r1 := c0.redis, c1.redis
+				m.RedisCPU = float64((r1.cpu - r0.cpu).Microseconds()) / n
+				// Less the first INFO, which the second counts.
+				m.RedisCommands = float64(r1.commands-r0.commands-1) / n
+			}
+			extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
 		}
-		extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
+		if s.localAnswers {
+			// Both counts are the server's, read at once: the calls in
+			// flight at the two ends move the share little.
+			m.LocalShare = ratio(c1.local-c0.local, c1.handled-c0.handled)
+			extra += fmt.Sprintf("  local answers %.1f %%", 100*m.LocalShare)
+		}
 	}
 	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req%s\n",
 		s.name(), o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU, extra)
