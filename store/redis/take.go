@@ -62,21 +62,10 @@ func (c *call) build(pk store.PlainKeys, hits []store.Hit, window bool, now int6
 	}
 	nkeys := len(hits)
 	if window {
-		c.buf = strconv.AppendInt(c.buf, int64(len(hits)), 10)
-		c.offs = append(c.offs, len(c.buf))
+		c.arg(strconv.AppendInt(c.buf, int64(len(hits)), 10))
+		c.arg(strconv.AppendUint(c.buf, (clampNow(now)+uint64(time.Millisecond)-1)/uint64(time.Millisecond), 10))
 		for i := range hits {
-			r := hits[i].Rule
-			end := windowEnd(r, now)
-			c.arg(strconv.AppendUint(c.buf, min(hits[i].Cost, r.Limit()+1), 10))
-			c.arg(strconv.AppendUint(c.buf, r.Limit(), 10))
-			if hits[i].Plain {
-				// (the window is in the key's name; the reference's expiry)
-				c.arg(append(c.buf, 'p'))
-				c.arg(strconv.AppendInt(c.buf, pk.TTL(r)*1000, 10))
-			} else {
-				c.arg(strconv.AppendUint(c.buf, end, 10))
-				c.arg(strconv.AppendUint(c.buf, windowTTL(end, now), 10))
-			}
+			c.arg(c.field(pk, hits, i, now))
 		}
 	}
 	arena := string(c.buf)
@@ -89,6 +78,30 @@ func (c *call) build(pk store.PlainKeys, hits []store.Hit, window bool, now int6
 			c.args = append(c.args, part)
 		}
 	}
+}
+
+// field appends window.lua's field of hits[i] to c.buf: the bytes of an
+// earlier hit's field when that hit is alike (the same rule, cost and
+// layout, and no expiry jitter drawn per key; a request's hits mostly
+// are), so that the script reads it once.
+func (c *call) field(pk store.PlainKeys, hits []store.Hit, i int, now int64) []byte {
+	h := &hits[i]
+	nkeys := len(hits)
+	for j := range i {
+		if o := &hits[j]; o.Rule == h.Rule && o.Cost == h.Cost && o.Plain == h.Plain && (!h.Plain || pk.JitterMax == 0) {
+			// (args: n, m, then the fields; offs holds the start of each)
+			f := nkeys + 2 + j
+			return append(c.buf, c.buf[c.offs[f]:c.offs[f+1]]...)
+		}
+	}
+	r := h.Rule
+	b := strconv.AppendUint(c.buf, min(h.Cost, r.Limit()+1), 10)
+	b = strconv.AppendUint(append(b, ':'), r.Limit(), 10)
+	if h.Plain {
+		// (the window is in the key's name; the reference's expiry)
+		return strconv.AppendInt(append(b, ":p:"...), pk.TTL(r)*1000, 10)
+	}
+	return strconv.AppendUint(append(b, ':'), windowEnd(r, now), 10)
 }
 
 // arg ends an argument that buf, c.buf grown, holds at its end.
