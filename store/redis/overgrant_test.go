@@ -362,7 +362,8 @@ func ogWarm(t *testing.T, s *Store) {
 // requests took, each key's takes one after the other. Requests did share
 // calls: Redis ran fewer scripts than requests reached it. With the server
 // clock (Options.ServerClock) token buckets read Redis's time, which
-// moves: by far less than the hour a token takes to refill.
+// moves: by far less than the hour a token takes to refill. Deadlines
+// abandons requests while queued or in flight (ogCase.deadlines).
 func TestTake_NoOverGrant(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, c := range []struct {
@@ -422,7 +423,8 @@ func ogTags(n int) []string {
 // in a request another slot denied is refunded. Requests on keys of one
 // slot and across slots; some were refunded, and the refunds left nothing
 // counted. Takes on Cluster are not serial (a refund lands after others
-// took), so their counts do not tile.
+// took), so their counts do not tile. Deadlines cuts requests short, some
+// between a slot's take and its refund.
 func TestTake_NoOverGrantCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
