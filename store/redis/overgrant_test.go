@@ -423,8 +423,8 @@ func ogTags(n int) []string {
 // in a request another slot denied is refunded. Requests on keys of one
 // slot and across slots; some were refunded, and the refunds left nothing
 // counted. Takes on Cluster are not serial (a refund lands after others
-// took), so their counts do not tile. Deadlines cuts requests short, some
-// between a slot's take and its refund.
+// took), so their counts do not tile. Deadlines cuts requests short: a
+// slot that took for a request out of time keeps its take (an over-deny).
 func TestTake_NoOverGrantCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster")
