@@ -188,9 +188,11 @@ func (s *Store) connect(ctx context.Context) error {
 		client.Close()
 		return err
 	}
+	// Closed before Connected says so: a caller that waited for it finds
+	// the store healthy.
 	s.cl.Store(&client)
-	close(s.up)
 	s.breaker.success()
+	close(s.up)
 	return nil
 }
 
