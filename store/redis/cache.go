@@ -2,6 +2,7 @@ package redis
 
 import (
 	"strings"
+	"time"
 
 	"github.com/puzpuzpuz/xsync/v4"
 
@@ -16,6 +17,10 @@ import (
 // optimistic. Safe for concurrent use.
 type overCache struct {
 	m *xsync.Map[string, overEntry]
+	// hold, if not 0, bounds an entry's life (ns): on Cluster a state read
+	// may hold another instance's takes of a request that a slot then
+	// denies, until that instance's refund lands, at most hold after.
+	hold int64
 }
 
 type overEntry struct {
@@ -24,7 +29,9 @@ type overEntry struct {
 	until int64       // Unix ns after which a cost of 1 may fit again
 }
 
-func newOverCache() *overCache { return &overCache{m: xsync.NewMap[string, overEntry]()} }
+func newOverCache(hold time.Duration) *overCache {
+	return &overCache{m: xsync.NewMap[string, overEntry](), hold: int64(hold)}
+}
 
 // answer decides the batch locally if it can: every hit's key is cached
 // for its rule and still over at now, no hit saturates, and the batch is
@@ -68,6 +75,9 @@ func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []st
 		wait := d.RetryAfter
 		if wait == store.Never {
 			wait = d.ResetAfter
+		}
+		if c.hold > 0 {
+			wait = min(wait, time.Duration(c.hold))
 		}
 		// (a clone: keys[i] shares its memory with the whole call's)
 		c.m.Store(strings.Clone(keys[i]), overEntry{rule: h.Rule, state: final[i], until: now + int64(wait)})

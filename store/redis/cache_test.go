@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -55,7 +57,7 @@ func TestLocalCache(t *testing.T) {
 }
 
 func TestLocalCache_Sweep(t *testing.T) {
-	c := newOverCache()
+	c := newOverCache(0)
 	r := must(store.NewFixedWindow(1, time.Minute))
 	c.m.Store("a", overEntry{rule: r, until: 100})
 	c.m.Store("b", overEntry{rule: r, until: 200})
@@ -97,5 +99,91 @@ func TestTake_KeysNotRetained(t *testing.T) {
 	}
 	if s.Stats().LocalAnswers != before+1 {
 		t.Error("key-a, over its limit, was not answered by the local cache: its entry changed with the caller's buffer")
+	}
+}
+
+// TestLocalCache_ClusterHold: on Cluster, replica A caches a key as over
+// its limit from a state that holds replica B's take of a request that
+// another slot then denies. B refunds the take and Redis has the limit
+// again; A's entry lapses at the latest when such a hold can have ended
+// (Timeout + RefundTimeout after it was cached), not when the window
+// does (an hour here): then A asks Redis and is allowed.
+func TestLocalCache_ClusterHold(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	opt := Options{ClusterAddrs: cl.Seeds(), KeyPrefix: "rh:", Timeout: time.Minute, RefundTimeout: time.Minute}
+	a, b := open(t, opt), open(t, opt)
+	fw := must(store.NewFixedWindow(5, time.Hour))
+	one := must(store.NewFixedWindow(1, time.Hour))
+	tags := ogTags(2) // k's and j's slots, on two nodes
+	k, j := tags[0]+"k", tags[1]+"j"
+	ctx := context.Background()
+	take := func(s *Store, hits ...store.Hit) []store.Decision {
+		t.Helper()
+		out := make([]store.Decision, len(hits))
+		if err := s.Take(ctx, ogNow, hits, out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	owner := func(key string) *redistest.Server {
+		for _, n := range cl.Nodes {
+			if n.CLI("cluster", "countkeysinslot", strconv.Itoa(int(slot(key)))) == "1" {
+				return n
+			}
+		}
+		t.Fatalf("no node holds %s", key)
+		return nil
+	}
+	take(b, store.Hit{Key: j, Rule: one, Cost: 1, Veto: true}) // j full
+	take(a, store.Hit{Key: k, Rule: fw, Cost: 1, Veto: true})  // k: 1 of 5
+	jNode, kNode := owner("rh:"+j), owner("rh:"+k)
+	if jNode == kNode {
+		t.Fatal("k and j on one node")
+	}
+	jNode.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			jNode.Resume()
+		}
+	}()
+	// B: k cost 4 (commits in k's slot), j cost 1 (denied once j's node answers).
+	done := make(chan []store.Decision, 1)
+	go func() {
+		out := make([]store.Decision, 2)
+		if err := b.Take(ctx, ogNow, []store.Hit{{Key: k, Rule: fw, Cost: 4, Veto: true}, {Key: j, Rule: one, Cost: 1, Veto: true}}, out); err != nil {
+			t.Error(err)
+		}
+		done <- out
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.HasSuffix(kNode.CLI("get", "rh:"+k), ":5"); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("B's take of k not applied: k holds %q", kNode.CLI("get", "rh:"+k))
+		}
+	}
+	// A: k cost 1, denied by B's hold; A caches k as over.
+	if d := take(a, store.Hit{Key: k, Rule: fw, Cost: 1, Veto: true}); d[0].Allowed {
+		t.Fatalf("A during B's hold: %+v, want denied", d[0])
+	}
+	jNode.Resume()
+	resumed = true
+	if out := <-done; out[1].Allowed || out[0].Local {
+		t.Fatalf("B: %+v, want j denied by Redis", out)
+	}
+	if d := take(b, store.Hit{Key: k, Rule: fw, Veto: true}); d[0].Remaining != 4 {
+		t.Fatalf("peek k after B's refund: %+v, want 4 remaining", d[0])
+	}
+	hold := int64(opt.Timeout + opt.RefundTimeout)
+	if d := take(a, store.Hit{Key: k, Rule: fw, Cost: 1, Veto: true}); d[0].Allowed || !d[0].Local {
+		t.Errorf("A's take of k just after B's refund: %+v, want denied by its cache until the hold can have ended", d[0])
+	}
+	for i := range 3 {
+		at := ogNow + hold + int64(i)
+		out := make([]store.Decision, 1)
+		if err := a.Take(ctx, at, []store.Hit{{Key: k, Rule: fw, Cost: 1, Veto: true}}, out); err != nil {
+			t.Fatal(err)
+		} else if !out[0].Allowed || out[0].Local {
+			t.Errorf("A's take %d of k %v after it cached it, with 4 of 5 left in Redis: %+v", i, time.Duration(hold), out[0])
+		}
 	}
 }

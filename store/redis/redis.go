@@ -148,7 +148,13 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 		func(bool) { s.wake() })
 	s.comb.s = s
 	if !opt.NoLocalCache {
-		s.cache = newOverCache()
+		var hold time.Duration
+		if s.cluster {
+			// A request's slot calls end within Timeout, its refunds
+			// within RefundTimeout (at most Timeout) after.
+			hold = opt.Timeout + min(opt.Timeout, opt.RefundTimeout)
+		}
+		s.cache = newOverCache(hold)
 	}
 	err = s.connect(ctx)
 	switch {
