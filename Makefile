@@ -103,8 +103,8 @@ bench: ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 .PHONY: bench-load
-bench-load: build $(BIN)/ghz ## load benchmark: sluice (memory, and Redis if redis-server is installed) vs a no-op RLS server on loopback, and envoyproxy/ratelimit beside it if REFERENCE=path/to/its/binary; writes docs/BENCHMARKS.md (BENCH_FLAGS=-duration 5s ...)
-	$(GO) run ./loadgen/benchload -sluice bin/sluice -ghz $(BIN)/ghz -out docs/BENCHMARKS.md $(if $(REFERENCE),-reference $(REFERENCE)) $(BENCH_FLAGS)
+bench-load: build $(BIN)/ghz ## load benchmark: sluice (memory, and Redis if redis-server is installed) vs a no-op RLS server on loopback, and envoyproxy/ratelimit beside it if REFERENCE=path/to/its/binary, an older sluice build beside the current one if BASELINE=path/to/it; writes docs/BENCHMARKS.md (BENCH_FLAGS=-duration 5s ...)
+	$(GO) run ./loadgen/benchload -sluice bin/sluice -ghz $(BIN)/ghz -out docs/BENCHMARKS.md $(if $(REFERENCE),-reference $(REFERENCE)) $(if $(BASELINE),-baseline $(BASELINE)) $(BENCH_FLAGS)
 
 SOAK_DURATION ?= 10m
 .PHONY: soak

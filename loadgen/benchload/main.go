@@ -10,8 +10,11 @@
 // workloads (with the share of calls its local over-limit cache
 // answered, from its /metrics); then open-loop runs at fractions of the
 // no-op server's throughput, then a cross-check of the latencies against
-// ghz at a fixed rate. It writes the results, with the machine's description, as
-// Markdown.
+// ghz at a fixed rate. Sluice's allocations per call come from its
+// /metrics. With -reference, envoyproxy/ratelimit runs beside Sluice on
+// Redis; with -baseline, an older Sluice build runs beside the current
+// one in the closed loop and on Redis (before and after). It writes the
+// results, with the machine's description, as Markdown.
 //
 //	go run ./loadgen/benchload -sluice bin/sluice -out docs/BENCHMARKS.md
 package main
@@ -39,7 +42,7 @@ import (
 type settings struct {
 	sluice, config, out, ghz    string
 	cpuProfile, redisServer     string
-	reference                   string
+	reference, baseline         string
 	duration, warmup            time.Duration
 	concurrency, redisConc      []int
 	workloads                   []string
@@ -83,6 +86,7 @@ func parseFlags() settings {
 	flag.StringVar(&conc, "concurrency", "1,50,200", "closed-loop concurrencies")
 	flag.StringVar(&s.redisServer, "redis-server", "redis-server", "redis-server binary for the Redis store's runs; skipped if absent")
 	flag.StringVar(&s.reference, "reference", "", "envoyproxy/ratelimit's binary (built by hand: docs/BENCHMARKS.md), run on a redis-server of its own beside Sluice's in the Redis store's runs; skipped if empty")
+	flag.StringVar(&s.baseline, "baseline", "", "an older sluice binary (built by hand: docs/BENCHMARKS.md), run beside -sluice in the closed loop and the Redis store's runs (on a redis-server of its own) for before and after; skipped if empty")
 	flag.StringVar(&redisConc, "redis-concurrency", "50,200", "closed-loop concurrencies of the Redis store's runs")
 	flag.StringVar(&workloads, "workloads", "distinct,hot,multi", "workloads")
 	flag.IntVar(&s.connections, "connections", 2, "HTTP/2 connections per run")
@@ -160,6 +164,9 @@ type report struct {
 	open    []cell
 	ghz     *crossCheck
 	genCPU  float64 // the generator's CPU per request at concurrency 50
+	// after and before name the builds of -sluice and -baseline (see
+	// buildName); before is empty without -baseline.
+	after, before string
 }
 
 // cell is one workload and load against a Sluice server and the no-op.
@@ -176,6 +183,11 @@ type cell struct {
 	// reference's.
 	ref                  *measured
 	refPaired, refSluice []float64
+	// base is the older Sluice build's run (-baseline), basePaired each
+	// repetition's base req/s / the no-op's, and afterBefore each
+	// repetition's Sluice req/s / base's.
+	base                    *measured
+	basePaired, afterBefore []float64
 }
 
 type crossCheck struct {
@@ -188,7 +200,10 @@ type crossCheck struct {
 // run is the benchmark: describe the machine, start the servers, and run
 // each step, every one adding its section to the report.
 func run(ctx context.Context, s settings) (*report, error) {
-	rep := &report{settings: s, machine: describe()}
+	rep := &report{settings: s, machine: describe(), after: buildName(s.sluice)}
+	if s.baseline != "" {
+		rep.before = buildName(s.baseline)
+	}
 	b, err := startBench(s)
 	if err != nil {
 		return nil, err
@@ -203,12 +218,12 @@ func run(ctx context.Context, s settings) (*report, error) {
 }
 
 // bench is the benchmark under way: its directory, Sluice on the memory
-// store and the no-op server, and what the cells so far measured that
-// later ones need.
+// store, the older build on it (-baseline; nil without) and the no-op
+// server, and what the cells so far measured that later ones need.
 type bench struct {
-	s            settings
-	dir          string
-	sluice, noop *server
+	s                  settings
+	dir                string
+	sluice, base, noop *server
 	// cells counts the cells run on two servers: the order of each
 	// cell's first repetition alternates with it.
 	cells int
@@ -226,8 +241,9 @@ var keyWorkloads = []string{"distinct", "multi"}
 // all reach Redis, and hot, which its local over-limit cache answers.
 var redisWorkloads = append(slices.Clone(keyWorkloads), "hot")
 
-// startBench starts Sluice and the no-op server, their logs in a
-// directory of their own. On error, what was started is stopped.
+// startBench starts Sluice, the older build if any, and the no-op
+// server, their logs in a directory of their own. On error, what was
+// started is stopped.
 func startBench(s settings) (*bench, error) {
 	b := &bench{s: s, noopAt50: map[string]float64{}}
 	if err := b.start(); err != nil {
@@ -241,15 +257,20 @@ func (b *bench) start() (err error) {
 	if b.dir, err = os.MkdirTemp("", "benchload-"); err != nil {
 		return err
 	}
-	if b.sluice, err = startServer(b.s.sluice, "sluice", b.dir, serveArgs(b.s.config)...); err != nil {
+	if b.sluice, err = startServe(b.s.sluice, "sluice", b.dir, b.s.config); err != nil {
 		return err
+	}
+	if b.s.baseline != "" {
+		if b.base, err = startServe(b.s.baseline, "before", b.dir, b.s.config); err != nil {
+			return err
+		}
 	}
 	b.noop, err = startServer(b.s.sluice, "no-op", b.dir, "bench", "--noop-listen", "127.0.0.1:0")
 	return err
 }
 
 func (b *bench) stop() {
-	for _, srv := range []*server{b.noop, b.sluice} {
+	for _, srv := range []*server{b.noop, b.base, b.sluice} {
 		if srv != nil {
 			srv.stop()
 		}
@@ -265,8 +286,9 @@ func (b *bench) options(workload string, conc int, rate float64) (loadgen.Option
 		Duration: b.s.duration, Warmup: b.s.warmup, Rate: rate}, err
 }
 
-// closedLoop runs every workload at every concurrency on Sluice and the
-// no-op server. The multi workload at 50 is profiled if asked.
+// closedLoop runs every workload at every concurrency on Sluice, the
+// older build if any, and the no-op server. The multi workload at 50 is
+// profiled if asked.
 func (b *bench) closedLoop(ctx context.Context, rep *report) error {
 	for _, w := range b.s.workloads {
 		for _, c := range b.s.concurrency {
@@ -274,7 +296,7 @@ func (b *bench) closedLoop(ctx context.Context, rep *report) error {
 			if w == "multi" && c == 50 {
 				profileTo = b.s.cpuProfile
 			}
-			cl, err := b.cell(ctx, b.sluice, nil, w, c, 0, profileTo)
+			cl, err := b.cell(ctx, lineup{sluice: b.sluice, base: b.base}, w, c, 0, profileTo)
 			if err != nil {
 				return err
 			}
@@ -292,20 +314,31 @@ func (b *bench) closedLoop(ctx context.Context, rep *report) error {
 
 // redisStore runs the Redis workloads at each Redis concurrency on Sluice
 // with a redis-server of its own and on the no-op server (and, with
-// -reference, on envoyproxy/ratelimit with a redis-server of its own),
-// then on that Sluice alone beside busy processes. Without redis-server
-// it says why.
+// -baseline, on the older build and with -reference on
+// envoyproxy/ratelimit, each with a redis-server of its own), then on
+// that Sluice alone beside busy processes. Without redis-server it says
+// why.
 func (b *bench) redisStore(ctx context.Context, rep *report) error {
 	if _, err := exec.LookPath(b.s.redisServer); err != nil {
 		rep.noRedis = fmt.Sprintf("No `%s` was found on this machine, so the Redis store was not measured.", b.s.redisServer)
 		fmt.Fprintf(os.Stderr, "no %s: Redis store skipped\n", b.s.redisServer)
 		return nil
 	}
-	sr, err := startRedisStore(b.s, b.dir)
+	sr, err := startRedisStore(b.s, b.s.sluice, "redis", b.dir)
 	if err != nil {
 		return err
 	}
 	defer sr.stop()
+	var base *server
+	if b.s.baseline != "" {
+		if base, err = startRedisStore(b.s, b.s.baseline, "before-redis", b.dir); err != nil {
+			return err
+		}
+		defer base.stop()
+		// An older build may not count its local answers; the before
+		// and after table does not show them.
+		base.localAnswers = false
+	}
 	var ref *server
 	if b.s.reference != "" {
 		if ref, err = startReference(b.s, b.dir); err != nil {
@@ -315,7 +348,7 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 	}
 	for _, w := range redisWorkloads {
 		for _, c := range b.s.redisConc {
-			cl, err := b.cell(ctx, sr, ref, w, c, 0, "")
+			cl, err := b.cell(ctx, lineup{sluice: sr, base: base, ref: ref}, w, c, 0, "")
 			if err != nil {
 				return err
 			}
@@ -363,7 +396,7 @@ func (b *bench) openLoop(ctx context.Context, rep *report) error {
 				continue
 			}
 			rate := float64(int(frac*b.noopAt50[w]/100)) * 100 // rounded down to 100/s
-			cl, err := b.cell(ctx, b.sluice, nil, w, b.s.openConc, rate, "")
+			cl, err := b.cell(ctx, lineup{sluice: b.sluice}, w, b.s.openConc, rate, "")
 			if err != nil {
 				return err
 			}
@@ -388,18 +421,28 @@ func (b *bench) crossCheck(ctx context.Context, rep *report) error {
 	return nil
 }
 
+// lineup is the servers a cell runs on besides the no-op server: Sluice,
+// and the older build (-baseline) and the reference (-reference) unless
+// nil.
+type lineup struct{ sluice, base, ref *server }
+
 // cell runs a workload at concurrency conc (and rate, if an open loop)
-// on target, the no-op server and ref unless nil; profileTo is as
-// both's.
-func (b *bench) cell(ctx context.Context, target, ref *server, workload string, conc int, rate float64, profileTo string) (cell, error) {
+// on l's servers and the no-op server; profileTo is as runs'.
+func (b *bench) cell(ctx context.Context, l lineup, workload string, conc int, rate float64, profileTo string) (cell, error) {
 	o, err := b.options(workload, conc, rate)
 	if err != nil {
 		return cell{}, err
 	}
-	servers := []*server{target, b.noop}
-	if ref != nil {
-		servers = append(servers, ref)
+	servers := []*server{l.sluice, b.noop}
+	// at is srv's index in servers, -1 if nil.
+	at := func(srv *server) int {
+		if srv == nil {
+			return -1
+		}
+		servers = append(servers, srv)
+		return len(servers) - 1
 	}
+	bi, ri := at(l.base), at(l.ref)
 	med, runs, err := b.runs(ctx, servers, o, profileTo)
 	if err != nil {
 		return cell{}, err
@@ -407,13 +450,20 @@ func (b *bench) cell(ctx context.Context, target, ref *server, workload string, 
 	cl := cell{workload: workload, concurrency: conc, rate: rate, sluice: med[0], noop: med[1]}
 	for i := range runs[0] {
 		cl.paired = append(cl.paired, ratio(runs[0][i].RPS, runs[1][i].RPS))
-		if ref != nil {
-			cl.refPaired = append(cl.refPaired, ratio(runs[2][i].RPS, runs[1][i].RPS))
-			cl.refSluice = append(cl.refSluice, ratio(runs[0][i].RPS, runs[2][i].RPS))
+		if bi >= 0 {
+			cl.basePaired = append(cl.basePaired, ratio(runs[bi][i].RPS, runs[1][i].RPS))
+			cl.afterBefore = append(cl.afterBefore, ratio(runs[0][i].RPS, runs[bi][i].RPS))
+		}
+		if ri >= 0 {
+			cl.refPaired = append(cl.refPaired, ratio(runs[ri][i].RPS, runs[1][i].RPS))
+			cl.refSluice = append(cl.refSluice, ratio(runs[0][i].RPS, runs[ri][i].RPS))
 		}
 	}
-	if ref != nil {
-		cl.ref = &med[2]
+	if bi >= 0 {
+		cl.base = &med[bi]
+	}
+	if ri >= 0 {
+		cl.ref = &med[ri]
 	}
 	return cl, nil
 }

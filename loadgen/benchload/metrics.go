@@ -17,6 +17,9 @@ const (
 	// handledMetric counts the gRPC calls the server completed, by
 	// method and code (observe's gRPC metrics).
 	handledMetric = "grpc_server_handled_total"
+	// mallocsMetric counts the heap objects the process allocated (Go's
+	// collector, observe.RegisterProcess).
+	mallocsMetric = "go_memstats_mallocs_total"
 )
 
 var metricsClient = &http.Client{Timeout: 5 * time.Second}

@@ -16,7 +16,8 @@ type printf func(format string, a ...any)
 func (r *report) write(out io.Writer) error {
 	w := bufio.NewWriter(out)
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	for _, section := range []func(printf){r.writeIntro, r.writeClosed, r.writeRedis, r.writeReference, r.writeStarved, r.writeOpen, r.writeGhz, r.writeHowReference} {
+	for _, section := range []func(printf){r.writeIntro, r.writeClosed, r.writeRedis, r.writeReference, r.writeStarved, r.writeBeforeAfter, r.writeOpen, r.writeGhz,
+		r.writeHowReference, r.writeHowBaseline} {
 		section(p)
 	}
 	return w.Flush()
@@ -40,18 +41,21 @@ func (r *report) writeIntro(p printf) {
 	p("it used %.1f µs of CPU per request at concurrency 50 (ghz uses about 250). ", r.genCPU)
 	p("Each run warms up for %v, then measures for %v; each cell is run %d time(s) per server, alternating, and the median run is shown; *paired* is the median (and range) of each repetition's ratio, a Sluice run over the no-op run beside it, which the machine's drifts in speed (minutes long, ±20 %% here) move less than the ratio of the medians. Workloads: `distinct` = one descriptor `{k: V}` with V over %d values; ", r.warmup, r.duration, r.repeat, r.keys)
 	p("`hot` = one descriptor `{hot: hot}` kept over its limit of 10/s; `multi` = four descriptors `{k1..k4: V}`. ")
-	p("Latencies are µs, from an HDR-style histogram (under 1%% error). Server CPU is the server process's user+system time per request.\n\n")
+	p("Latencies are µs, from an HDR-style histogram (under 1%% error). Server CPU is the server process's user+system time per request. ")
+	p("Allocations per request are Sluice's heap allocations (`%s`, Go's collector) over the calls it completed (`%s`), ", mallocsMetric, handledMetric)
+	p("both the growth from when the warmup ends to after the run, read from its `/metrics`, less one scrape's own allocations (measured by a scrape right after); ")
+	p("the no-op server has no `/metrics`.\n\n")
 }
 
 // writeClosed is the closed loop's table and its failed calls.
 func (r *report) writeClosed(p printf) {
 	p("## Closed loop: throughput\n\n")
 	p("Each worker keeps one request outstanding. Ratio = Sluice / no-op; the target is ≥ 0.9 for `distinct` and `multi` at concurrency 50 and 200.\n\n")
-	p("| workload | concurrency | Sluice req/s | no-op req/s | ratio | paired | Sluice p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | server CPU µs/req Sluice / no-op |\n")
-	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| workload | concurrency | Sluice req/s | no-op req/s | ratio | paired | Sluice p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | server CPU µs/req Sluice / no-op | Sluice allocs/req |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.closed {
-		p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | %s | %.1f / %.1f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
-			ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), c.sluice.ServerCPU, c.noop.ServerCPU)
+		p("| %s | %d | %.0f | %.0f | **%.2f** | %s | %s | %s | %.1f / %.1f | %.1f |\n", c.workload, c.concurrency, c.sluice.RPS, c.noop.RPS,
+			ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), c.sluice.ServerCPU, c.noop.ServerCPU, c.sluice.Allocs)
 	}
 	for _, c := range r.closed {
 		if n := c.sluice.Codes["OK"]; n != c.sluice.Requests {
@@ -77,12 +81,12 @@ func (r *report) writeRedis(p printf) {
 	p("the growth of `%s` over that of `%s`, both read from Sluice's `/metrics` when the warmup ends and after the run; ", localAnswersMetric, handledMetric)
 	p("about 0 %% for `distinct` and `multi`, whose calls are all allowed. ")
 	p("Failed calls (errors: any gRPC code but OK, in the median run) count in the throughput and are listed under the table; the target is none.\n\n")
-	p("| workload | concurrency | Sluice+Redis req/s | errors | no-op req/s | ratio | paired | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req | local answers |\n")
-	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	p("| workload | concurrency | Sluice+Redis req/s | errors | no-op req/s | ratio | paired | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req | local answers | Sluice allocs/req |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.redis {
-		p(goalRow(c.workload, "| %s | %d | %.0f | %d | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f | %s |\n"), c.workload, c.concurrency, c.sluice.RPS, failed(c.sluice), c.noop.RPS,
+		p(goalRow(c.workload, "| %s | %d | %.0f | %d | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f | %s | %.1f |\n"), c.workload, c.concurrency, c.sluice.RPS, failed(c.sluice), c.noop.RPS,
 			ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), ratio(c.sluice.Latency.P99, c.noop.Latency.P99),
-			c.sluice.ServerCPU, c.noop.ServerCPU, c.sluice.RedisCPU, c.sluice.RedisCommands, percent(c.sluice.LocalShare))
+			c.sluice.ServerCPU, c.noop.ServerCPU, c.sluice.RedisCPU, c.sluice.RedisCommands, percent(c.sluice.LocalShare), c.sluice.Allocs)
 	}
 	for _, c := range r.redis {
 		if n := c.sluice.Codes["OK"]; n != c.sluice.Requests {
@@ -133,6 +137,52 @@ func (r *report) writeStarved(p printf) {
 	}
 }
 
+// writeBeforeAfter is the current build beside the older one, cell by
+// cell, if run with -baseline.
+func (r *report) writeBeforeAfter(p printf) {
+	var memory, redis []cell
+	for _, c := range r.closed {
+		if c.base != nil {
+			memory = append(memory, c)
+		}
+	}
+	for _, c := range r.redis {
+		if c.base != nil {
+			redis = append(redis, c)
+		}
+	}
+	if len(memory)+len(redis) == 0 {
+		return
+	}
+	p("\n## Before and after\n\n")
+	p("*After* is the build under test (`-sluice`, %s), *before* an older one (`-baseline`, %s; see *Running before and after* below), ", r.after, r.before)
+	with := "the no-op server"
+	if r.reference != "" {
+		with += " and the reference"
+	}
+	p("in the same cells as above: on the memory store, and on Redis each on a `redis-server` of its own, in turn with %s. ", with)
+	p("*After / before* is the median (and range) of each repetition's ratio of the two throughputs; the ratios to the no-op server are paired medians too. ")
+	p("Server CPU, Redis CPU and allocations per request as above.\n\n")
+	p("| store | workload | concurrency | after / before | after req/s | before req/s | after / no-op | before / no-op | p99 µs after / before | server CPU µs/req after / before | Redis CPU µs/req after / before | allocs/req after / before | errors after / before |\n")
+	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	row := func(store string, c cell) {
+		b := *c.base
+		redisCPU := "–"
+		if store == "Redis" {
+			redisCPU = fmt.Sprintf("%.1f / %.1f", c.sluice.RedisCPU, b.RedisCPU)
+		}
+		p("| %s | %s | %d | **%s** | %.0f | %.0f | %.2f | %.2f | %.0f / %.0f | %.1f / %.1f | %s | %.1f / %.1f | %d / %d |\n", store, c.workload, c.concurrency,
+			pairedRatios(c.afterBefore), c.sluice.RPS, b.RPS, medianOf(c.paired), medianOf(c.basePaired), c.sluice.Latency.P99, b.Latency.P99,
+			c.sluice.ServerCPU, b.ServerCPU, redisCPU, c.sluice.Allocs, b.Allocs, failed(c.sluice), failed(b))
+	}
+	for _, c := range memory {
+		row("memory", c)
+	}
+	for _, c := range redis {
+		row("Redis", c)
+	}
+}
+
 // writeOpen is the open loop's table, if run.
 func (r *report) writeOpen(p printf) {
 	if len(r.open) == 0 {
@@ -180,6 +230,21 @@ func (r *report) writeHowReference(p printf) {
 	p("```\ncd ratelimit && go build -o /tmp/ratelimit ./src/service_cmd\nmake bench-load REFERENCE=/tmp/ratelimit\n```\n")
 	if r.reference == "" {
 		p("\nThis run had no reference.\n")
+	}
+}
+
+// writeHowBaseline says how to run an older build beside the current
+// one.
+func (r *report) writeHowBaseline(p printf) {
+	p("\n## Running before and after\n\n")
+	p("To see what a change did, the benchmark runs an older build of Sluice (`-baseline`) beside the current one in the same run: ")
+	p("in every closed-loop cell on the memory store and in the Redis store's cells (on a `redis-server` of its own), in turn with the other servers, ")
+	p("and adds the *Before and after* section. Build it from a worktree of the older commit (it must accept today's `serve` flags); ")
+	p("`make build` stamps the commit, which the section names (`git describe --always --dirty`, so a build with uncommitted changes says so); ")
+	p("a build without it is named by its file:\n\n")
+	p("```\ngit worktree add /tmp/before <commit>\nmake -C /tmp/before build\nmake bench-load BASELINE=/tmp/before/bin/sluice\ngit worktree remove /tmp/before\n```\n")
+	if r.baseline == "" {
+		p("\nThis run had no baseline.\n")
 	}
 }
 

@@ -26,12 +26,17 @@ func result(rps float64, ok, failed uint64, p50 float64) *loadgen.Result {
 }
 
 // goldenReport has every section of the Markdown, calls that failed in
-// the closed loop and in the Redis store's runs, and the Redis store's
-// hot workload, answered by its local over-limit cache.
+// the closed loop and in the Redis store's runs, the Redis store's hot
+// workload, answered by its local over-limit cache, and an older build
+// (-baseline) in one closed-loop cell and every Redis cell.
 func goldenReport() *report {
-	s := settings{connections: 2, keys: 10000, openConc: 200, repeat: 3, starveBusy: 3, reference: "/tmp/ratelimit",
+	s := settings{connections: 2, keys: 10000, openConc: 200, repeat: 3, starveBusy: 3, reference: "/tmp/ratelimit", baseline: "/tmp/before/bin/sluice",
 		duration: 5 * time.Second, warmup: time.Second, starveTimeout: time.Second}
 	m := func(r *loadgen.Result, cpu float64) measured { return measured{Result: r, ServerCPU: cpu} }
+	// sl is a Sluice run, which counts its allocations.
+	sl := func(r *loadgen.Result, cpu, allocs float64) measured {
+		return measured{Result: r, ServerCPU: cpu, Allocs: allocs}
+	}
 	open := m(result(8000, 40000, 0, 300), 20)
 	open.Unfinished = 7
 	bench := m(result(1000, 6000, 0, 400), 25)
@@ -40,17 +45,22 @@ func goldenReport() *report {
 		settings: s,
 		machine:  machine{cpu: "Test CPU", cores: 2, memory: "8 GiB", kernel: "Linux 6.1", load: "0.1 0.2 0.3", goVersion: "go1.99", date: "2026-01-01 00:00 UTC", commit: "abc1234"},
 		genCPU:   1.5,
+		after:    "commit d75c127-dirty",
+		before:   "commit 9e766e9",
 		closed: []cell{
-			{workload: "distinct", concurrency: 50, sluice: m(result(20000, 100000, 0, 100), 30), noop: m(result(22000, 110000, 0, 90), 25), paired: []float64{0.9, 0.8, 0.95}},
-			{workload: "hot", concurrency: 200, sluice: m(result(18000, 90000, 12, 200), 31), noop: m(result(21000, 105000, 0, 190), 26), paired: []float64{0.86}},
+			{workload: "distinct", concurrency: 50, sluice: sl(result(20000, 100000, 0, 100), 30, 52.34), noop: m(result(22000, 110000, 0, 90), 25), paired: []float64{0.9, 0.8, 0.95},
+				base: &measured{Result: result(16000, 80000, 1, 120), ServerCPU: 36, Allocs: 61.25}, basePaired: []float64{0.7, 0.75, 0.72}, afterBefore: []float64{1.3, 1.2, 1.25}},
+			{workload: "hot", concurrency: 200, sluice: sl(result(18000, 90000, 12, 200), 31, 48), noop: m(result(21000, 105000, 0, 190), 26), paired: []float64{0.86}},
 		},
 		redis: []cell{
-			{workload: "multi", concurrency: 50, sluice: measured{Result: result(9000, 45000, 3, 500), ServerCPU: 40, RedisCPU: 15.25, RedisCommands: 1.16},
+			{workload: "multi", concurrency: 50, sluice: measured{Result: result(9000, 45000, 3, 500), ServerCPU: 40, RedisCPU: 15.25, RedisCommands: 1.16, Allocs: 70.5},
 				noop: m(result(17000, 85000, 0, 250), 47), paired: []float64{0.5, 0.55},
-				ref: &measured{Result: result(4000, 20000, 2, 900), ServerCPU: 90, RedisCPU: 30.5}, refPaired: []float64{0.25, 0.2}, refSluice: []float64{2.1, 2.4}},
-			{workload: "hot", concurrency: 200, sluice: measured{Result: result(19000, 95000, 0, 180), ServerCPU: 28, RedisCPU: 0.4, RedisCommands: 0.01, LocalShare: 0.98765},
+				ref: &measured{Result: result(4000, 20000, 2, 900), ServerCPU: 90, RedisCPU: 30.5}, refPaired: []float64{0.25, 0.2}, refSluice: []float64{2.1, 2.4},
+				base: &measured{Result: result(7000, 35000, 0, 600), ServerCPU: 45, RedisCPU: 18.5, Allocs: 80.25}, basePaired: []float64{0.4, 0.42}, afterBefore: []float64{1.25, 1.3}},
+			{workload: "hot", concurrency: 200, sluice: measured{Result: result(19000, 95000, 0, 180), ServerCPU: 28, RedisCPU: 0.4, RedisCommands: 0.01, LocalShare: 0.98765, Allocs: 45.5},
 				noop: m(result(21000, 105000, 0, 190), 26), paired: []float64{0.9},
-				ref: &measured{Result: result(6000, 30000, 0, 700), ServerCPU: 80, RedisCPU: 20}, refPaired: []float64{0.29}, refSluice: []float64{3.2}},
+				ref: &measured{Result: result(6000, 30000, 0, 700), ServerCPU: 80, RedisCPU: 20}, refPaired: []float64{0.29}, refSluice: []float64{3.2},
+				base: &measured{Result: result(17000, 85000, 0, 210), ServerCPU: 30, RedisCPU: 0.5, Allocs: 47}, basePaired: []float64{0.8}, afterBefore: []float64{1.1}},
 		},
 		starved: []cell{
 			{workload: "distinct", concurrency: 50, sluice: m(result(3000, 15000, 4, 900), 60)},
@@ -90,6 +100,35 @@ func TestReport_Golden(t *testing.T) {
 	}
 	if got := b.String(); got != string(want) {
 		t.Errorf("report differs from %s:\n%s", golden, got)
+	}
+}
+
+// TestReport_NoBaseline: without -baseline the report has no before and
+// after section and says so under how to run one, while Sluice's
+// allocations stay in the closed loop's table and the Redis store's.
+func TestReport_NoBaseline(t *testing.T) {
+	rep := goldenReport()
+	rep.baseline, rep.before = "", ""
+	for _, cs := range [][]cell{rep.closed, rep.redis} {
+		for i := range cs {
+			cs[i].base, cs[i].basePaired, cs[i].afterBefore = nil, nil, nil
+		}
+	}
+	var b bytes.Buffer
+	if err := rep.write(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, absent := range []string{"## Before and after", "after / before"} {
+		if strings.Contains(got, absent) {
+			t.Errorf("report has %q without a baseline:\n%s", absent, got)
+		}
+	}
+	for _, want := range []string{"## Running before and after", "This run had no baseline.",
+		"| Sluice allocs/req |\n", "| 30.0 / 25.0 | 52.3 |\n", "| 98.8 % | 45.5 |\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
 	}
 }
 

@@ -16,7 +16,11 @@ import (
 type server struct {
 	proc  *harness.Sluice
 	redis *harness.Redis // the server's store, if Redis; stopped with it
-	// localAnswers: proc's /metrics counts the requests its store
+	// counted: proc is `sluice serve`, whose /metrics counts the calls it
+	// completed (observe's gRPC metrics) and its heap allocations (Go's
+	// collector).
+	counted bool
+	// localAnswers: proc's /metrics also counts the requests its store
 	// answered without Redis (Sluice on Redis).
 	localAnswers bool
 }
@@ -31,17 +35,23 @@ func startServer(bin, name, dir string, args ...string) (*server, error) {
 	return &server{proc: p}, nil
 }
 
-// serveArgs are the arguments of `sluice serve` on loopback ports with
+// startServe runs `bin serve` (a Sluice build) on loopback ports with
 // config, and extra.
-func serveArgs(config string, extra ...string) []string {
-	return append([]string{"serve", "--config", config, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+func startServe(bin, name, dir, config string, extra ...string) (*server, error) {
+	args := append([]string{"serve", "--config", config, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--debug-addr", "127.0.0.1:0", "--log-level", "info"}, extra...)
+	srv, err := startServer(bin, name, dir, args...)
+	if err != nil {
+		return nil, err
+	}
+	srv.counted = true
+	return srv, nil
 }
 
 // startRedisStore starts a redis-server of its own, its files in
-// dir/redis-server, and `sluice serve --store redis` on it.
-func startRedisStore(s settings, dir string) (*server, error) {
-	rdir := filepath.Join(dir, "redis-server")
+// dir/name-server, and `bin serve --store redis` on it.
+func startRedisStore(s settings, bin, name, dir string) (*server, error) {
+	rdir := filepath.Join(dir, name+"-server")
 	if err := os.Mkdir(rdir, 0o755); err != nil {
 		return nil, err
 	}
@@ -49,7 +59,7 @@ func startRedisStore(s settings, dir string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := startServer(s.sluice, "redis", dir, serveArgs(s.config, "--store", "redis", "--redis-url", "redis://"+rd.Addr)...)
+	srv, err := startServe(bin, name, dir, s.config, "--store", "redis", "--redis-url", "redis://"+rd.Addr)
 	if err != nil {
 		rd.Kill()
 		return nil, err
@@ -100,14 +110,21 @@ type measured struct {
 	// measured time that its store answered without Redis (its local
 	// over-limit cache), if the server counts them.
 	LocalShare float64
+	// Allocs is the server's heap allocations per call it completed in
+	// the measured time, if it counts them (Sluice).
+	Allocs float64
 }
 
 // counts are what the server and its Redis have counted so far.
 type counts struct {
 	redis redisStats
-	// local and handled are the server's local answers and completed
-	// calls, if it counts local answers.
-	local, handled float64
+	served
+}
+
+// served is what a server's /metrics has counted so far: its completed
+// calls and heap allocations and, if it counts them, its local answers.
+type served struct {
+	handled, mallocs, local float64
 }
 
 // read reads s's counts: its Redis's INFO, its /metrics.
@@ -119,13 +136,27 @@ func (s *server) read(ctx context.Context) (counts, error) {
 			return c, err
 		}
 	}
-	if s.localAnswers {
-		var vs []float64
-		if vs, err = scrapeCounters(ctx, s.proc.HTTP, localAnswersMetric, handledMetric); err == nil {
-			c.local, c.handled = vs[0], vs[1]
-		}
+	if s.counted {
+		c.served, err = s.scrape(ctx)
 	}
 	return c, err
+}
+
+// scrape reads s's /metrics.
+func (s *server) scrape(ctx context.Context) (served, error) {
+	names := []string{handledMetric, mallocsMetric}
+	if s.localAnswers {
+		names = append(names, localAnswersMetric)
+	}
+	vs, err := scrapeCounters(ctx, s.proc.HTTP, names...)
+	if err != nil {
+		return served{}, err
+	}
+	c := served{handled: vs[0], mallocs: vs[1]}
+	if s.localAnswers {
+		c.local = vs[2]
+	}
+	return c, nil
 }
 
 func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, error) {
@@ -134,7 +165,7 @@ func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, erro
 	// Redis's counters and the server's are read when the warmup ends (by
 	// this process's clock) and after the run, so they cover the measured
 	// calls.
-	counted := s.redis != nil || s.localAnswers
+	counted := s.redis != nil || s.counted
 	var c0 counts
 	warm := make(chan error, 1)
 	if counted {
@@ -173,6 +204,18 @@ func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, erro
 			}
 			extra = fmt.Sprintf("  Redis CPU %5.1f µs/req, %.2f commands/req", m.RedisCPU, m.RedisCommands)
 		}
+		if s.counted {
+			// A scrape allocates in the server: the first one's
+			// allocations after its reading and the second's before it
+			// are counted, about one scrape's, which a third one right
+			// after measures.
+			c2, err := s.scrape(ctx)
+			if err != nil {
+				return measured{}, fmt.Errorf("%s: %w", s.name(), err)
+			}
+			m.Allocs = allocsPerCall(c0.served, c1.served, c2)
+			extra += fmt.Sprintf("  allocs %.1f/req", m.Allocs)
+		}
 		if s.localAnswers {
 			// Both counts are the server's, read at once: the calls in
 			// flight at the two ends move the share little.
@@ -180,9 +223,16 @@ func (s *server) measure(ctx context.Context, o loadgen.Options) (measured, erro
 			extra += fmt.Sprintf("  local answers %.1f %%", 100*m.LocalShare)
 		}
 	}
-	fmt.Fprintf(os.Stderr, "%-6s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req%s\n",
+	fmt.Fprintf(os.Stderr, "%-12s %-8s c=%-3d rate=%-6.0f %8.0f req/s  p50 %7.0f µs  p99 %7.0f µs  server CPU %5.1f µs/req%s\n",
 		s.name(), o.Requests[0].Domain, o.Concurrency, o.Rate, res.RPS, res.Latency.P50, res.Latency.P99, m.ServerCPU, extra)
 	return m, nil
+}
+
+// allocsPerCall is the heap allocations per completed call between
+// scrapes c0 and c1, less one scrape's own allocations (c2 - c1, c2
+// scraped right after c1 with no calls in between).
+func allocsPerCall(c0, c1, c2 served) float64 {
+	return ratio(max(c1.mallocs-c0.mallocs-(c2.mallocs-c1.mallocs), 0), c1.handled-c0.handled)
 }
 
 // busy starts n copies of this program that only burn CPU, as noisy
