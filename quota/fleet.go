@@ -130,16 +130,16 @@ func (s *Service) claimOrder(now time.Time) []*group {
 func (s *Service) wantsClaim(now time.Time, g *group) bool {
 	var d float64
 	for b := range g.subs {
-		d += b.currentDemand(now, s.o.Interval)
+		d += b.demand(now, s.o.Interval).Peak
 	}
 	return d > s.cautious(float64(g.rule.Limit.Limit()))
 }
 
 // claim is this replica's claim on g; s.mu is held.
 func (s *Service) claim(now time.Time, g *group) store.Claim {
-	ds := make([]float64, 0, len(g.subs))
+	ds := make([]store.Demand, 0, len(g.subs))
 	for b := range g.subs {
-		ds = append(ds, b.currentDemand(now, s.o.Interval))
+		ds = append(ds, b.demand(now, s.o.Interval))
 	}
 	c := float64(g.rule.Limit.Limit()) * (1 - s.o.reserve())
 	m := c

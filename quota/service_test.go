@@ -400,7 +400,7 @@ type fakeFleet struct {
 
 type fakeEntry struct {
 	held    float64
-	demands []float64
+	demands []store.Demand
 }
 
 func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]store.Claim, _ []string) (store.Grants, error) {
@@ -419,11 +419,11 @@ func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]st
 				ds = append(ds, e.demands...)
 			}
 		}
-		shares := make([]float64, len(ds))
-		FairShares(ds, cl.Capacity, shares)
+		var d Divider
+		level, extra := d.Level(ds, cl.Capacity)
 		var fair float64
-		for _, v := range shares[:len(cl.Demands)] {
-			fair += v
+		for _, h := range cl.Demands {
+			fair += ExpectedUse(h, level, extra, cl.Capacity)
 		}
 		grant := max(min(fair, cl.Max, cl.Capacity-others), 0)
 		mine[k] = fakeEntry{held: grant, demands: cl.Demands}
