@@ -158,31 +158,40 @@ func DemandOf(samples []float64) store.Demand {
 }
 
 // spread is how Level counts a demand: at its peak a fraction q of the
-// time, at its lowest otherwise, so that its mean is kept. All three are
-// clamped to [0, capacity] (NaN to 0).
+// time, at its lowest otherwise, so that its mean is kept; then the
+// lowest and the peak are clamped to [0, capacity] (a burst above the
+// capacity uses at most all of it, as often). Negative and NaN values
+// count as 0.
 func spread(d store.Demand, capacity float64) (lo, hi, q float64) {
-	c := func(v float64) float64 {
+	pos := func(v float64) float64 {
 		if !(v > 0) {
 			return 0
 		}
-		return min(v, capacity)
+		return v
 	}
-	hi = c(d.Peak)
-	lo = min(c(d.Low), hi)
-	m := min(max(c(d.Mean), lo), hi)
-	if hi == lo {
-		return lo, hi, 1
+	hi = pos(d.Peak)
+	lo = min(pos(d.Low), hi)
+	m := min(max(pos(d.Mean), lo), hi)
+	switch {
+	case math.IsInf(hi, 1) && !math.IsInf(m, 1):
+		q = 0
+	case hi > lo && !math.IsInf(hi, 1):
+		q = (m - lo) / (hi - lo)
+	default:
+		q = 1
 	}
-	return lo, hi, (m - lo) / (hi - lo)
+	if !(capacity > 0) {
+		return 0, 0, q
+	}
+	return min(lo, capacity), min(hi, capacity), q
 }
 
 // Divider computes expected-usage shares (see Shares) with buffers it
 // keeps between calls. The zero value is ready; not safe for concurrent
 // use.
 type Divider struct {
-	steps []levelStep
-	peaks []float64
-	caps  []float64
+	steps       []levelStep
+	peaks, caps []float64
 }
 
 // levelStep is a point past which a claimant's expected usage grows by
@@ -267,13 +276,15 @@ func ExpectedUse(d store.Demand, level, extra, capacity float64) float64 {
 func (d *Divider) Shares(ds []store.Demand, capacity, most float64, out []float64) {
 	n := len(ds)
 	level, extra := d.Level(ds, capacity)
-	d.peaks = grow(d.peaks, n)
-	d.caps = grow(d.caps, n)
+	d.peaks, d.caps = grow(d.peaks, n), grow(d.caps, n)
 	for i, dm := range ds {
-		_, d.peaks[i], _ = spread(dm, capacity)
+		// (Up to most for the bound, so that it does not tighten as the
+		// capacity grows.)
+		_, d.peaks[i], _ = spread(dm, most)
 	}
 	FairShares(d.peaks, most, d.caps)
-	for i := range out[:n] {
-		out[i] = min(min(level, d.peaks[i])+extra, d.caps[i])
+	for i, dm := range ds {
+		_, peak, _ := spread(dm, capacity)
+		out[i] = min(min(level, peak)+extra, d.caps[i])
 	}
 }

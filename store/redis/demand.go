@@ -203,17 +203,19 @@ func (d *Demand) live(now time.Time, members map[string]string) int {
 }
 
 // appendDemands appends the demands ds of a replica's proxies for
-// demand.lua: each of a demand's lowest, mean and peak at most capacity
-// and rounded to 3 significant digits (a share moves by less than
-// 0.5 %), "<low>/<mean>/<peak>" or one value when all three are equal,
-// and equal demands once, with their count ("<demand>*<count>"), so
-// that a claim costs Redis the distinct demands, a few dozen, not the
-// proxies.
+// demand.lua: each of a demand's lowest, mean and peak rounded to 3
+// significant digits (a share moves by less than 0.5 %; an infinite one,
+// a proxy not measured yet, is the capacity), "<low>/<mean>/<peak>" or
+// one value when all three are equal, and equal demands once, with
+// their count ("<demand>*<count>"), so that a claim costs Redis the
+// distinct demands, a few dozen, not the proxies.
 func appendDemands(a []string, ds []store.Demand, capacity float64) []string {
 	counts := make(map[string]int, len(ds))
 	round := func(v float64) string {
-		v = min(v, capacity)
-		if !(v >= 0) {
+		switch {
+		case math.IsInf(v, 1):
+			v = capacity
+		case !(v >= 0):
 			v = 0
 		}
 		return strconv.FormatFloat(v, 'g', 3, 64)

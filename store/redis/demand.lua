@@ -13,14 +13,14 @@
 -- whose field is fresh, as quota.Divider.Level does: the share s at which
 -- the proxies' expected usages sum to the capacity, a proxy using
 -- q × min(peak, s) + (1 − q) × min(lowest, s), q the fraction that keeps
--- its mean (max-min fairness when every demand is one value); when the
+-- its mean, the lowest and the peak then clamped to the capacity
+-- (max-min fairness when every demand is one value); when the
 -- means fit, what they leave over is split equally among the proxies.
 -- Grants this replica its proxies' expected usages at that level, at most
 -- what the others do not hold and the most it may claim, and records the
 -- grant as its part. Returns the part granted.
 local key, me = KEYS[1], ARGV[1]
 local now, stale, cap, most = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local function clamp(v) return math.min(math.max(v, 0), cap) end
 -- demands[tok] = {lowest, peak, q, proxies, of them this replica's}.
 local demands, n = {}, 0
 local function add(tok, mine)
@@ -33,12 +33,12 @@ local function add(tok, mine)
     if not lo then lo, m, hi = d, d, d end
     lo, m, hi = tonumber(lo), tonumber(m), tonumber(hi)
     if not (lo and m and hi) then return end
-    hi = clamp(hi)
-    lo = math.min(clamp(lo), hi)
-    m = math.min(math.max(clamp(m), lo), hi)
+    hi = math.max(hi, 0)
+    lo = math.min(math.max(lo, 0), hi)
+    m = math.min(math.max(m, lo), hi)
     local q = 1
     if hi > lo then q = (m - lo) / (hi - lo) end
-    e = {lo, hi, q, 0, 0}
+    e = {math.min(lo, cap), math.min(hi, cap), q, 0, 0}
     demands[d] = e
   end
   e[4] = e[4] + c

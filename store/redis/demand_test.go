@@ -88,6 +88,27 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	if !near(r.Granted["g1"], 900) || r.Live != 1 {
 		t.Errorf("a after b went stale: %+v, want 900, 1 live", r)
 	}
+	// Demands that move: a's two proxies burst to 160 one report in four
+	// and want 10 otherwise (mean 47.5), b's one wants 60 steadily. On 100
+	// the level s has the bursting ones use 0.25 s + 0.75 × 10 each and b's
+	// min(60, s): s = 56.67, a's part 43.33, b's 56.67 (max-min fairness
+	// over the peaks would give a 66.67: its proxies would leave most of
+	// it unused).
+	burst := store.Demand{Low: 10, Mean: 47.5, Peak: 160}
+	g4a := store.Claim{Capacity: 100, Max: 100, Demands: []store.Demand{burst, burst}}
+	g4b := store.Claim{Capacity: 100, Max: 100, Demands: one(60)}
+	exchange("b g4", b, now.Add(7*time.Second), map[string]store.Claim{"g4": {Capacity: 100, Max: 50, Demands: g4b.Demands}})
+	if r := exchange("a g4", a, now.Add(7*time.Second), map[string]store.Claim{"g4": g4a}); !near(r.Granted["g4"], 130.0/3) {
+		t.Errorf("a's two bursting proxies beside b's steady one: %+v, want 43.33", r)
+	}
+	if r := exchange("b g4 again", b, now.Add(7*time.Second), map[string]store.Claim{"g4": g4b}); !near(r.Granted["g4"], 170.0/3) {
+		t.Errorf("b's steady proxy beside a's two bursting ones: %+v, want 56.67", r)
+	}
+	if cli != nil {
+		if got := cli("HGET", "d:rlqs:g4", "a"); !strings.HasSuffix(got, " 10/47.5/160*2") {
+			t.Errorf("HGET d:rlqs:g4 a = %q, want its two proxies' demand once, with their count", got)
+		}
+	}
 }
 
 // TestDemand_ClaimsNeverExceed: replicas claim the same limit at once
