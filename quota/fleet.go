@@ -16,8 +16,9 @@ type Fleet interface {
 	// Exchange publishes, for each group key in local, the demands of
 	// this replica's proxies (requests per the rule's period) and claims
 	// this replica's part of the group's capacity: atomically per group,
-	// the sum of its proxies' max-min fair shares of the capacity given
-	// every replica's demands, at most what the other replicas hold not.
+	// its proxies' expected usages at the water level of the capacity
+	// over every replica's demands (see Divider.Level), at most what the
+	// other replicas hold not.
 	// The parts the replicas hold thus never sum above the capacity. It
 	// gives back this replica's part of each group in release, which it
 	// no longer has.

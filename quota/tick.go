@@ -77,7 +77,6 @@ func (s *Service) divide(now time.Time) {
 // divideScratch is divideGroup's reused buffers.
 type divideScratch struct {
 	subs    []*sub
-	hist    [][]float64
 	samples []float64
 	demands []store.Demand
 	shares  []float64
