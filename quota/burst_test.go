@@ -196,3 +196,52 @@ func TestService_BurstyDemand(t *testing.T) {
 		})
 	}
 }
+
+// TestService_BurstsTurnJoint: proxies that burst in turn, then all at
+// once from the 12th second on (every proxy at 160/s: 8 × the limit).
+// While they burst in turn the fleet admits at least 0.9 × the limit
+// (not with the last report only: under 0.85); the second they turn, it
+// admits what the shares allow, at most the overcommit (4 × the limit),
+// the worst case the shares are bounded by (2.4 × in the 12th and 13th
+// seconds, the shares of the 13th cut only once its windows are half
+// gone, 1.6 × in the 14th); two reports later the shares are scaled down
+// to the limit, and from the 15th second on no second admits more than
+// 1.05 × the limit. Without the scaling the histories alone would take
+// two more seconds (1.27 and 1.09 × the limit).
+func TestService_BurstsTurnJoint(t *testing.T) {
+	for _, replicas := range []int{1, 3} {
+		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
+			var rs []*Service
+			all := map[string]map[string]fakeEntry{}
+			for r := range replicas {
+				var o Options
+				if replicas > 1 {
+					o.Fleet = &fakeFleet{name: strconv.Itoa(r), all: all}
+				}
+				s, _ := newTestService(t, o)
+				rs = append(rs, s)
+			}
+			const turn = 12
+			b := newBurstSim(t, rs, 50, func(i, sec int) float64 {
+				if sec >= turn {
+					return 160
+				}
+				return bursty(i, sec)
+			})
+			var seconds []float64
+			for sec := range 24 {
+				got := b.second(sec) / 1000
+				seconds = append(seconds, got)
+				switch {
+				case sec >= 4 && sec < turn && got < 0.9:
+					t.Errorf("second %d, bursts in turn: admitted %.3f × the limit, want at least 0.9", sec, got)
+				case got > DefaultOvercommit:
+					t.Errorf("second %d: admitted %.3f × the limit, want at most the overcommit, %v", sec, got, DefaultOvercommit)
+				case sec >= turn+3 && got > 1.05:
+					t.Errorf("second %d, all bursting for %d s: admitted %.3f × the limit, want at most 1.05", sec, sec-turn+1, got)
+				}
+			}
+			t.Logf("admitted / limit by second: %.3f", seconds)
+		})
+	}
+}

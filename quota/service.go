@@ -147,10 +147,11 @@ type Options struct {
 	// demand moves between them faster than they report admits its
 	// limit, not only what the proxies of the last report wanted. If all
 	// the proxies use their shares at once, the group admits up to this
-	// many times the limit for an interval. Above 1, what is divided is
-	// also corrected by how far the proxies' reports strayed from their
-	// expected usages (see correct). 0 means DefaultOvercommit; 1: never
-	// above the limit.
+	// many times the limit a second until their reports show it. Above 1,
+	// what is divided is also corrected by how far the proxies' reports
+	// strayed from their expected usages, and the shares scaled down when
+	// the reports admitted more than the limit (see correct). 0 means
+	// DefaultOvercommit; 1: never above the limit.
 	Overcommit float64
 	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
 	// (the share per unit, refilled evenly, holding a tenth of it, at least 10)

@@ -173,9 +173,9 @@ func (s *Service) demands(now time.Time, subs []*sub, period float64, sc *divide
 //
 // The factor is below 1 when the proxies admitted more than the limit
 // (or this replica's part of it, capacity / (1 − reserve)) in their
-// last two reports, each counted at most at its share: 1 / (1 −
-// reserve) over the lesser of the two excesses, so that the shares then
-// admit at most capacity if those demands come again. One report alone
+// last two reports, each counted at most at its share: capacity over
+// the lesser of the two, so that the shares then admit at most capacity
+// if those demands come again. One report alone
 // may read above the limit without the windows doing so, when it ends
 // early in a window (a proxy admits its share early in its window).
 func (s *Service) correct(now time.Time, g *group, subs []*sub, ds []store.Demand, capacity, most float64) (target, scale float64) {
@@ -203,12 +203,13 @@ func (s *Service) correct(now time.Time, g *group, subs []*sub, ds []store.Deman
 	if len(g.errs) >= min(minErrs, s.o.DemandWindow) {
 		target = min(capacity+max(median(g.errs, &g.sorted), 0), most)
 	}
-	if !counted {
+	part := capacity / (1 - s.o.reserve())
+	if !counted || !(part > 0) {
 		return target, scale
 	}
-	part := capacity / (1 - s.o.reserve())
 	if over := min(used/part, g.over); over > 1 {
-		scale = 1 / over / (1 - s.o.reserve())
+		// What the lesser of the two admitted, capacity / (over × part).
+		scale = (1 - s.o.reserve()) / over
 	}
 	g.over = used / part
 	return target, scale
