@@ -114,29 +114,22 @@ func (b *sub) stale(now time.Time, interval time.Duration) bool {
 	return now.Sub(b.seen) > staleAfter*max(b.interval, interval)
 }
 
-// history appends b's recent demands to h, in requests per period (the
-// seconds of its group's period), and returns h: its last reports'
-// (Options.DemandWindow), so that a proxy whose demand comes in bursts
-// counts as wanting its bursts as often as they came; +Inf (an equal
-// share) after only its first report, or 0 once its reports have
-// stopped (see stale).
-func (b *sub) history(now time.Time, interval time.Duration, period float64, h []float64) []float64 {
+// demand is b's demand over its last reports (Options.DemandWindow, see
+// DemandOf), in requests per its group's period, so that a proxy whose
+// demand comes in bursts counts as wanting its bursts as often as they
+// came; infinite (an equal share) after only its first report, or 0 once
+// its reports have stopped (see stale).
+func (b *sub) demand(now time.Time, interval time.Duration) store.Demand {
 	switch {
 	case b.stale(now, interval):
-		return append(h, 0)
+		return store.Demand{}
 	case !b.measured:
-		return append(h, math.Inf(1))
+		inf := math.Inf(1)
+		return store.Demand{Low: inf, Mean: inf, Peak: inf}
 	}
-	for _, d := range b.recent[:b.nrecent] {
-		h = append(h, d*period)
-	}
-	return h
-}
-
-// demand is b's demand over its history (see history and DemandOf), in
-// requests per its group's period.
-func (b *sub) demand(now time.Time, interval time.Duration) store.Demand {
-	return DemandOf(b.history(now, interval, b.g.rule.Limit.Period().Seconds(), nil))
+	d := DemandOf(b.recent[:b.nrecent])
+	p := b.g.rule.Limit.Period().Seconds()
+	return store.Demand{Low: d.Low * p, Mean: d.Mean * p, Peak: d.Peak * p}
 }
 
 // current returns the table to match against, nil before the first one

@@ -77,7 +77,6 @@ func (s *Service) divide(now time.Time) {
 // divideScratch is divideGroup's reused buffers.
 type divideScratch struct {
 	subs    []*sub
-	samples []float64
 	demands []store.Demand
 	shares  []float64
 	whole   []uint64
@@ -108,7 +107,11 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 		return strings.Compare(x.key, y.key)
 	})
 	sc.subs = subs
-	ds := s.demands(now, subs, g.rule.Limit.Period().Seconds(), sc)
+	ds := sc.demands[:0]
+	for _, b := range subs {
+		ds = append(ds, b.demand(now, s.o.Interval))
+	}
+	sc.demands = ds
 	limit := float64(g.rule.Limit.Limit())
 	capacity, others := limit*(1-s.o.reserve()), 0.0
 	mode := s.fleetMode(g)
@@ -144,17 +147,6 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 	g.assigned = others + min(held, capacity)
 }
 
-// demands fills sc.demands with the demands of subs over their
-// histories (see sub.history and DemandOf) and returns it.
-func (s *Service) demands(now time.Time, subs []*sub, period float64, sc *divideScratch) []store.Demand {
-	sc.demands = sc.demands[:0]
-	for _, b := range subs {
-		sc.samples = b.history(now, s.o.Interval, period, sc.samples[:0])
-		sc.demands = append(sc.demands, DemandOf(sc.samples))
-	}
-	return sc.demands
-}
-
 // correct returns what to divide among g's proxies: capacity, raised
 // by the error of the expected usages, and the factor to scale the
 // shares by. s.mu is held.
@@ -175,9 +167,9 @@ func (s *Service) demands(now time.Time, subs []*sub, period float64, sc *divide
 // (or this replica's part of it, capacity / (1 − reserve)) in their
 // last two reports, each counted at most at its share: capacity over
 // the lesser of the two, so that the shares then admit at most capacity
-// if those demands come again. One report alone
-// may read above the limit without the windows doing so, when it ends
-// early in a window (a proxy admits its share early in its window).
+// if those demands come again. One report alone may read above the
+// limit without the windows doing so, when it ends early in a window (a
+// proxy admits its share early in its window).
 func (s *Service) correct(now time.Time, g *group, subs []*sub, ds []store.Demand, capacity, most float64) (target, scale float64) {
 	period := g.rule.Limit.Period().Seconds()
 	var predicted, admitted, used float64
