@@ -59,16 +59,16 @@ type sub struct {
 	seen          time.Time // last report
 	busy          time.Time // last report with traffic
 	// share is b's share of its group's limit as the last Tick divided
-	// it (requests per period), wanted its demand then (the peak of its
-	// recent reports).
-	share     uint64
-	wanted    float64
-	sent      Action
-	sentShare uint64    // the share sent, requests per period
-	sentSince time.Time // when sentShare last changed
-	sentPrev  uint64    // the share sent before that
-	sentAt    time.Time
-	hasSent   bool
+	// it (requests per period), wanted its peak demand then and mean its
+	// mean demand (see demand).
+	share        uint64
+	wanted, mean float64
+	sent         Action
+	sentShare    uint64    // the share sent, requests per period
+	sentSince    time.Time // when sentShare last changed
+	sentPrev     uint64    // the share sent before that
+	sentAt       time.Time
+	hasSent      bool
 }
 
 // record updates b's demand from a report.

@@ -86,10 +86,10 @@ type divideScratch struct {
 // divideGroup divides g's limit (or this replica's part of it, see
 // fleetMode) among its proxies by what their recent reports say they
 // use of a share (see Divider.Shares): each proxy's share, in whole
-// requests per period, and its peak demand go into its sub (share,
-// wanted), what the proxies hold into g.assigned, counting what they
-// hold above what is divided as not held, so that newcomers still draw
-// from the reserve. Unless this replica divides only its cautious part,
+// requests per period, and its peak and mean demand go into its sub
+// (share, wanted, mean), what the proxies hold into g.assigned,
+// counting what they hold above what is divided as not held, so that
+// newcomers still draw from the reserve. Unless this replica divides only its cautious part,
 // the shares may sum up to Overcommit × what is divided, and what is
 // divided is corrected by how far the proxies' last reports strayed
 // from what their histories predicted (see correct). s.mu is held.
@@ -142,7 +142,7 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 	var held float64
 	for i, b := range subs {
 		held += float64(whole[i])
-		b.share, b.wanted = whole[i], ds[i].Peak
+		b.share, b.wanted, b.mean = whole[i], ds[i].Peak, ds[i].Mean
 	}
 	g.assigned = others + min(held, capacity)
 }
