@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/store"
 )
 
 // group is the buckets that share one limit: one rule and counter key.
@@ -22,12 +23,14 @@ type group struct {
 	claimed   bool
 	granted   float64
 	claimedAt time.Time
-	// stretch is the factor by which the shares sum above what is
-	// divided (see Stretch), as of the last Tick: 1 or more.
-	stretch float64
-	// past are the figures of the last Options.DemandWindow Ticks, newest
-	// first, that stretch is computed from.
-	past []stretchSample
+	// errs are the errors of the expected usages of the last
+	// Options.DemandWindow Ticks, newest first: what the proxies' reports
+	// admitted less than predicted (see correct).
+	errs []float64
+	// over is what the proxies' reports admitted at the last Tick, over
+	// the limit (or this replica's part of it, see correct).
+	over   float64
+	sorted []float64 // errs sorted (a buffer of correct)
 	// rank orders the claims when there are more than MaxClaims (see
 	// claimOrder).
 	rank int
@@ -42,26 +45,30 @@ type sub struct {
 	g      *group       // nil when no limit is divided (see answer)
 	// recent are the demands (allowed + denied per second) of the last
 	// reports (Options.DemandWindow of them, after the first, which has
-	// no rate) in a ring; nrecent are set. allowed and denied are the
-	// last report's, per second; limited: this one or the one before
-	// had denials. interval is its elapsed time.
-	recent          []float64
-	allowed, denied float64
-	limited         bool
-	next, nrecent   int
-	measured        bool // a report after the first came
-	interval        time.Duration
-	seen            time.Time // last report
-	busy            time.Time // last report with traffic
+	// no rate) in a ring; nrecent are set. allowed is the last report's,
+	// per second, and held the share it was made under (the shares sent,
+	// averaged over the report's time; heldKnown once one was sent, see
+	// correct). interval is its elapsed time.
+	recent        []float64
+	allowed       float64
+	held          float64
+	heldKnown     bool
+	next, nrecent int
+	measured      bool // a report after the first came
+	interval      time.Duration
+	seen          time.Time // last report
+	busy          time.Time // last report with traffic
 	// share is b's share of its group's limit as the last Tick divided
-	// it (requests per period), wanted its demand then (currentDemand:
-	// the peak of its recent reports).
-	share     uint64
-	wanted    float64
-	sent      Action
-	sentShare uint64 // the share sent, requests per period
-	sentAt    time.Time
-	hasSent   bool
+	// it (requests per period), wanted its peak demand then and mean its
+	// mean demand (see demand).
+	share        uint64
+	wanted, mean float64
+	sent         Action
+	sentShare    uint64    // the share sent, requests per period
+	sentSince    time.Time // when sentShare last changed
+	sentPrev     uint64    // the share sent before that
+	sentAt       time.Time
+	hasSent      bool
 }
 
 // record updates b's demand from a report.
@@ -85,9 +92,9 @@ func (b *sub) record(now time.Time, u *Usage) {
 			b.recent = make([]float64, b.st.s.o.DemandWindow)
 		}
 		sec := el.Seconds()
-		b.limited = u.Denied > 0 || b.denied > 0
-		b.allowed, b.denied = float64(u.Allowed)/sec, float64(u.Denied)/sec
-		b.recent[b.next] = b.allowed + b.denied
+		b.allowed = float64(u.Allowed) / sec
+		b.held, b.heldKnown = b.heldOver(now.Add(-el), now), b.hasSent
+		b.recent[b.next] = float64(n) / sec
 		b.next = (b.next + 1) % len(b.recent)
 		b.nrecent = min(b.nrecent+1, len(b.recent))
 	}
@@ -101,23 +108,28 @@ func (b *sub) record(now time.Time, u *Usage) {
 // without a report before its demand counts as 0.
 const staleAfter = 3
 
-// currentDemand is b's demand in requests per its group's period: the
-// peak of its recent reports (Options.DemandWindow), so that a proxy
-// whose demand comes in bursts counts as wanting its bursts; infinite (an
-// equal share) after only its first report, or 0 once its reports have
-// stopped for staleAfter of its intervals.
-func (b *sub) currentDemand(now time.Time, interval time.Duration) float64 {
+// stale reports whether b's reports have stopped for staleAfter of its
+// intervals (at least interval).
+func (b *sub) stale(now time.Time, interval time.Duration) bool {
+	return now.Sub(b.seen) > staleAfter*max(b.interval, interval)
+}
+
+// demand is b's demand over its last reports (Options.DemandWindow, see
+// DemandOf), in requests per its group's period, so that a proxy whose
+// demand comes in bursts counts as wanting its bursts as often as they
+// came; infinite (an equal share) after only its first report, or 0 once
+// its reports have stopped (see stale).
+func (b *sub) demand(now time.Time, interval time.Duration) store.Demand {
 	switch {
-	case now.Sub(b.seen) > staleAfter*max(b.interval, interval):
-		return 0
+	case b.stale(now, interval):
+		return store.Demand{}
 	case !b.measured:
-		return math.Inf(1)
+		inf := math.Inf(1)
+		return store.Demand{Low: inf, Mean: inf, Peak: inf}
 	}
-	var peak float64
-	for _, d := range b.recent[:b.nrecent] {
-		peak = max(peak, d)
-	}
-	return peak * b.g.rule.Limit.Period().Seconds()
+	d := DemandOf(b.recent[:b.nrecent])
+	p := b.g.rule.Limit.Period().Seconds()
+	return store.Demand{Low: d.Low * p, Mean: d.Mean * p, Peak: d.Peak * p}
 }
 
 // current returns the table to match against, nil before the first one
@@ -177,7 +189,7 @@ func (s *Service) subscribe(t *config.Table, b *sub) {
 	}
 	g := s.groups[string(key)]
 	if g == nil {
-		g = &group{key: string(key), subs: map[*sub]struct{}{}, stretch: 1}
+		g = &group{key: string(key), subs: map[*sub]struct{}{}}
 		s.groups[g.key] = g
 	}
 	// A group that outlives a reload (rematch moves its buckets one at
@@ -239,8 +251,26 @@ func (s *Service) answerNew(now time.Time, b *sub) {
 	free = max(free, 0)
 	share := min(free/2, limit/float64(len(b.g.subs)))
 	b.g.assigned += share
-	b.sentShare = uint64(share)
+	b.setSent(now, uint64(share))
 	s.queue(now, b, assign(b.g.rule, b.sentShare, s.o.FixedWindowAsTokenBucket))
+}
+
+// setSent records share as the share sent to b at now.
+func (b *sub) setSent(now time.Time, share uint64) {
+	if share != b.sentShare || b.sentSince.IsZero() {
+		b.sentPrev, b.sentSince = b.sentShare, now
+	}
+	b.sentShare = share
+}
+
+// heldOver is the share b held from from to to, averaged over the time:
+// the one sent last since it was sent, the one before until then.
+func (b *sub) heldOver(from, to time.Time) float64 {
+	if !b.sentSince.After(from) || !to.After(from) {
+		return float64(b.sentShare)
+	}
+	f := min(float64(to.Sub(b.sentSince))/float64(to.Sub(from)), 1)
+	return f*float64(b.sentShare) + (1-f)*float64(b.sentPrev)
 }
 
 // queue sends a its TTL, queues it for b's stream and counts it in

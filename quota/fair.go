@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"math"
 	"slices"
+
+	"github.com/sluicehq/sluice/store"
 )
 
 // FairShares divides capacity among claimants max-min fairly and writes
@@ -134,48 +136,155 @@ func Whole(shares []float64, out []uint64) {
 	}
 }
 
-// StretchDeadband is how far below capacity the proxies may admit before
-// Stretch raises the factor: the noise of one interval's reports.
-const StretchDeadband = 0.02
+// DemandOf is a claimant's demand as its recent samples show it: their
+// lowest, mean and peak. Negative and NaN samples count as 0; no
+// samples as a demand of 0.
+func DemandOf(samples []float64) store.Demand {
+	if len(samples) == 0 {
+		return store.Demand{}
+	}
+	d := store.Demand{Low: math.Inf(1)}
+	for _, v := range samples {
+		if !(v > 0) {
+			v = 0
+		}
+		d.Low, d.Peak = min(d.Low, v), max(d.Peak, v)
+		d.Mean += v / float64(len(samples))
+	}
+	if math.IsInf(d.Peak, 1) {
+		d.Mean = d.Peak
+	}
+	return d
+}
 
-// Stretch returns the factor by which to stretch what a limit's proxies
-// hold, from the factor f in force during their last reports, so that
-// what some leave unused of their shares goes to the others: the proxies
-// that want the limit may change faster than their demand is reported.
-// limited is what the proxies recently denied admitted, free what the
-// others admitted (requests per period, in their last reports), capacity
-// what is divided. When the proxies admitted less than capacity, the
-// factor rises, when more it falls: to f × capacity / admitted at least,
-// and to the factor that would have admitted capacity if only the limited
-// proxies admit in proportion to it, f × (capacity − free) / limited,
-// when that goes further (the first step falls short: the free proxies
-// do not take more). It rises at most to twice f, and only while some
-// proxy is limited, and by more than StretchDeadband of capacity: a
-// fleet that admitted nearly capacity keeps its factor. Without a limited
-// proxy there is no demand left to meet, and the factor falls halfway
-// back to 1. The result is in [1, most] (1 for most ≤ 1, a capacity that
-// is not positive and finite, or NaN inputs).
-func Stretch(f, free, limited, capacity, most float64) float64 {
-	if !(most > 1) || !(capacity > 0) || math.IsInf(capacity, 1) || math.IsNaN(f) || math.IsNaN(free) || math.IsNaN(limited) {
-		return 1
+// spread is how Level counts a demand: at its peak a fraction q of the
+// time, at its lowest otherwise, so that its mean is kept; then the
+// lowest and the peak are clamped to [0, capacity] (a burst above the
+// capacity uses at most all of it, as often). Negative and NaN values
+// count as 0.
+func spread(d store.Demand, capacity float64) (lo, hi, q float64) {
+	pos := func(v float64) float64 {
+		if !(v > 0) {
+			return 0
+		}
+		return v
 	}
-	f = min(max(f, 1), most)
-	free, limited = max(free, 0), max(limited, 0)
-	admitted := free + limited
-	var next float64
+	hi = pos(d.Peak)
+	lo = min(pos(d.Low), hi)
+	m := min(max(pos(d.Mean), lo), hi)
 	switch {
-	case !(limited > 0) && admitted < capacity:
-		next = 1 + (f-1)/2
-	case !(admitted > 0):
-		next = 1
-	case admitted >= (1-StretchDeadband)*capacity && admitted <= capacity:
-		next = f
-	case admitted < capacity:
-		next = max(f*capacity/admitted, f*(capacity-free)/limited)
-	case free >= capacity:
-		next = 1
+	case math.IsInf(hi, 1) && !math.IsInf(m, 1):
+		q = 0
+	case hi > lo && !math.IsInf(hi, 1):
+		q = (m - lo) / (hi - lo)
 	default:
-		next = min(f*capacity/admitted, f*(capacity-free)/limited)
+		q = 1
 	}
-	return min(max(next, 1), 2*f, most)
+	if !(capacity > 0) {
+		return 0, 0, q
+	}
+	return min(lo, capacity), min(hi, capacity), q
+}
+
+// Divider computes expected-usage shares (see Shares) with buffers it
+// keeps between calls. The zero value is ready; not safe for concurrent
+// use.
+type Divider struct {
+	steps       []levelStep
+	peaks, caps []float64
+}
+
+// levelStep is a point past which a claimant's expected usage grows by
+// weight less per unit of share.
+type levelStep struct{ at, weight float64 }
+
+// Level returns the water level of capacity over ds, the claimants'
+// recent demands: the share s at which the claimants' expected usages
+// of s (see ExpectedUse) sum to capacity. When their means fit, the
+// level is +Inf and extra what they leave over per claimant.
+//
+// A claimant's expected usage of s is q × min(peak, s) + (1 − q) ×
+// min(low, s), q the fraction of the time at its peak that keeps its
+// mean: of all the ways its demand could have moved between its lowest
+// and its peak with that mean, the burstiest, which uses the least of a
+// share. A proxy's report straddles two of the windows its share counts
+// in, so a burst of one window reads as part burst in two reports: the
+// burstiest reading undoes that blur where the reports' own samples
+// (the mean of min(d, s) over them) would overstate what the proxy uses
+// by up to half. For a claimant whose demand is one value (low = mean =
+// peak) it is min(d, s), and the level that of FairShares.
+func (d *Divider) Level(ds []store.Demand, capacity float64) (level, extra float64) {
+	n := len(ds)
+	if n == 0 {
+		return math.Inf(1), 0
+	}
+	if math.IsInf(capacity, 1) {
+		return capacity, capacity
+	}
+	if !(capacity > 0) {
+		return 0, 0
+	}
+	steps := d.steps[:0]
+	var means float64
+	for _, dm := range ds {
+		lo, hi, q := spread(dm, capacity)
+		means += q*hi + (1-q)*lo
+		steps = append(steps, levelStep{lo, 1 - q}, levelStep{hi, q})
+	}
+	d.steps = steps
+	if means <= capacity {
+		return math.Inf(1), (capacity - means) / float64(n)
+	}
+	slices.SortFunc(steps, func(a, b levelStep) int { return cmp.Compare(a.at, b.at) })
+	// Walk the piecewise linear sum of expected usages up the steps:
+	// below the lowest, every claimant uses all of s.
+	var used, at float64
+	slope := float64(n)
+	for _, st := range steps {
+		next := used + slope*(st.at-at)
+		if next >= capacity && slope > 0 {
+			return at + (capacity-used)/slope, 0
+		}
+		used, at = next, st.at
+		slope -= st.weight
+	}
+	// Rounding kept the sum just under capacity: the highest peak.
+	return at, 0
+}
+
+// ExpectedUse is what a claimant of demand d is expected to use of a
+// share at the water level (see Level), plus extra.
+func ExpectedUse(d store.Demand, level, extra, capacity float64) float64 {
+	lo, hi, q := spread(d, capacity)
+	return q*min(hi, level) + (1-q)*min(lo, level) + extra
+}
+
+// Shares divides capacity among claimants by what they are expected to
+// use of it (see Level), ds their recent demands, and writes each one's
+// share to out (len(out) must be len(ds)). A claimant gets the water
+// level, or its peak demand if that is lower, so that the expected
+// usages sum to capacity: a claimant whose demand comes in bursts holds
+// its burst's share, counted as used only as often as it bursts, and
+// what the others leave unused between their bursts is given to those
+// bursting. When the means fit, each claimant gets its peak plus an
+// equal part of what the means leave over, as headroom. The shares sum
+// to at most most (the bound on what the claimants may hold together,
+// at least capacity to give them all of it): past it, they are the
+// max-min fair shares of most over the peaks, whichever is smaller for
+// each. For claimants whose demand is one value the shares are
+// FairShares(demands, capacity).
+func (d *Divider) Shares(ds []store.Demand, capacity, most float64, out []float64) {
+	n := len(ds)
+	level, extra := d.Level(ds, capacity)
+	d.peaks, d.caps = grow(d.peaks, n), grow(d.caps, n)
+	for i, dm := range ds {
+		// (Up to most for the bound, so that it does not tighten as the
+		// capacity grows.)
+		_, d.peaks[i], _ = spread(dm, most)
+	}
+	FairShares(d.peaks, most, d.caps)
+	for i, dm := range ds {
+		_, peak, _ := spread(dm, capacity)
+		out[i] = min(min(level, peak)+extra, d.caps[i])
+	}
 }

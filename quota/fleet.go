@@ -16,8 +16,9 @@ type Fleet interface {
 	// Exchange publishes, for each group key in local, the demands of
 	// this replica's proxies (requests per the rule's period) and claims
 	// this replica's part of the group's capacity: atomically per group,
-	// the sum of its proxies' max-min fair shares of the capacity given
-	// every replica's demands, at most what the other replicas hold not.
+	// its proxies' expected usages at the water level of the capacity
+	// over every replica's demands (see Divider.Level), at most what the
+	// other replicas hold not.
 	// The parts the replicas hold thus never sum above the capacity. It
 	// gives back this replica's part of each group in release, which it
 	// no longer has.
@@ -130,16 +131,16 @@ func (s *Service) claimOrder(now time.Time) []*group {
 func (s *Service) wantsClaim(now time.Time, g *group) bool {
 	var d float64
 	for b := range g.subs {
-		d += b.currentDemand(now, s.o.Interval)
+		d += b.demand(now, s.o.Interval).Peak
 	}
 	return d > s.cautious(float64(g.rule.Limit.Limit()))
 }
 
 // claim is this replica's claim on g; s.mu is held.
 func (s *Service) claim(now time.Time, g *group) store.Claim {
-	ds := make([]float64, 0, len(g.subs))
+	ds := make([]store.Demand, 0, len(g.subs))
 	for b := range g.subs {
-		ds = append(ds, b.currentDemand(now, s.o.Interval))
+		ds = append(ds, b.demand(now, s.o.Interval))
 	}
 	c := float64(g.rule.Limit.Limit()) * (1 - s.o.reserve())
 	m := c

@@ -23,14 +23,12 @@ const (
 	DefaultMaxStreams          = 5000
 	DefaultMaxBuckets          = 200000
 	DefaultMaxClaims           = 1000
-	// DefaultDemandWindow and DefaultOvercommit divide by the last
-	// report only and never above the limit, as before they existed;
-	// BurstDemandWindow and BurstOvercommit follow demand that moves
-	// between proxies faster than they report (see Stretch).
-	DefaultDemandWindow = 1
-	DefaultOvercommit   = 1
-	BurstDemandWindow   = 4
-	BurstOvercommit     = 4
+	// DefaultDemandWindow and DefaultOvercommit follow demand that moves
+	// between proxies faster than they report (see Divider.Shares); a
+	// window of 1 and an overcommit of 1 divide by the last report only,
+	// never above the limit, as before they existed.
+	DefaultDemandWindow = 4
+	DefaultOvercommit   = 4
 )
 
 // MaxDemandWindow bounds Options.DemandWindow (each bucket keeps that many
@@ -136,17 +134,24 @@ type Options struct {
 	// the groups of the streams with the fewest buckets are claimed
 	// first, then in turn (see Tick).
 	MaxClaims int
-	// DemandWindow is how many of a bucket's last reports its demand is
-	// the peak of. 0 means DefaultDemandWindow (1, the last report only).
-	// At most MaxDemandWindow.
+	// DemandWindow is how many of a bucket's last reports make its
+	// history: a limit is divided by what each proxy is expected to use
+	// of a share, over its history (see Divider.Shares). 0 means
+	// DefaultDemandWindow; 1 divides by the last report only. At most
+	// MaxDemandWindow.
 	DemandWindow int
 	// Overcommit bounds how far the shares of a limit may sum above what
 	// is divided (the limit less the reserve, or this replica's part of
-	// it) so that what some proxies leave unused of their shares goes to
-	// others (see Stretch): a group whose proxies' demand moves between
-	// them faster than they report admits its limit, not only what the
-	// proxies of the last report wanted. 0 means DefaultOvercommit (1:
-	// the limit only, never above it).
+	// it), so that what some proxies leave unused of their shares, as
+	// their histories show, goes to others: a group whose proxies'
+	// demand moves between them faster than they report admits its
+	// limit, not only what the proxies of the last report wanted. If all
+	// the proxies use their shares at once, the group admits up to this
+	// many times the limit a second until their reports show it. Above 1,
+	// what is divided is also corrected by how far the proxies' reports
+	// strayed from their expected usages, and the shares scaled down when
+	// the reports admitted more than the limit (see correct). 0 means
+	// DefaultOvercommit; 1: never above the limit.
 	Overcommit float64
 	// FixedWindowAsTokenBucket assigns fixed-window rules a token bucket
 	// (the share per unit, refilled evenly, holding a tenth of it, at least 10)

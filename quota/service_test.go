@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"os"
@@ -400,7 +401,7 @@ type fakeFleet struct {
 
 type fakeEntry struct {
 	held    float64
-	demands []float64
+	demands []store.Demand
 }
 
 func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]store.Claim, _ []string) (store.Grants, error) {
@@ -419,11 +420,11 @@ func (f *fakeFleet) Exchange(_ context.Context, _ time.Time, local map[string]st
 				ds = append(ds, e.demands...)
 			}
 		}
-		shares := make([]float64, len(ds))
-		FairShares(ds, cl.Capacity, shares)
+		var d Divider
+		level, extra := d.Level(ds, cl.Capacity)
 		var fair float64
-		for _, v := range shares[:len(cl.Demands)] {
-			fair += v
+		for _, h := range cl.Demands {
+			fair += ExpectedUse(h, level, extra, cl.Capacity)
 		}
 		grant := max(min(fair, cl.Max, cl.Capacity-others), 0)
 		mine[k] = fakeEntry{held: grant, demands: cl.Demands}
@@ -523,9 +524,18 @@ func TestService_RoundingIsStable(t *testing.T) {
 
 // TestService_ConcurrentStreams reports, opens, closes and ticks from
 // many goroutines (run it with -race); after every tick the shares sent
-// to the streams of one limit never sum above it.
+// to the streams of one limit never sum above it with an overcommit of
+// 1, nor above the overcommit times it by default.
 func TestService_ConcurrentStreams(t *testing.T) {
-	s, _ := newTestService(t, Options{})
+	for _, overcommit := range []float64{1, DefaultOvercommit} {
+		t.Run(fmt.Sprintf("overcommit=%v", overcommit), func(t *testing.T) {
+			concurrentStreams(t, overcommit)
+		})
+	}
+}
+
+func concurrentStreams(t *testing.T, overcommit float64) {
+	s, _ := newTestService(t, Options{Overcommit: overcommit})
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for g := range 8 {
@@ -555,7 +565,12 @@ func TestService_ConcurrentStreams(t *testing.T) {
 			}
 			// Token buckets hold up to the threshold more (see due).
 			bound := float64(g.rule.Limit.Limit())
-			if g.rule.Algorithm == store.TokenBucket {
+			switch {
+			case overcommit > 1 && g.rule.Algorithm == store.TokenBucket:
+				bound *= overcommit * (1 + DefaultThreshold)
+			case overcommit > 1:
+				bound *= overcommit
+			case g.rule.Algorithm == store.TokenBucket:
 				bound *= (1 - DefaultReserve) * (1 + DefaultThreshold)
 			}
 			if float64(sum) > bound {

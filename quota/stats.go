@@ -62,8 +62,9 @@ type RuleStat struct {
 	Rule                     *config.Rule
 	Groups, Buckets, Streams int
 	// Unmeasured counts the buckets with one report only, whose demand
-	// is not known yet (they are given an equal share); Demand leaves
-	// them out.
+	// is not known yet (they are given an equal share); Demand (each
+	// bucket's mean over its last reports, see Options.DemandWindow)
+	// leaves them out.
 	Unmeasured    int
 	Demand, Share float64
 	// BucketIDs are some of the buckets' ids (at most MaxStatBuckets),
@@ -136,10 +137,10 @@ func ruleStat(stats map[*config.Rule]*RuleStat, r *config.Rule) *RuleStat {
 func statShare(stats map[*config.Rule]*RuleStat, b *sub) {
 	rs := ruleStat(stats, b.g.rule)
 	rs.Buckets++
-	if math.IsInf(b.wanted, 1) {
+	if math.IsInf(b.mean, 1) {
 		rs.Unmeasured++
 	} else {
-		rs.Demand += b.wanted
+		rs.Demand += b.mean
 	}
 	rs.Share += float64(b.share)
 }

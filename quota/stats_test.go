@@ -105,3 +105,24 @@ func TestService_StatsShared(t *testing.T) {
 		t.Error("Shared = false with a Fleet")
 	}
 }
+
+// TestService_RuleDemandIsTheMean: a rule's demand is its buckets' mean
+// demand over their last reports (Options.DemandWindow), not their peak:
+// a proxy at 100/s, then 300/s counts as 200.
+func TestService_RuleDemandIsTheMean(t *testing.T) {
+	tb := &tables{}
+	tb.p.Store(loadTable(t, statLimits))
+	s := New(tb, Options{})
+	a, _ := s.Open()
+	mustReport(t, a, at(0), use("tenant", "x", 1, 0))
+	mustReport(t, a, at(1), use("tenant", "x", 100, 0))
+	mustReport(t, a, at(2), use("tenant", "x", 300, 0))
+	if err := s.Tick(context.Background(), at(2.5)); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range s.Rules() {
+		if r.Rule.Path == "tenant" && r.Demand != 200 {
+			t.Errorf("tenant: demand %v, want 200 (the mean of 100 and 300)", r.Demand)
+		}
+	}
+}

@@ -76,19 +76,23 @@ func (s *Service) divide(now time.Time) {
 
 // divideScratch is divideGroup's reused buffers.
 type divideScratch struct {
-	subs            []*sub
-	demands, shares []float64
-	whole           []uint64
+	subs    []*sub
+	demands []store.Demand
+	shares  []float64
+	whole   []uint64
+	div     Divider
 }
 
 // divideGroup divides g's limit (or this replica's part of it, see
-// fleetMode) among its proxies by their demands (the peaks of their
-// recent reports), stretched by what their last reports left unused (see
-// Stretch) unless this replica divides only its cautious part: each
-// proxy's share, in whole requests per period, and its demand go into its
-// sub (share, wanted), what the proxies hold into g.assigned, counting
-// the stretch as not held, so that newcomers still draw from the reserve.
-// s.mu is held.
+// fleetMode) among its proxies by what their recent reports say they
+// use of a share (see Divider.Shares): each proxy's share, in whole
+// requests per period, and its peak and mean demand go into its sub
+// (share, wanted, mean), what the proxies hold into g.assigned,
+// counting what they hold above what is divided as not held, so that
+// newcomers still draw from the reserve. Unless this replica divides only its cautious part,
+// the shares may sum up to Overcommit × what is divided, and what is
+// divided is corrected by how far the proxies' last reports strayed
+// from what their histories predicted (see correct). s.mu is held.
 func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 	// In a stable order, so that the units rounding hands out go to the
 	// same proxies every interval.
@@ -103,11 +107,11 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 		return strings.Compare(x.key, y.key)
 	})
 	sc.subs = subs
-	demands := sc.demands[:0]
+	ds := sc.demands[:0]
 	for _, b := range subs {
-		demands = append(demands, b.currentDemand(now, s.o.Interval))
+		ds = append(ds, b.demand(now, s.o.Interval))
 	}
-	sc.demands = demands
+	sc.demands = ds
 	limit := float64(g.rule.Limit.Limit())
 	capacity, others := limit*(1-s.o.reserve()), 0.0
 	mode := s.fleetMode(g)
@@ -120,94 +124,88 @@ func (s *Service) divideGroup(now time.Time, g *group, sc *divideScratch) {
 		capacity = g.granted
 		others = limit - s.cautious(limit) - capacity
 	}
-	divided := capacity
-	if mode == fleetUncertain {
-		g.stretch = 1
-	} else {
-		g.stretch = s.stretch(now, g, subs, capacity)
-		// Never past the peaks: no proxy gets more than its peak from
-		// the stretch.
-		var peaks float64
-		for _, d := range demands {
-			peaks += d
-		}
-		divided = max(capacity, min(g.stretch*capacity, peaks))
+	target, most, scale := capacity, capacity, 1.0
+	if mode != fleetUncertain && s.o.Overcommit > 1 {
+		most = s.o.Overcommit * capacity
+		target, scale = s.correct(now, g, subs, ds, capacity, most)
 	}
-	sc.shares = grow(sc.shares, len(demands))
+	sc.shares = grow(sc.shares, len(subs))
 	sc.whole = growU(sc.whole, len(subs))
 	shares, whole := sc.shares, sc.whole
-	FairShares(demands, divided, shares)
+	sc.div.Shares(ds, target, most, shares)
+	for i := range shares {
+		shares[i] *= scale
+	}
 	// Rounded over this replica's proxies only, so that the replicas'
 	// rounded shares cannot sum above the limit either.
 	Whole(shares, whole)
 	var held float64
 	for i, b := range subs {
 		held += float64(whole[i])
-		b.share, b.wanted = whole[i], demands[i]
+		b.share, b.wanted, b.mean = whole[i], ds[i].Peak, ds[i].Mean
 	}
 	g.assigned = others + min(held, capacity)
 }
 
-// stretch is g's next stretch (see Stretch) from its proxies' last
-// reports; s.mu is held.
-func (s *Service) stretch(now time.Time, g *group, subs []*sub, capacity float64) float64 {
-	if s.o.Overcommit <= 1 {
-		return 1
-	}
+// correct returns what to divide among g's proxies: capacity, raised
+// by the error of the expected usages, and the factor to scale the
+// shares by. s.mu is held.
+//
+// The error is how much less the proxies' last reports admitted than
+// their demands predicted of the shares they held then (see
+// ExpectedUse), the median of the last DemandWindow intervals' (of at
+// least minErrs), counted only above 0 and up to most. A proxy's report
+// straddles two of the windows its share counts in, so that its demands
+// are blurred and their expected usage overstated (a burst of one
+// window reads as part burst in two reports): the error gives back what
+// that leaves unused. In a report a proxy counts as admitting at most
+// what two windows' shares allow (a proxy that does not enforce its
+// share, as Envoy's filter lets requests_per_time_unit through, only
+// keeps the error at 0).
+//
+// The factor is below 1 when the proxies admitted more than the limit
+// (or this replica's part of it, capacity / (1 − reserve)) in their
+// last two reports, each counted at most at its share: capacity over
+// the lesser of the two, so that the shares then admit at most capacity
+// if those demands come again. One report alone may read above the
+// limit without the windows doing so, when it ends early in a window (a
+// proxy admits its share early in its window).
+func (s *Service) correct(now time.Time, g *group, subs []*sub, ds []store.Demand, capacity, most float64) (target, scale float64) {
 	period := g.rule.Limit.Period().Seconds()
-	var free, limited float64
-	settled := true
-	for _, b := range subs {
-		if now.Sub(b.seen) > staleAfter*max(b.interval, s.o.Interval) {
+	var predicted, admitted, used float64
+	counted := false
+	for i, b := range subs {
+		if !b.heldKnown || b.nrecent < len(b.recent) || b.stale(now, s.o.Interval) {
 			continue
 		}
-		if b.nrecent < 3 {
-			// Its reports do not show the shares yet: no rise.
-			settled = false
-			continue
+		counted = true
+		a := b.allowed * period
+		predicted += ExpectedUse(ds[i], b.held, 0, capacity)
+		admitted += min(a, b.held*(1+period/b.interval.Seconds()))
+		used += min(a, b.held)
+	}
+	if counted {
+		if len(g.errs) < s.o.DemandWindow {
+			g.errs = append(g.errs, 0)
 		}
-		if b.limited {
-			limited += b.allowed * period
-		} else {
-			free += b.allowed * period
-		}
+		copy(g.errs[1:], g.errs)
+		g.errs[0] = predicted - admitted
 	}
-	if !settled {
-		// Start again once every proxy's reports show its shares.
-		g.past = g.past[:0]
-		return g.stretch
+	target, scale = capacity, 1
+	if len(g.errs) >= min(minErrs, s.o.DemandWindow) {
+		target = min(capacity+max(median(g.errs, &g.sorted), 0), most)
 	}
-	// Averaged over the last stretchWindow intervals (one interval's
-	// reports straddle the windows the shares are counted in), what the
-	// limited proxies admitted scaled to the stretch in force now.
-	if len(g.past) < stretchWindow {
-		g.past = append(g.past, stretchSample{})
+	part := capacity / (1 - s.o.reserve())
+	if !counted || !(part > 0) {
+		return target, scale
 	}
-	copy(g.past[1:], g.past)
-	g.past[0] = stretchSample{free, limited / g.stretch}
-	var avgFree, perStretch float64
-	for _, p := range g.past {
-		avgFree += p.free / float64(len(g.past))
-		perStretch += p.limited / float64(len(g.past))
+	if over := min(used/part, g.over); over > 1 {
+		// What the lesser of the two admitted, capacity / (over × part).
+		scale = (1 - s.o.reserve()) / over
 	}
-	next := Stretch(g.stretch, avgFree, perStretch*g.stretch, capacity, s.o.Overcommit)
-	if free+limited >= capacity || len(g.past) < 2 {
-		// No rise while the last interval alone admitted capacity.
-		return min(next, g.stretch)
-	}
-	return min(next, maxRise*g.stretch)
+	g.over = used / part
+	return target, scale
 }
-
-// maxRise bounds how far the stretch rises in one Tick, while the reports
-// lag the shares.
-const maxRise = 2
-
-// stretchWindow is how many intervals the stretch is averaged over.
-const stretchWindow = 4
-
-// stretchSample is one interval's figures for Stretch: what the free
-// proxies admitted, and the limited ones per unit of the stretch then.
-type stretchSample struct{ free, limited float64 }
 
 // push queues for every bucket the assignment due (see due): its share
 // of its group's limit as divide left it, or for a bucket that divides no
@@ -219,7 +217,7 @@ func (s *Service) push(now time.Time) {
 			case b.g != nil:
 				a := assign(b.g.rule, b.share, s.o.FixedWindowAsTokenBucket)
 				if s.due(now, b, &a) {
-					b.sentShare = b.share
+					b.setSent(now, b.share)
 					s.queue(now, b, a)
 				}
 			case s.table != nil:
@@ -270,4 +268,21 @@ func growU(s []uint64, n int) []uint64 {
 		return make([]uint64, n)
 	}
 	return s[:n]
+}
+
+// minErrs is how many intervals' errors correct waits for: the median of
+// three or more is not moved by one interval's outlier (the first
+// interval after the histories fill, whose shares were divided by
+// shorter ones).
+const minErrs = 3
+
+// median is the median of v, sorted in buf.
+func median(v []float64, buf *[]float64) float64 {
+	s := append((*buf)[:0], v...)
+	*buf = s
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -105,8 +106,8 @@ func TestMeasure(t *testing.T) {
 	x := theSub(t, a).g
 	s.mu.Unlock()
 	c := local[x.key]
-	slices.Sort(c.Demands)
-	if c.Capacity != 980 || c.Max != 980 || !slices.Equal(c.Demands, []float64{2000, math.Inf(1)}) {
+	slices.SortFunc(c.Demands, func(x, y store.Demand) int { return cmp.Compare(x.Peak, y.Peak) })
+	if c.Capacity != 980 || c.Max != 980 || !slices.Equal(c.Demands, []store.Demand{{Low: 2000, Mean: 2000, Peak: 2000}, {Low: math.Inf(1), Mean: math.Inf(1), Peak: math.Inf(1)}}) {
 		t.Errorf("step 1: claim on tenant=x %+v, want capacity 980, max 980 (no replica seen yet), demands [2000 +Inf]", c)
 	}
 	// Two live replicas, x not claimed yet: a first claim takes at most half.

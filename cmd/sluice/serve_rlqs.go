@@ -52,8 +52,8 @@ func (f *rlqsFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxStreams, "rlqs-max-streams", quota.DefaultMaxStreams, "RLQS: most open streams on this replica; more end with RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.maxAll, "rlqs-max-buckets", quota.DefaultMaxBuckets, "RLQS: most buckets of all streams on this replica; a report past it ends its stream with RESOURCE_EXHAUSTED")
 	fs.IntVar(&f.maxClaims, "rlqs-max-claims", quota.DefaultMaxClaims, "RLQS with --store redis: most limits claimed through Redis per interval (script calls); past it, the limits of the streams with the fewest buckets first, the others in turn")
-	fs.IntVar(&f.window, "rlqs-demand-window", quota.DefaultDemandWindow, "RLQS: a bucket's demand is the peak of its last this many reports (1: the last report only; 4 with --rlqs-overcommit 4 follows bursts)")
-	fs.Float64Var(&f.overcommit, "rlqs-overcommit", quota.DefaultOvercommit, "RLQS: the shares of a limit may sum up to this many times what is divided, giving what some proxies leave unused to those denied (1: never above the limit; see docs/RLQS.md)")
+	fs.IntVar(&f.window, "rlqs-demand-window", quota.DefaultDemandWindow, "RLQS: a limit is divided by what each proxy is expected to use of a share, from the lowest, mean and peak demand of its last this many reports (1: the last report only; with --rlqs-overcommit 1, the division before bursts were followed)")
+	fs.Float64Var(&f.overcommit, "rlqs-overcommit", quota.DefaultOvercommit, "RLQS: the shares of a limit may sum up to this many times what is divided, so that what some proxies leave unused between their bursts goes to others; if all use their shares at once, up to this many times the limit is admitted a second until their reports show it (1: never above the limit; see docs/RLQS.md)")
 	fs.StringVar(&f.fwStrategy, "rlqs-fixed-window-strategy", "requests_per_time_unit", "RLQS: strategy assigned for fixed-window rules: requests_per_time_unit | token_bucket (Envoy's filter does not enforce requests_per_time_unit yet)")
 	fs.StringVar(&f.replica, "rlqs-replica-id", "", "RLQS with --store redis: this replica's `name` in the shared demand (default host name and process id)")
 }

@@ -202,18 +202,31 @@ func (d *Demand) live(now time.Time, members map[string]string) int {
 	return n
 }
 
-// appendDemands appends ds, each at most capacity, for demand.lua:
-// rounded to 3 significant digits (a share moves by less than 0.5 %), and
-// equal ones once, with their count ("<value>*<count>"), so that a claim
-// costs Redis the distinct demands, a few dozen, not the proxies.
-func appendDemands(a []string, ds []float64, capacity float64) []string {
+// appendDemands appends the demands ds of a replica's proxies for
+// demand.lua: each of a demand's lowest, mean and peak rounded to 3
+// significant digits (a share moves by less than 0.5 %; an infinite one,
+// a proxy not measured yet, is the capacity), "<low>/<mean>/<peak>" or
+// one value when all three are equal, and equal demands once, with
+// their count ("<demand>*<count>"), so that a claim costs Redis the
+// distinct demands, a few dozen, not the proxies.
+func appendDemands(a []string, ds []store.Demand, capacity float64) []string {
 	counts := make(map[string]int, len(ds))
-	for _, v := range ds {
-		v = min(v, capacity)
-		if !(v >= 0) {
+	round := func(v float64) string {
+		switch {
+		case math.IsInf(v, 1):
+			v = capacity
+		case !(v >= 0):
 			v = 0
 		}
-		counts[strconv.FormatFloat(v, 'g', 3, 64)]++
+		return strconv.FormatFloat(v, 'g', 3, 64)
+	}
+	for _, d := range ds {
+		lo, m, hi := round(d.Low), round(d.Mean), round(d.Peak)
+		v := hi
+		if lo != hi || m != hi {
+			v = lo + "/" + m + "/" + hi
+		}
+		counts[v]++
 	}
 	for v, c := range counts {
 		if c > 1 {

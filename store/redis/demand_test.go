@@ -43,35 +43,35 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-6 }
 	// a alone: it is granted its fair part, all of the capacity.
-	r := exchange("a first", a, now, map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g2": {Capacity: 10, Max: 10, Demands: []float64{5}}})
+	r := exchange("a first", a, now, map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(100, 2000)}, "g2": {Capacity: 10, Max: 10, Demands: one(5)}})
 	if !near(r.Granted["g1"], 900) || !near(r.Granted["g2"], 10) || r.Live != 1 {
 		t.Errorf("a alone: %+v, want g1 900, g2 10, 1 live", r)
 	}
 	// b's fair part of g1 is 400 (100, then 400 each), but a holds 900.
-	r = exchange("b", b, now, map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	r = exchange("b", b, now, map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(2000)}})
 	if !near(r.Granted["g1"], 0) || r.Live != 2 {
 		t.Errorf("b while a holds all 900: %+v, want 0 granted, 2 live", r)
 	}
 	// a claims again: its fair part, 500, leaving 400 for b.
-	r = exchange("a again", a, now.Add(time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a again", a, now.Add(time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(100, 2000)}})
 	if !near(r.Granted["g1"], 500) {
 		t.Errorf("a again: %+v, want 500", r)
 	}
-	r = exchange("b again", b, now.Add(time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	r = exchange("b again", b, now.Add(time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(2000)}})
 	if !near(r.Granted["g1"], 400) {
 		t.Errorf("b again: %+v, want 400", r)
 	}
 	// Equal demands travel once, with their count: four proxies of 5 on a
 	// and one of 50 on b share 100 as 5 proxies would.
 	g3 := func(ds ...float64) map[string]store.Claim {
-		return map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}, "g3": {Capacity: 100, Max: 100, Demands: ds}}
+		return map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(100, 2000)}, "g3": {Capacity: 100, Max: 100, Demands: one(ds...)}}
 	}
 	exchange("a g3", a, now.Add(2*time.Second), g3(5, 5, 5, 5), "g2")
-	exchange("b g3", b, now.Add(2*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}, "g3": {Capacity: 100, Max: 100, Demands: []float64{50}}})
+	exchange("b g3", b, now.Add(2*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(2000)}, "g3": {Capacity: 100, Max: 100, Demands: one(50)}})
 	if r := exchange("a g3 again", a, now.Add(2*time.Second), g3(5, 5, 5, 5)); !near(r.Granted["g3"], 44) {
 		t.Errorf("a's four proxies of 5 beside b's one of 50 on 100: %+v, want 44 (4 × (5 + 30/5))", r)
 	}
-	exchange("b g3 again", b, now.Add(2*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{2000}}})
+	exchange("b g3 again", b, now.Add(2*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(2000)}})
 	if cli != nil {
 		// a gave g2 back: its field is deleted (and the hash with it); the
 		// hashes expire.
@@ -84,9 +84,30 @@ func runDemand(t *testing.T, newStore func(*testing.T) *Store, cli func(...strin
 	}
 	// b stops writing: its entry goes stale after 3 s, and it is no
 	// longer live.
-	r = exchange("a late", a, now.Add(6*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: []float64{100, 2000}}})
+	r = exchange("a late", a, now.Add(6*time.Second), map[string]store.Claim{"g1": {Capacity: 900, Max: 900, Demands: one(100, 2000)}})
 	if !near(r.Granted["g1"], 900) || r.Live != 1 {
 		t.Errorf("a after b went stale: %+v, want 900, 1 live", r)
+	}
+	// Demands that move: a's two proxies burst to 160 one report in four
+	// and want 10 otherwise (mean 47.5), b's one wants 60 steadily. On 100
+	// the level s has the bursting ones use 0.25 s + 0.75 × 10 each and b's
+	// min(60, s): s = 56.67, a's part 43.33, b's 56.67 (max-min fairness
+	// over the peaks would give a 66.67: its proxies would leave most of
+	// it unused).
+	burst := store.Demand{Low: 10, Mean: 47.5, Peak: 160}
+	g4a := store.Claim{Capacity: 100, Max: 100, Demands: []store.Demand{burst, burst}}
+	g4b := store.Claim{Capacity: 100, Max: 100, Demands: one(60)}
+	exchange("b g4", b, now.Add(7*time.Second), map[string]store.Claim{"g4": {Capacity: 100, Max: 50, Demands: g4b.Demands}})
+	if r := exchange("a g4", a, now.Add(7*time.Second), map[string]store.Claim{"g4": g4a}); !near(r.Granted["g4"], 130.0/3) {
+		t.Errorf("a's two bursting proxies beside b's steady one: %+v, want 43.33", r)
+	}
+	if r := exchange("b g4 again", b, now.Add(7*time.Second), map[string]store.Claim{"g4": g4b}); !near(r.Granted["g4"], 170.0/3) {
+		t.Errorf("b's steady proxy beside a's two bursting ones: %+v, want 56.67", r)
+	}
+	if cli != nil {
+		if got := cli("HGET", "d:rlqs:g4", "a"); !strings.HasSuffix(got, " 10/47.5/160*2") {
+			t.Errorf("HGET d:rlqs:g4 a = %q, want its two proxies' demand once, with their count", got)
+		}
 	}
 }
 
@@ -110,7 +131,7 @@ func TestDemand_ClaimsNeverExceed(t *testing.T) {
 			wg.Go(func() {
 				// Demands move every round until round 20, then hold.
 				v := float64((i*7+min(round, 20)*13)%50) * 40
-				_, err := d.Exchange(ctx, now, map[string]store.Claim{"g": {Capacity: capacity, Max: capacity, Demands: []float64{v, v / 2}}}, nil)
+				_, err := d.Exchange(ctx, now, map[string]store.Claim{"g": {Capacity: capacity, Max: capacity, Demands: one(v, v/2)}}, nil)
 				if err != nil {
 					t.Error(err)
 				}
@@ -146,7 +167,7 @@ func TestDemand_ClaimFailsAlone(t *testing.T) {
 	d := open(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "w:"}).Demand("a", 3*time.Second)
 	srv.CLI("SET", "w:rlqs:bad", "a string")
 	now := time.UnixMilli(1_800_000_000_000)
-	claim := store.Claim{Capacity: 100, Max: 100, Demands: []float64{10}}
+	claim := store.Claim{Capacity: 100, Max: 100, Demands: one(10)}
 	local := map[string]store.Claim{"bad": claim}
 	for i := range 249 {
 		local["g"+strconv.Itoa(i)] = claim
@@ -170,4 +191,13 @@ func TestDemand_ClaimFailsAlone(t *testing.T) {
 	if stats := srv.CLI("INFO", "commandstats"); !strings.Contains(stats, "cmdstat_eval:calls=1,") {
 		t.Errorf("after SCRIPT FLUSH, want one EVAL:\n%s", stats)
 	}
+}
+
+// one is demands of one value each.
+func one(ds ...float64) []store.Demand {
+	h := make([]store.Demand, len(ds))
+	for i, d := range ds {
+		h[i] = store.Demand{Low: d, Mean: d, Peak: d}
+	}
+	return h
 }
