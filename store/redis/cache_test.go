@@ -134,6 +134,11 @@ func TestLocalCache_ClusterHold(t *testing.T) {
 		t.Fatalf("no node holds %s", key)
 		return nil
 	}
+	// take.lua loaded on every node, as in a fleet that has run a while:
+	// a slot's NOSCRIPT would wait for the paused node's answer below.
+	for _, n := range cl.Nodes {
+		n.CLI("script", "load", takeLua)
+	}
 	take(b, store.Hit{Key: j, Rule: one, Cost: 1, Veto: true}) // j full
 	take(a, store.Hit{Key: k, Rule: fw, Cost: 1, Veto: true})  // k: 1 of 5
 	jNode, kNode := owner("rh:"+j), owner("rh:"+k)

@@ -17,42 +17,111 @@ import (
 )
 
 // hold makes s's combiner queue every Take, as if maxSenders calls were in
-// flight, until the returned release runs flush. It first waits for the
-// flusher that the last call handed its place to (see release) to end.
-func hold(s *Store) (release func()) {
+// flight, until the returned release runs flush.
+func hold(s *Store) (release func()) { return holdComb(&s.comb) }
+
+// holdComb does what hold does for cb. It first waits for the flusher that
+// the last call handed its place to (see release) to end.
+func holdComb(cb *combiner) (release func()) {
 	for start := time.Now(); ; runtime.Gosched() {
-		s.comb.mu.Lock()
-		if s.comb.busy == 0 {
+		cb.mu.Lock()
+		if cb.busy == 0 {
 			break
 		}
-		s.comb.mu.Unlock()
+		cb.mu.Unlock()
 		if time.Since(start) > 30*time.Second {
 			panic("the combiner stays busy")
 		}
 	}
-	s.comb.busy = maxSenders
-	s.comb.mu.Unlock()
+	cb.busy = maxSenders
+	cb.mu.Unlock()
 	return func() {
-		s.comb.flush()
-		s.comb.mu.Lock()
-		s.comb.busy = 0
-		s.comb.mu.Unlock()
+		cb.flush()
+		cb.mu.Lock()
+		cb.busy = 0
+		cb.mu.Unlock()
 	}
 }
 
 // queued waits until n Takes are queued in s's combiner.
-func queued(t *testing.T, s *Store, n int) {
+func queued(t *testing.T, s *Store, n int) { t.Helper(); queuedComb(t, &s.comb, n) }
+
+// queuedComb waits until n Takes are queued in cb.
+func queuedComb(t *testing.T, cb *combiner, n int) {
 	t.Helper()
 	for start := time.Now(); ; runtime.Gosched() {
-		s.comb.mu.Lock()
-		q := len(s.comb.queue)
-		s.comb.mu.Unlock()
+		cb.mu.Lock()
+		q := len(cb.queue)
+		cb.mu.Unlock()
 		if q == n {
 			return
 		}
 		if time.Since(start) > 10*time.Second {
 			t.Fatalf("%d Takes queued, want %d", q, n)
 		}
+	}
+}
+
+// TestTake_CombinedCluster: on Cluster, concurrent requests whose keys are
+// all in one hash slot share that slot's window.lua calls: eight requests
+// queued there go in one EVALSHA (to the node that owns the slot), all or
+// nothing each, and no more than the limit is granted; a request across
+// slots is not combined (take.lua, one call per slot).
+func TestTake_CombinedCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cl := redistest.StartCluster(t, 3)
+	s := open(t, Options{ClusterAddrs: cl.Seeds(), NoLocalCache: true})
+	r := must(store.NewFixedWindow(5, time.Hour))
+	a, b := "{c}a", "{c}b"
+	warm(t, s, r, a, b)
+	if s.combinerFor([]string{a, "{d}b"}) != nil {
+		t.Fatal("keys of two slots share a combiner")
+	}
+	cb := s.combinerFor([]string{a})
+	if cb == nil || cb == &s.comb || s.combinerFor([]string{b}) != cb {
+		t.Fatal("keys of one slot: not its own combiner")
+	}
+	calls := func() (n int) {
+		for _, node := range cl.Nodes {
+			n += scriptCalls(t, node)
+		}
+		return n
+	}
+	now := time.Now().UnixNano()
+	release := holdComb(cb)
+	const n = 8
+	outs := make([][]store.Decision, n)
+	errs := make(chan error, n)
+	for i := range outs {
+		outs[i] = make([]store.Decision, 2)
+		go func() {
+			errs <- s.Take(context.Background(), now, []store.Hit{{Key: a, Rule: r, Cost: 1, Veto: true}, {Key: b, Rule: r, Cost: 1, Veto: true}}, outs[i])
+		}()
+	}
+	queuedComb(t, cb, n)
+	before := calls()
+	release()
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := calls() - before; c != 1 {
+		t.Errorf("%d script calls for %d requests queued on one slot, want 1", c, n)
+	}
+	allowed := 0
+	for i, out := range outs {
+		if out[0].Allowed != out[1].Allowed {
+			t.Errorf("request %d: %+v, want both hits allowed or both denied", i, out)
+		}
+		if out[0].Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Errorf("%d requests allowed on a limit of 5 (each takes 1 of both keys), want 5", allowed)
 	}
 }
 

@@ -4,7 +4,8 @@
 // A Take is one EVALSHA per request (per hash slot on Cluster): of
 // window.lua for the usual batch (vetoing fixed-window hits on distinct
 // keys), else of take.lua. Concurrent window.lua requests share one call
-// (combiner): while one is in flight the next carries every request
+// (combiner; on Cluster one combiner per hash slot, for the requests whose
+// keys are all in it): while one is in flight the next carries every request
 // queued meanwhile (a second starts when a full batch is waiting), taken
 // one after the other. Either runs the batch atomically, in the memory
 // store's order, on the key states it reads, and writes the new states

@@ -63,8 +63,11 @@ type Store struct {
 	plain   store.PlainKeys // Plain hits' keys
 	breaker *breaker
 	cache   *overCache // nil when disabled
-	comb    combiner
-	kick    chan struct{} // wakes Run to probe now (buffered, 1)
+	comb    combiner   // window.lua's calls on a single Redis
+	// slots holds window.lua's combiners on Cluster, one per hash slot
+	// (see combinerFor); nil on a single Redis.
+	slots *[16384]atomic.Pointer[combiner]
+	kick  chan struct{} // wakes Run to probe now (buffered, 1)
 
 	refundFailures atomic.Uint64
 	localAnswers   atomic.Uint64
@@ -147,6 +150,9 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	s.breaker = newBreaker(opt.BreakerFailures, opt.BreakerCooldown, opt.BreakerWindow, time.Now,
 		func(bool) { s.wake() })
 	s.comb.s = s
+	if s.cluster {
+		s.slots = new([16384]atomic.Pointer[combiner])
+	}
 	if !opt.NoLocalCache {
 		var hold time.Duration
 		if s.cluster {

@@ -141,9 +141,15 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		return nil
 	}
 	c := calls.Get().(*call)
-	window := !s.cluster && windowBatch(hits)
+	window := windowBatch(hits)
 	c.build(s.plain, hits, window, now)
 	keys := c.keys
+	var cb *combiner
+	if window {
+		if cb = s.combinerFor(keys); cb == nil {
+			window = false
+		}
+	}
 	if s.cache != nil && s.cache.answer(s, &c.sc, now, hits, keys, out) {
 		s.localAnswers.Add(1)
 		calls.Put(c)
@@ -170,7 +176,7 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 		abandoned bool // c's job is still queued or in flight
 	)
 	if window {
-		r, later, abandoned, err = s.runWindow(ctx, deadline, c, hits, now)
+		r, later, abandoned, err = s.runWindow(ctx, deadline, cb, c, hits, now)
 	}
 	if later {
 		r, err = s.takeScript(ctx, deadline, now, hits, keys)
@@ -244,15 +250,37 @@ func (s *Store) takeScript(ctx context.Context, deadline time.Time, now int64, h
 	return s.run(ctx, hits, batch{keys: keys, args: s.args(hits, nil, now)})
 }
 
-// runWindow runs window.lua on c's batch, through the combiner. later
+// combinerFor returns the combiner of keys' window.lua calls: the store's
+// on a single Redis (or Sentinel); on Cluster that of their hash slot,
+// made on first use, if every key is in one (a script's keys must be),
+// else nil.
+func (s *Store) combinerFor(keys []string) *combiner {
+	if !s.cluster {
+		return &s.comb
+	}
+	sl := slot(keys[0])
+	for _, k := range keys[1:] {
+		if slot(k) != sl {
+			return nil
+		}
+	}
+	p := &s.slots[sl]
+	if cb := p.Load(); cb != nil {
+		return cb
+	}
+	p.CompareAndSwap(nil, &combiner{s: s})
+	return p.Load()
+}
+
+// runWindow runs window.lua on c's batch, through cb. later
 // reports that a key holds a later window than now's: nothing was written,
 // take.lua must run the batch. abandoned reports that ctx ended or the
 // deadline passed while c's job was still queued or in flight: c must not
 // be reused.
-func (s *Store) runWindow(ctx context.Context, deadline time.Time, c *call, hits []store.Hit, now int64) (r reply, later, abandoned bool, err error) {
+func (s *Store) runWindow(ctx context.Context, deadline time.Time, cb *combiner, c *call, hits []store.Hit, now int64) (r reply, later, abandoned bool, err error) {
 	n := len(hits)
 	c.job.keys, c.job.args, c.job.deadline = c.keys, c.args, deadline
-	a, abandoned, err := s.comb.do(ctx, &c.job)
+	a, abandoned, err := cb.do(ctx, &c.job)
 	if err != nil {
 		return r, false, abandoned, err
 	}
