@@ -94,13 +94,7 @@ func (c configCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c configCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.src.Status()
-	ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(s.Successes), "success")
-	ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(s.Failures), "failure")
-	ok := 0.0
-	if s.LastOK {
-		ok = 1
-	}
-	ch <- prometheus.MustNewConstMetric(lastOKDesc, prometheus.GaugeValue, ok)
+	collectLoads(ch, reloadsDesc, lastOKDesc, s)
 	var ts float64
 	if !s.LastSuccess.IsZero() {
 		ts = float64(s.LastSuccess.UnixNano()) / 1e9
@@ -109,6 +103,18 @@ func (c configCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.Hash != "" {
 		ch <- prometheus.MustNewConstMetric(configInfoDesc, prometheus.GaugeValue, 1, s.Hash)
 	}
+}
+
+// collectLoads sends a source's load attempts by result (attempts) and
+// whether its last one succeeded (lastOK), from s.
+func collectLoads(ch chan<- prometheus.Metric, attempts, lastOK *prometheus.Desc, s config.ReloadStatus) {
+	ch <- prometheus.MustNewConstMetric(attempts, prometheus.CounterValue, float64(s.Successes), "success")
+	ch <- prometheus.MustNewConstMetric(attempts, prometheus.CounterValue, float64(s.Failures), "failure")
+	ok := 0.0
+	if s.LastOK {
+		ok = 1
+	}
+	ch <- prometheus.MustNewConstMetric(lastOK, prometheus.GaugeValue, ok)
 }
 
 // OverlayStatuser reports an overlay's load history and the table it
@@ -144,14 +150,7 @@ func (c overlayCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c overlayCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.src.OverlayStatus()
-	ch <- prometheus.MustNewConstMetric(overlayReloadsDesc, prometheus.CounterValue, float64(s.Successes), "success")
-	ch <- prometheus.MustNewConstMetric(overlayReloadsDesc, prometheus.CounterValue, float64(s.Failures), "failure")
-	ok := 0.0
-	if s.LastOK {
-		ok = 1
-	}
-	ch <- prometheus.MustNewConstMetric(overlayLastOKDesc, prometheus.GaugeValue, ok)
+	collectLoads(ch, overlayReloadsDesc, overlayLastOKDesc, c.src.OverlayStatus().ReloadStatus)
 	var rep config.OverlayReport
 	if t := c.src.Current(); t != nil {
 		rep = t.Overlay()

@@ -5,14 +5,13 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/memcache/memcachetest"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 // TestDeadline_MemcachedSilent is issue 34's item 10 on memcached: the
@@ -42,6 +41,10 @@ func TestDeadline_MemcachedSilent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys := make([]string, callers)
+	for g := range keys {
+		keys[g] = fmt.Sprint("k", g)
+	}
 	base := runtime.NumGoroutine()
 	// ready waits until every caller's key answers (the takes left past
 	// their deadline by an outage fail new ones at once until they end).
@@ -55,7 +58,7 @@ func TestDeadline_MemcachedSilent(t *testing.T) {
 				r = fw
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			err := s.Take(ctx, time.Now().UnixNano(), []store.Hit{{Key: fmt.Sprint("k", g), Rule: r, Veto: true}}, out)
+			err := s.Take(ctx, time.Now().UnixNano(), []store.Hit{{Key: keys[g], Rule: r, Veto: true}}, out)
 			cancel()
 			switch {
 			case err == nil:
@@ -73,36 +76,9 @@ func TestDeadline_MemcachedSilent(t *testing.T) {
 	var most int
 	for attempt := 1; ; attempt++ {
 		srv.Pause()
-		var worst atomic.Int64
 		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for g := range callers {
-			r := tb
-			if g%2 == 1 {
-				r = fw
-			}
-			wg.Go(func() {
-				hits := []store.Hit{{Key: fmt.Sprint("k", g), Rule: r, Cost: 1, Veto: true}}
-				out := make([]store.Decision, 1)
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), deadline)
-					t0 := time.Now()
-					err := s.Take(ctx, t0.UnixNano(), hits, out)
-					took := time.Since(t0)
-					cancel()
-					for w := worst.Load(); int64(took) > w && !worst.CompareAndSwap(w, int64(took)); w = worst.Load() {
-					}
-					if err != nil {
-						time.Sleep(time.Millisecond) // may fail fast: do not spin
-					}
-				}
-			})
-		}
+		done := make(chan time.Duration, 1)
+		go func() { done <- storetest.Callers(s, keys, []*store.Rule{tb, fw}, deadline, stop) }()
 		// The most goroutines, and this process's worst stall: how late
 		// a 10 ms tick fires.
 		most, slip = 0, 0
@@ -120,9 +96,8 @@ func TestDeadline_MemcachedSilent(t *testing.T) {
 		}
 		tick.Stop()
 		close(stop)
-		wg.Wait()
+		slowest = <-done
 		srv.Resume()
-		slowest = time.Duration(worst.Load())
 		t.Logf("memcached stopped for 2s under %d callers with %v deadlines: slowest answer %v, at most %d goroutines (%d before), %d takes left waiting at the end",
 			callers, deadline, slowest, most, base, s.left.Load())
 		if bound := deadline + 150*time.Millisecond + slip; slowest <= bound {

@@ -1,16 +1,14 @@
 package redis
 
 import (
-	"context"
 	"fmt"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 // silentCallers is the concurrency of TestDeadline_RedisSilent, and
@@ -59,43 +57,15 @@ func TestDeadline_RedisSilent(t *testing.T) {
 	// load runs the callers until stop closes and returns the slowest
 	// answer and the most goroutines seen meanwhile.
 	load := func(stop <-chan struct{}) (slowest time.Duration, most int) {
-		var worst atomic.Int64
-		var wg sync.WaitGroup
-		for g := range silentCallers {
-			r := tb
-			if g%2 == 1 {
-				r = fw
-			}
-			wg.Go(func() {
-				hits := []store.Hit{{Key: keys[g], Rule: r, Cost: 1, Veto: true}}
-				out := make([]store.Decision, 1)
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), silentDeadline)
-					t0 := time.Now()
-					err := s.Take(ctx, t0.UnixNano(), hits, out)
-					took := time.Since(t0)
-					cancel()
-					for w := worst.Load(); int64(took) > w && !worst.CompareAndSwap(w, int64(took)); w = worst.Load() {
-					}
-					if err != nil {
-						time.Sleep(time.Millisecond) // failing fast: do not spin
-					}
-				}
-			})
-		}
+		done := make(chan time.Duration, 1)
+		go func() { done <- storetest.Callers(s, keys, []*store.Rule{tb, fw}, silentDeadline, stop) }()
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			most = max(most, runtime.NumGoroutine())
 			select {
-			case <-stop:
-				wg.Wait()
-				return time.Duration(worst.Load()), most
+			case slowest = <-done:
+				return slowest, most
 			case <-tick.C:
 			}
 		}
