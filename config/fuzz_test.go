@@ -26,16 +26,7 @@ func FuzzLoad(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tbl, err := compile([]source{{name: "f.yaml", data: data}}, Options{}, nil)
 		if err != nil {
-			var es *Errors
-			if !errors.As(err, &es) || len(es.List) == 0 {
-				t.Fatalf("error %T %v, want *Errors", err, err)
-			}
-			for _, e := range es.List {
-				unplaced := strings.HasPrefix(e.Msg, "invalid YAML") || strings.HasPrefix(e.Msg, "file is empty")
-				if e.File != "f.yaml" || e.Line <= 0 && !unplaced || e.Msg == "" {
-					t.Errorf("error %+v names no file or line", e)
-				}
-			}
+			checkPlaced(t, err, "f.yaml")
 			return
 		}
 		_ = tbl.String()
@@ -187,4 +178,20 @@ func FuzzMatch(f *testing.F) {
 			t.Fatalf("Match(%q) key %q, want %q", es, key, want)
 		}
 	})
+}
+
+// checkPlaced fails t unless err is *Errors whose every problem names file
+// and a line (but that the file is not YAML or is empty) and says what.
+func checkPlaced(t *testing.T, err error, file string) {
+	t.Helper()
+	var es *Errors
+	if !errors.As(err, &es) || len(es.List) == 0 {
+		t.Fatalf("error %T %v, want *Errors", err, err)
+	}
+	for _, e := range es.List {
+		unplaced := strings.HasPrefix(e.Msg, "invalid YAML") || strings.HasPrefix(e.Msg, "file is empty")
+		if e.File != file || e.Line <= 0 && !unplaced || e.Msg == "" {
+			t.Errorf("error %+v names no file or line", e)
+		}
+	}
 }

@@ -33,20 +33,7 @@ func TestLoad_ErrorsGolden(t *testing.T) {
 			if !errors.As(err, &es) {
 				t.Fatalf("Load(%s) error %T %v, want Errors", file, err, err)
 			}
-			got := err.Error() + "\n"
-			golden := strings.TrimSuffix(file, ".yaml") + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test -run TestLoad_ErrorsGolden -update)", err)
-			}
-			if got != string(want) {
-				t.Errorf("Load(%s) errors:\n%s\nwant:\n%s", file, got, want)
-			}
+			matchGolden(t, file, err.Error()+"\n", "TestLoad_ErrorsGolden")
 		})
 	}
 }
@@ -312,5 +299,25 @@ descriptors:
 		if r == nil || r.RequestsPerUnit != c.limit || r.Burst != c.burst || r.Limit.Limit() != c.limit || r.Limit.Burst() != c.burst {
 			t.Errorf("%v: rule %v, want %d burst %d", c.entry, r, c.limit, c.burst)
 		}
+	}
+}
+
+// matchGolden fails t unless got, the errors loading file answered, is
+// the .golden file beside it (which -update rewrites); test names the
+// test to run with -update.
+func matchGolden(t *testing.T, file, got, test string) {
+	t.Helper()
+	golden := strings.TrimSuffix(file, ".yaml") + ".golden"
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test -run %s -update)", err, test)
+	}
+	if got != string(want) {
+		t.Errorf("%s errors:\n%s\nwant:\n%s", file, got, want)
 	}
 }

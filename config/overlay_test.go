@@ -262,20 +262,7 @@ func TestOverlay_ErrorsGolden(t *testing.T) {
 			if !errors.As(err, &es) {
 				t.Fatalf("LoadOverlay(%s) = %v, %v; want Errors", file, o, err)
 			}
-			got := err.Error() + "\n"
-			golden := strings.TrimSuffix(file, ".yaml") + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test -run TestOverlay_ErrorsGolden -update)", err)
-			}
-			if got != string(want) {
-				t.Errorf("LoadOverlay(%s) errors:\n%s\nwant:\n%s", file, got, want)
-			}
+			matchGolden(t, file, err.Error()+"\n", "TestOverlay_ErrorsGolden")
 		})
 	}
 }
@@ -296,16 +283,7 @@ func FuzzOverlay(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		o, err := ParseOverlay("o.yaml", data)
 		if err != nil {
-			var es *Errors
-			if !errors.As(err, &es) || len(es.List) == 0 {
-				t.Fatalf("error %T %v, want *Errors", err, err)
-			}
-			for _, e := range es.List {
-				unplaced := strings.HasPrefix(e.Msg, "invalid YAML") || strings.HasPrefix(e.Msg, "file is empty")
-				if e.File != "o.yaml" || e.Line <= 0 && !unplaced || e.Msg == "" {
-					t.Errorf("error %+v names no file or line", e)
-				}
-			}
+			checkPlaced(t, err, "o.yaml")
 			return
 		}
 		tbl, err := CompileRateLimitConfigs(push, Options{Overlay: o})
