@@ -20,8 +20,8 @@ import (
 // flight, until the returned release runs flush.
 func hold(s *Store) (release func()) { return holdComb(&s.comb) }
 
-// holdComb does what hold does for cb. It first waits for the flusher that
-// the last call handed its place to (see release) to end.
+// holdComb does what hold does for cb. It first waits for a flusher that
+// took over the last call's place (see release) to end.
 func holdComb(cb *combiner) (release func()) {
 	for start := time.Now(); ; runtime.Gosched() {
 		cb.mu.Lock()
