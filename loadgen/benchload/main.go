@@ -188,6 +188,17 @@ type cell struct {
 	// repetition's Sluice req/s / base's.
 	base                    *measured
 	basePaired, afterBefore []float64
+	// refKeys: Sluice (and the older build) ran with --key-format
+	// reference (Redis store runs).
+	refKeys bool
+}
+
+// name is c's workload, and the key layout if not Sluice's own.
+func (c cell) name() string {
+	if c.refKeys {
+		return c.workload + ", reference's keys"
+	}
+	return c.workload
 }
 
 type crossCheck struct {
@@ -355,7 +366,42 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 			rep.redis = append(rep.redis, cl)
 		}
 	}
+	if err := b.redisRefKeys(ctx, ref, rep); err != nil {
+		return err
+	}
 	return b.starved(ctx, sr, rep)
+}
+
+// redisRefKeys runs the key workloads at each Redis concurrency as
+// redisStore does, with Sluice (and the older build) counting in the
+// reference's keys (--key-format reference, what a drop-in /bin/ratelimit
+// with REDIS_URL selects), each on a redis-server of its own.
+func (b *bench) redisRefKeys(ctx context.Context, ref *server, rep *report) error {
+	flags := []string{"--key-format", "reference"}
+	sr, err := startRedisStore(b.s, b.s.sluice, "redis-refkeys", b.dir, flags...)
+	if err != nil {
+		return err
+	}
+	defer sr.stop()
+	var base *server
+	if b.s.baseline != "" {
+		if base, err = startRedisStore(b.s, b.s.baseline, "before-redis-refkeys", b.dir, flags...); err != nil {
+			return err
+		}
+		defer base.stop()
+		base.localAnswers = false
+	}
+	for _, w := range keyWorkloads {
+		for _, c := range b.s.redisConc {
+			cl, err := b.cell(ctx, lineup{sluice: sr, base: base, ref: ref}, w, c, 0, "")
+			if err != nil {
+				return err
+			}
+			cl.refKeys = true
+			rep.redis = append(rep.redis, cl)
+		}
+	}
+	return nil
 }
 
 // starved runs the Redis workloads on sr alone while -starve-busy

@@ -80,17 +80,18 @@ func (r *report) writeRedis(p printf) {
 	p("*Local answers* is the share of Sluice's calls over the measured time that the local over-limit cache answered without Redis: ")
 	p("the growth of `%s` over that of `%s`, both read from Sluice's `/metrics` when the warmup ends and after the run; ", localAnswersMetric, handledMetric)
 	p("about 0 %% for `distinct` and `multi`, whose calls are all allowed. ")
+	p("Rows marked *reference's keys* run Sluice with `--key-format reference` (on a `redis-server` of its own): it counts in envoyproxy/ratelimit's keys, as a drop-in `/bin/ratelimit` with `REDIS_URL` does by default, with pipelined `INCRBY`s and no script. ")
 	p("Failed calls (errors: any gRPC code but OK, in the median run) count in the throughput and are listed under the table; the target is none.\n\n")
 	p("| workload | concurrency | Sluice+Redis req/s | errors | no-op req/s | ratio | paired | Sluice+Redis p50 / p99 / p99.9 | no-op p50 / p99 / p99.9 | p99 ratio | server CPU µs/req Sluice / no-op | Redis CPU µs/req | Redis commands/req | local answers | Sluice allocs/req |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.redis {
-		p(goalRow(c.workload, "| %s | %d | %.0f | %d | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f | %s | %.1f |\n"), c.workload, c.concurrency, c.sluice.RPS, failed(c.sluice), c.noop.RPS,
+		p(goalRow(c.workload, "| %s | %d | %.0f | %d | %.0f | **%.2f** | %s | %s | %s | **%.2f** | %.1f / %.1f | %.1f | %.2f | %s | %.1f |\n"), c.name(), c.concurrency, c.sluice.RPS, failed(c.sluice), c.noop.RPS,
 			ratio(c.sluice.RPS, c.noop.RPS), pairedRatios(c.paired), lat(c.sluice), lat(c.noop), ratio(c.sluice.Latency.P99, c.noop.Latency.P99),
 			c.sluice.ServerCPU, c.noop.ServerCPU, c.sluice.RedisCPU, c.sluice.RedisCommands, percent(c.sluice.LocalShare), c.sluice.Allocs)
 	}
 	for _, c := range r.redis {
 		if n := c.sluice.Codes["OK"]; n != c.sluice.Requests {
-			p("\nSluice+Redis, %s at %d: %d of %d calls failed: %v.\n", c.workload, c.concurrency, c.sluice.Requests-n, c.sluice.Requests, c.sluice.Codes)
+			p("\nSluice+Redis, %s at %d: %d of %d calls failed: %v.\n", c.name(), c.concurrency, c.sluice.Requests-n, c.sluice.Requests, c.sluice.Codes)
 		}
 	}
 }
@@ -117,7 +118,7 @@ func (r *report) writeReference(p printf) {
 				mem = fmt.Sprintf("%.2f", medianOf(m.paired))
 			}
 		}
-		p(goalRow(c.workload, "| %s | %d | %s | **%.2f** | %.2f | **%.2f×** | %.0f vs %.0f | %.0f / %.0f | %d |\n"), c.workload, c.concurrency, mem,
+		p(goalRow(c.workload, "| %s | %d | %s | **%.2f** | %.2f | **%.2f×** | %.0f vs %.0f | %.0f / %.0f | %d |\n"), c.name(), c.concurrency, mem,
 			medianOf(c.paired), medianOf(c.refPaired), medianOf(c.refSluice),
 			c.sluice.ServerCPU+c.sluice.RedisCPU, c.ref.ServerCPU+c.ref.RedisCPU, c.sluice.Latency.P99, c.ref.Latency.P99, failed(*c.ref))
 	}
@@ -171,7 +172,7 @@ func (r *report) writeBeforeAfter(p printf) {
 		if store == "Redis" {
 			redisCPU = fmt.Sprintf("%.1f / %.1f", c.sluice.RedisCPU, b.RedisCPU)
 		}
-		p("| %s | %s | %d | **%s** | %.0f | %.0f | %.2f | %.2f | %.0f / %.0f | %.1f / %.1f | %s | %.1f / %.1f | %d / %d |\n", store, c.workload, c.concurrency,
+		p("| %s | %s | %d | **%s** | %.0f | %.0f | %.2f | %.2f | %.0f / %.0f | %.1f / %.1f | %s | %.1f / %.1f | %d / %d |\n", store, c.name(), c.concurrency,
 			pairedRatios(c.afterBefore), c.sluice.RPS, b.RPS, medianOf(c.paired), medianOf(c.basePaired), c.sluice.Latency.P99, b.Latency.P99,
 			c.sluice.ServerCPU, b.ServerCPU, redisCPU, c.sluice.Allocs, b.Allocs, failed(c.sluice), failed(b))
 	}

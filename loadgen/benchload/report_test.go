@@ -27,8 +27,9 @@ func result(rps float64, ok, failed uint64, p50 float64) *loadgen.Result {
 
 // goldenReport has every section of the Markdown, calls that failed in
 // the closed loop and in the Redis store's runs, the Redis store's hot
-// workload, answered by its local over-limit cache, and an older build
-// (-baseline) in one closed-loop cell and every Redis cell.
+// workload, answered by its local over-limit cache, a Redis cell on the
+// reference's keys, and an older build (-baseline) in one closed-loop cell
+// and every Redis cell.
 func goldenReport() *report {
 	s := settings{connections: 2, keys: 10000, openConc: 200, repeat: 3, starveBusy: 3, reference: "/tmp/ratelimit", baseline: "/tmp/before/bin/sluice",
 		duration: 5 * time.Second, warmup: time.Second, starveTimeout: time.Second}
@@ -61,6 +62,10 @@ func goldenReport() *report {
 				noop: m(result(21000, 105000, 0, 190), 26), paired: []float64{0.9},
 				ref: &measured{Result: result(6000, 30000, 0, 700), ServerCPU: 80, RedisCPU: 20}, refPaired: []float64{0.29}, refSluice: []float64{3.2},
 				base: &measured{Result: result(17000, 85000, 0, 210), ServerCPU: 30, RedisCPU: 0.5, Allocs: 47}, basePaired: []float64{0.8}, afterBefore: []float64{1.1}},
+			{workload: "multi", concurrency: 50, refKeys: true, sluice: measured{Result: result(10000, 50000, 0, 450), ServerCPU: 42, RedisCPU: 9.5, RedisCommands: 8.01, Allocs: 72},
+				noop: m(result(17000, 85000, 0, 250), 47), paired: []float64{0.59},
+				ref: &measured{Result: result(4000, 20000, 0, 900), ServerCPU: 90, RedisCPU: 30.5}, refPaired: []float64{0.24}, refSluice: []float64{2.45},
+				base: &measured{Result: result(9000, 45000, 0, 500), ServerCPU: 40, RedisCPU: 15.5, Allocs: 70}, basePaired: []float64{0.53}, afterBefore: []float64{1.11}},
 		},
 		starved: []cell{
 			{workload: "distinct", concurrency: 50, sluice: m(result(3000, 15000, 4, 900), 60)},

@@ -49,8 +49,9 @@ func startServe(bin, name, dir, config string, extra ...string) (*server, error)
 }
 
 // startRedisStore starts a redis-server of its own, its files in
-// dir/name-server, and `bin serve --store redis` on it.
-func startRedisStore(s settings, bin, name, dir string) (*server, error) {
+// dir/name-server, and `bin serve --store redis` on it, with extra
+// flags.
+func startRedisStore(s settings, bin, name, dir string, extra ...string) (*server, error) {
 	rdir := filepath.Join(dir, name+"-server")
 	if err := os.Mkdir(rdir, 0o755); err != nil {
 		return nil, err
@@ -59,7 +60,7 @@ func startRedisStore(s settings, bin, name, dir string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := startServe(bin, name, dir, s.config, "--store", "redis", "--redis-url", "redis://"+rd.Addr)
+	srv, err := startServe(bin, name, dir, s.config, append([]string{"--store", "redis", "--redis-url", "redis://" + rd.Addr}, extra...)...)
 	if err != nil {
 		rd.Kill()
 		return nil, err

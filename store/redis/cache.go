@@ -17,10 +17,13 @@ import (
 // optimistic. Safe for concurrent use.
 type overCache struct {
 	m *xsync.Map[string, overEntry]
-	// hold, if not 0, bounds an entry's life (ns): on Cluster a state read
-	// may hold another instance's takes of a request that a slot then
-	// denies, until that instance's refund lands, at most hold after.
+	// hold bounds the life (ns) of an entry of a Plain hit, or on Cluster
+	// (all) of every entry: a state read may hold another instance's
+	// takes of a request that is then denied (on Cluster by another slot;
+	// for Plain hits, runIncr's increments), until that instance's refund
+	// lands, at most hold after.
 	hold int64
+	all  bool
 }
 
 type overEntry struct {
@@ -29,8 +32,8 @@ type overEntry struct {
 	until int64       // Unix ns after which a cost of 1 may fit again
 }
 
-func newOverCache(hold time.Duration) *overCache {
-	return &overCache{m: xsync.NewMap[string, overEntry](), hold: int64(hold)}
+func newOverCache(hold time.Duration, all bool) *overCache {
+	return &overCache{m: xsync.NewMap[string, overEntry](), hold: int64(hold), all: all}
 }
 
 // answer decides the batch locally if it can: every hit's key is cached
@@ -76,7 +79,7 @@ func (c *overCache) update(now int64, tbNow []int64, hits []store.Hit, keys []st
 		if wait == store.Never {
 			wait = d.ResetAfter
 		}
-		if c.hold > 0 {
+		if c.all || h.Plain {
 			wait = min(wait, time.Duration(c.hold))
 		}
 		// (a clone: keys[i] shares its memory with the whole call's)

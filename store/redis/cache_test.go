@@ -57,7 +57,7 @@ func TestLocalCache(t *testing.T) {
 }
 
 func TestLocalCache_Sweep(t *testing.T) {
-	c := newOverCache(0)
+	c := newOverCache(0, false)
 	r := must(store.NewFixedWindow(1, time.Minute))
 	c.m.Store("a", overEntry{rule: r, until: 100})
 	c.m.Store("b", overEntry{rule: r, until: 200})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,8 +19,15 @@ import (
 // decodes one. A lone Take sends its call itself at once. A second call
 // starts while one is in flight only when a full batch (maxBatchKeys) is
 // waiting, so that a burst does not wait for a call per batch.
+//
+// An incr combiner does the same for runIncr's commands: the next round
+// trip carries the commands of every queued request in one pipeline,
+// which Redis reads, runs and answers in one pass of its event loop
+// (rueidis's auto-pipelining alone wrote two requests' commands a write,
+// and Redis spent more on each read and write than on the commands).
 type combiner struct {
 	s      *Store
+	incr   bool
 	mu     sync.Mutex
 	queue  []*job
 	queued int // keys of the jobs in queue (abandoned ones too, until take drops them)
@@ -35,12 +43,16 @@ const (
 	maxBatchKeys = 256
 )
 
-// job is one Take's window.lua request.
+// job is one Take's window.lua request, or its runIncr commands.
 type job struct {
-	keys, args []string               // args start with len(keys) (see window.lua)
+	keys, args []string            // args start with len(keys) (see window.lua)
+	cmds       []rueidis.Completed // runIncr's, for its hits incr on keys
+	incr       []incrHit
 	deadline   time.Time              // of the Take
 	res        []rueidis.RedisMessage // its part of the reply: 1+len(keys) values
+	out        []rueidis.RedisResult  // or of runIncr's: one per command
 	err        error
+	late       bool          // err is the call's end while Redis may still run it, and its results be read (runIncr's)
 	done       chan struct{} // signalled once res or err is set, if queued
 	timer      *time.Timer   // fires at deadline while queued or in flight
 	state      atomic.Int32  // jobQueued, then jobTaken or jobAbandoned
@@ -52,11 +64,12 @@ const (
 	jobAbandoned
 )
 
-// do runs j and returns its part of the reply. If ctx ends or j.deadline
-// passes while j is queued or in flight, do returns at once, abandoned:
-// the caller must not reuse j. A job abandoned before a call took it is
-// not sent.
-func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage, abandoned bool, err error) {
+// do runs j and leaves its part of the reply in j.res or j.out. If ctx
+// ends or j.deadline passes while j is queued or in flight, do returns at
+// once, abandoned: the caller must not reuse j (nor, for runIncr's, its
+// keys and hits: settleIncr may still read them). A job abandoned before a
+// call took it is not sent.
+func (cb *combiner) do(ctx context.Context, j *job) (abandoned bool, err error) {
 	cb.mu.Lock()
 	if cb.busy == 0 {
 		// Nothing is queued (the queue is taken while a call is busy).
@@ -67,7 +80,7 @@ func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage,
 		defer cancel()
 		one := [1]*job{j}
 		cb.send(ctx, one[:], nil)
-		return j.res, false, j.err
+		return j.late, j.err
 	}
 	j.state.Store(jobQueued)
 	cb.queue = append(cb.queue, j)
@@ -88,7 +101,7 @@ func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage,
 	select {
 	case <-j.done:
 		j.timer.Stop()
-		return j.res, false, j.err
+		return j.late, j.err
 	case <-j.timer.C:
 		err = context.DeadlineExceeded
 	case <-ctx.Done():
@@ -96,7 +109,7 @@ func (cb *combiner) do(ctx context.Context, j *job) (res []rueidis.RedisMessage,
 		err = ctx.Err()
 	}
 	j.state.CompareAndSwap(jobQueued, jobAbandoned)
-	return nil, true, fmt.Errorf("redis: %w", err)
+	return true, fmt.Errorf("redis: %w", err)
 }
 
 // release ends a sender's call: if requests queued meanwhile, a flusher
@@ -182,12 +195,21 @@ func (cb *combiner) take(batch []*job) []*job {
 
 // sendScratch holds a flusher's keys and arguments of a combined call
 // between calls: the command copies them, so they are free again once the
-// call returns.
-type sendScratch struct{ keys, args []string }
+// call returns. rueidis holds cmds until it has written them: they are
+// dropped when a call ends early.
+type sendScratch struct {
+	keys, args []string
+	cmds       []rueidis.Completed
+}
 
-// send runs batch as one window.lua call and hands each job its part. A
-// batch of more than one job needs sc.
+// send runs batch as one window.lua call, or as one pipeline of runIncr's
+// commands, and hands each job its part. A batch of more than one job
+// needs sc.
 func (cb *combiner) send(ctx context.Context, batch []*job, sc *sendScratch) {
+	if cb.incr {
+		cb.sendIncr(ctx, batch, sc)
+		return
+	}
 	keys, args := batch[0].keys, batch[0].args
 	if len(batch) > 1 {
 		keys, args = sc.keys[:0], sc.args[:0]
@@ -221,5 +243,53 @@ func (cb *combiner) send(ctx context.Context, batch []*job, sc *sendScratch) {
 	for _, j := range batch {
 		m := 1 + len(j.keys)
 		j.res, j.err, a = a[:m:m], nil, a[m:]
+	}
+}
+
+// sendIncr runs batch's commands in one pipeline, and gives back the
+// increments of the requests that do not fit (settleIncr) before it hands
+// each job its part. Were the call to end before Redis answers, the
+// settling still happens once it does, and the jobs are late.
+func (cb *combiner) sendIncr(ctx context.Context, batch []*job, sc *sendScratch) {
+	cmds := batch[0].cmds
+	if len(batch) > 1 {
+		cmds = sc.cmds[:0]
+		for _, j := range batch {
+			cmds = append(cmds, j.cmds...)
+		}
+	}
+	jobs := slices.Clone(batch) // (the flusher reuses batch)
+	s := cb.s
+	cl := s.client() // not nil: the breaker stays open until connected
+	res, err := bounded(ctx, func() []rueidis.RedisResult {
+		// (not cut at ctx's end: an INCRBY sent must be read, to be given
+		// back if its request does not fit; rueidis ends a call on a
+		// connection that stops answering, after Options.Timeout or a
+		// second)
+		res := cl.DoMulti(context.WithoutCancel(ctx), cmds...)
+		if len(res) == len(cmds) {
+			s.settleIncr(ctx, jobs, res)
+		}
+		return res
+	})
+	if len(batch) > 1 {
+		if err != nil {
+			sc.cmds = nil
+		} else {
+			clear(cmds)
+			sc.cmds = cmds[:0]
+		}
+	}
+	late := err != nil // (bounded's: rueidis may still run the call)
+	if err == nil && len(res) != len(cmds) {
+		err = fmt.Errorf("redis: %d replies to %d commands", len(res), len(cmds))
+	}
+	for _, j := range batch {
+		if err != nil {
+			j.out, j.err, j.late = nil, err, late
+			continue
+		}
+		m := len(j.cmds)
+		j.out, j.err, res = res[:m:m], nil, res[m:]
 	}
 }

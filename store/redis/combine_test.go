@@ -318,9 +318,15 @@ func TestTake_CombinedLater(t *testing.T) {
 // scriptCalls returns how many scripts Redis has run.
 func scriptCalls(t *testing.T, srv *redistest.Server) int {
 	t.Helper()
+	return callsOf(t, srv, "evalsha")
+}
+
+// callsOf is the number of calls of command (lower case) srv ran.
+func callsOf(t *testing.T, srv *redistest.Server, command string) int {
+	t.Helper()
 	n := 0
 	for _, line := range strings.Split(srv.CLI("info", "commandstats"), "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+command+":calls="); ok {
 			v, _, _ := strings.Cut(rest, ",")
 			var err error
 			if n, err = strconv.Atoi(v); err != nil {

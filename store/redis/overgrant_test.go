@@ -355,15 +355,18 @@ func ogWarm(t *testing.T, s *Store) {
 }
 
 // TestTake_NoOverGrant: replicas on one Redis, their concurrent requests
-// combined into shared window.lua calls (fixed windows, in Sluice's and
-// in the reference's layout) or run by take.lua (with token buckets and
-// sliding windows), never grant a key more than its limit, keep each
-// request all-or-nothing and leave in Redis exactly what the committed
-// requests took, each key's takes one after the other. Requests did share
-// calls: Redis ran fewer scripts than requests reached it. With the server
-// clock (Options.ServerClock) token buckets read Redis's time, which
-// moves: by far less than the hour a token takes to refill. Deadlines
-// abandons requests while queued or in flight (ogCase.deadlines).
+// combined into shared window.lua calls (fixed windows in Sluice's
+// layout), into pipelines of INCRBYs (in the reference's layout: runIncr)
+// or run by take.lua (with token buckets and sliding windows), never grant
+// a key more than its limit, keep each request all-or-nothing and leave in
+// Redis exactly what the committed requests took, each key's takes one
+// after the other (but runIncr's, whose refunds land after others took).
+// Requests did share calls: Redis ran fewer scripts than requests reached
+// it; in the reference's layout it ran INCRBYs, and scripts only to give
+// back what denied requests took. With the server clock
+// (Options.ServerClock) token buckets read Redis's time, which moves: by
+// far less than the hour a token takes to refill. Deadlines abandons
+// requests while queued or in flight (ogCase.deadlines).
 func TestTake_NoOverGrant(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, c := range []struct {
@@ -372,18 +375,20 @@ func TestTake_NoOverGrant(t *testing.T) {
 		serverClock bool
 		deadlines   bool
 		combine     bool // fixed windows only: requests share window.lua calls (but those naming a key twice)
+		incr        bool // the reference's layout: INCRBY, and refunds
 	}{
-		{"FixedWindow", ogFixed(false), false, false, true},
-		{"Plain", ogFixed(true), false, false, true},
-		{"Mixed", ogMixed(), false, false, false},
-		{"MixedServerClock", ogMixed(), true, false, false},
-		{"Deadlines", ogFixed(false), false, true, false},
+		{"FixedWindow", ogFixed(false), false, false, true, false},
+		{"Plain", ogFixed(true), false, false, false, true},
+		{"Mixed", ogMixed(), false, false, false, false},
+		{"MixedServerClock", ogMixed(), true, false, false, false},
+		{"Deadlines", ogFixed(false), false, true, false, false},
+		{"PlainDeadlines", ogFixed(true), false, true, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			replicas, reader := ogReplicasOn(t, Options{URL: "redis://" + srv.Addr, ServerClock: c.serverClock}, ogReplicas)
 			ogWarm(t, replicas[0])
-			before := scriptCalls(t, srv)
-			oc := ogCase{replicas: replicas, reader: reader, pool: c.pool, serial: true, deadlines: c.deadlines}
+			before, incrs := scriptCalls(t, srv), callsOf(t, srv, "incrby")
+			oc := ogCase{replicas: replicas, reader: reader, pool: c.pool, serial: !c.incr, deadlines: c.deadlines}
 			tally := oc.run(t, 1)
 			if t.Failed() {
 				return
@@ -397,8 +402,20 @@ func TestTake_NoOverGrant(t *testing.T) {
 				t.Errorf("%d committed, %d denied: want both, or the bound was not tested", tally.committed, tally.denied)
 			}
 			// (a request out of time may have sent its call, or not)
-			if !c.deadlines && (calls > sent || (c.combine && calls == sent)) {
+			if !c.deadlines && !c.incr && (calls > sent || (c.combine && calls == sent)) {
 				t.Errorf("%d script calls for %d requests that reached Redis: want fewer (requests combined)", calls, sent)
+			}
+			if c.incr {
+				incrs = callsOf(t, srv, "incrby") - incrs
+				failed := uint64(0)
+				for _, s := range replicas {
+					failed += s.Stats().RefundFailures
+				}
+				// (a refund call gives back one or more denied requests)
+				if incrs == 0 || calls == 0 || calls > tally.denied-tally.local || failed > 0 {
+					t.Errorf("%d INCRBYs, %d script calls (refunds) for %d requests denied by Redis, %d refunds failed: want INCRBYs, and some refunds, none failed",
+						incrs, calls, tally.denied-tally.local, failed)
+				}
 			}
 		})
 	}

@@ -64,6 +64,7 @@ type Store struct {
 	breaker *breaker
 	cache   *overCache // nil when disabled
 	comb    combiner   // window.lua's calls on a single Redis
+	incr    combiner   // runIncr's
 	// slots holds window.lua's combiners on Cluster, one per hash slot
 	// (see combinerFor); nil on a single Redis.
 	slots *[16384]atomic.Pointer[combiner]
@@ -150,17 +151,14 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	s.breaker = newBreaker(opt.BreakerFailures, opt.BreakerCooldown, opt.BreakerWindow, time.Now,
 		func(bool) { s.wake() })
 	s.comb.s = s
+	s.incr.s, s.incr.incr = s, true
 	if s.cluster {
 		s.slots = new([16384]atomic.Pointer[combiner])
 	}
 	if !opt.NoLocalCache {
-		var hold time.Duration
-		if s.cluster {
-			// A request's slot calls end within Timeout, its refunds
-			// within RefundTimeout (at most Timeout) after.
-			hold = opt.Timeout + min(opt.Timeout, opt.RefundTimeout)
-		}
-		s.cache = newOverCache(hold)
+		// A request's calls end within Timeout, its refunds within
+		// RefundTimeout (at most Timeout) after.
+		s.cache = newOverCache(opt.Timeout+min(opt.Timeout, opt.RefundTimeout), s.cluster)
 	}
 	err = s.connect(ctx)
 	switch {

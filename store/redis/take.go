@@ -43,6 +43,9 @@ type call struct {
 	orig, fin  []store.State
 	sc         scratch
 	job        job
+	cmds       []rueidis.Completed // runIncr's commands
+	incr       []incrHit           // and hits
+	counts     []uint64            // and their counts before
 }
 
 var calls = sync.Pool{New: func() any { return &call{job: job{done: make(chan struct{}, 1)}} }}
@@ -142,6 +145,8 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	}
 	c := calls.Get().(*call)
 	window := windowBatch(hits)
+	incr := window && incrBatch(hits)
+	window = window && !incr
 	c.build(s.plain, hits, window, now)
 	keys := c.keys
 	var cb *combiner
@@ -172,9 +177,12 @@ func (s *Store) Take(ctx context.Context, now int64, hits []store.Hit, out []sto
 	var (
 		r         reply
 		err       error
-		later     = !window
+		later     = !window && !incr
 		abandoned bool // c's job is still queued or in flight
 	)
+	if incr {
+		r, abandoned, err = s.runIncr(ctx, deadline, c, hits, now)
+	}
 	if window {
 		r, later, abandoned, err = s.runWindow(ctx, deadline, cb, c, hits, now)
 	}
@@ -280,10 +288,11 @@ func (s *Store) combinerFor(keys []string) *combiner {
 func (s *Store) runWindow(ctx context.Context, deadline time.Time, cb *combiner, c *call, hits []store.Hit, now int64) (r reply, later, abandoned bool, err error) {
 	n := len(hits)
 	c.job.keys, c.job.args, c.job.deadline = c.keys, c.args, deadline
-	a, abandoned, err := cb.do(ctx, &c.job)
+	abandoned, err = cb.do(ctx, &c.job)
 	if err != nil {
 		return r, false, abandoned, err
 	}
+	a := c.job.res
 	c.job.res = nil // a slice of the whole call's reply: not kept in the pool
 	status, err := a[0].AsInt64()
 	if err != nil {
