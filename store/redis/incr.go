@@ -139,14 +139,18 @@ func (s *Store) runIncr(ctx context.Context, deadline time.Time, c *call, hits [
 	look := incrLook(c.incr)
 	cl := s.client() // not nil: the breaker stays open until connected
 	cmds := c.cmds[:0]
+	ttl, ms := int64(-1), "" // (the last expiry, in seconds, and in ms as sent: hits mostly share it)
 	for i := range hits {
 		h := &hits[i]
 		if look || h.Cost == 0 {
 			cmds = append(cmds, cl.B().Get().Key(c.keys[i]).Build())
 			continue
 		}
+		if t := s.plain.TTL(h.Rule); t != ttl {
+			ttl, ms = t, strconv.FormatInt(t*1000, 10)
+		}
 		cmds = append(cmds, cl.B().Incrby().Key(c.keys[i]).Increment(int64(h.Cost)).Build(),
-			cl.B().Pexpire().Key(c.keys[i]).Milliseconds(s.plain.TTL(h.Rule)*1000).Build())
+			cl.B().Arbitrary("PEXPIRE").Keys(c.keys[i]).Args(ms).Build())
 	}
 	c.job.keys, c.job.cmds, c.job.incr, c.job.deadline, c.job.late = c.keys, cmds, c.incr, deadline, false
 	if abandoned, err = s.incr.do(ctx, &c.job); abandoned {
