@@ -266,8 +266,16 @@ func TestTake_RedisKilledAndRestarted(t *testing.T) {
 // deadline. How late a take may return is this test's purpose: a few
 // times the deadline, plus the worst stall of this process (see stalls);
 // a take that returns later is taken again, up to 3 times in all, and
-// fails the test only if each was late (see late).
+// fails the test only if each was late (see late). The same on a key in
+// the reference's layout (runIncr's pipeline, whose reply is still read
+// after its caller gave up).
 func TestTake_SlowRedis(t *testing.T) {
+	for _, plain := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sluice", true: "reference"}[plain], func(t *testing.T) { testSlowRedis(t, plain) })
+	}
+}
+
+func testSlowRedis(t *testing.T, plain bool) {
 	srv := redistest.Start(t)
 	const timeout = 30 * time.Millisecond
 	// (A breaker that stays closed keeps every take going to Redis; no
@@ -276,7 +284,7 @@ func TestTake_SlowRedis(t *testing.T) {
 		ProbeTimeout: 10 * time.Second})
 	st := watchStalls(t)
 	r := must(store.NewFixedWindow(10, time.Minute))
-	hits := []store.Hit{{Key: "slow", Rule: r, Cost: 1, Veto: true}}
+	hits := []store.Hit{{Key: "slow", Rule: r, Cost: 1, Veto: true, Plain: plain}}
 	warm(t, s, r, "slow")
 	srv.Pause()
 	resumed := false
