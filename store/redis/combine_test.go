@@ -111,18 +111,27 @@ func TestTake_CombinedCluster(t *testing.T) {
 	if c := calls() - before; c != 1 {
 		t.Errorf("%d script calls for %d requests queued on one slot, want 1", c, n)
 	}
-	allowed := 0
+	if allowed := allOrNothing(t, outs); allowed != 5 {
+		t.Errorf("%d requests allowed on a limit of 5 (each takes 1 of both keys), want 5", allowed)
+	}
+}
+
+// allOrNothing checks that each request's decisions, outs[i], are all
+// allowed or all denied, and returns how many requests were allowed.
+func allOrNothing(t *testing.T, outs [][]store.Decision) (allowed int) {
+	t.Helper()
 	for i, out := range outs {
-		if out[0].Allowed != out[1].Allowed {
-			t.Errorf("request %d: %+v, want both hits allowed or both denied", i, out)
+		for _, d := range out[1:] {
+			if d.Allowed != out[0].Allowed {
+				t.Errorf("request %d: %+v, want every hit allowed or every one denied", i, out)
+				break
+			}
 		}
 		if out[0].Allowed {
 			allowed++
 		}
 	}
-	if allowed != 5 {
-		t.Errorf("%d requests allowed on a limit of 5 (each takes 1 of both keys), want 5", allowed)
-	}
+	return allowed
 }
 
 // TestTake_Combined sends rounds of window requests on shared keys as one

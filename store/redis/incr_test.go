@@ -49,19 +49,10 @@ func TestIncr_Combined(t *testing.T) {
 	}
 	release()
 	wg.Wait()
-	allowed := 0
-	for i, out := range outs {
-		if errs[i] != nil {
-			t.Fatal(errs[i])
-		}
-		if out[0].Allowed != out[1].Allowed {
-			t.Errorf("request %d: %+v, want both hits allowed or both denied", i, out)
-		}
-		if out[0].Allowed {
-			allowed++
-		}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
-	if allowed != 5 {
+	if allowed := allOrNothing(t, outs); allowed != 5 {
 		t.Errorf("%d requests allowed on a limit of 5, want 5", allowed)
 	}
 	if got := callsOf(t, srv, "incrby") - incrs; got != 2*n {
