@@ -88,7 +88,7 @@ func parseFlags() settings {
 	flag.StringVar(&s.reference, "reference", "", "envoyproxy/ratelimit's binary (built by hand: docs/BENCHMARKS.md), run on a redis-server of its own beside Sluice's in the Redis store's runs; skipped if empty")
 	flag.StringVar(&s.baseline, "baseline", "", "an older sluice binary (built by hand: docs/BENCHMARKS.md), run beside -sluice in the closed loop and the Redis store's runs (on a redis-server of its own) for before and after; skipped if empty")
 	flag.StringVar(&redisConc, "redis-concurrency", "50,200", "closed-loop concurrencies of the Redis store's runs")
-	flag.StringVar(&workloads, "workloads", "distinct,hot,multi", "workloads")
+	flag.StringVar(&workloads, "workloads", "distinct,hot,multi", "workloads, in the closed loop and on Redis")
 	flag.IntVar(&s.connections, "connections", 2, "HTTP/2 connections per run")
 	flag.IntVar(&s.keys, "keys", 10000, "distinct values of the distinct and multi workloads")
 	flag.IntVar(&s.openConc, "open-concurrency", 200, "request slots of the open-loop runs")
@@ -252,6 +252,17 @@ var keyWorkloads = []string{"distinct", "multi"}
 // all reach Redis, and hot, which its local over-limit cache answers.
 var redisWorkloads = append(slices.Clone(keyWorkloads), "hot")
 
+// chosen is those of ws that -workloads names, in ws's order.
+func (b *bench) chosen(ws []string) []string {
+	var out []string
+	for _, w := range ws {
+		if slices.Contains(b.s.workloads, w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 // startBench starts Sluice, the older build if any, and the no-op
 // server, their logs in a directory of their own. On error, what was
 // started is stopped.
@@ -357,7 +368,7 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 		}
 		defer ref.stop()
 	}
-	for _, w := range redisWorkloads {
+	for _, w := range b.chosen(redisWorkloads) {
 		for _, c := range b.s.redisConc {
 			cl, err := b.cell(ctx, lineup{sluice: sr, base: base, ref: ref}, w, c, 0, "")
 			if err != nil {
@@ -377,6 +388,10 @@ func (b *bench) redisStore(ctx context.Context, rep *report) error {
 // reference's keys (--key-format reference, what a drop-in /bin/ratelimit
 // with REDIS_URL selects), each on a redis-server of its own.
 func (b *bench) redisRefKeys(ctx context.Context, ref *server, rep *report) error {
+	ws := b.chosen(keyWorkloads)
+	if len(ws) == 0 {
+		return nil
+	}
 	flags := []string{"--key-format", "reference"}
 	sr, err := startRedisStore(b.s, b.s.sluice, "redis-refkeys", b.dir, flags...)
 	if err != nil {
@@ -391,7 +406,7 @@ func (b *bench) redisRefKeys(ctx context.Context, ref *server, rep *report) erro
 		defer base.stop()
 		base.localAnswers = false
 	}
-	for _, w := range keyWorkloads {
+	for _, w := range ws {
 		for _, c := range b.s.redisConc {
 			cl, err := b.cell(ctx, lineup{sluice: sr, base: base, ref: ref}, w, c, 0, "")
 			if err != nil {
@@ -415,7 +430,7 @@ func (b *bench) starved(ctx context.Context, sr *server, rep *report) error {
 		return err
 	}
 	defer stop()
-	for _, w := range redisWorkloads {
+	for _, w := range b.chosen(redisWorkloads) {
 		for _, c := range b.s.redisConc {
 			o, err := b.options(w, c, 0)
 			if err != nil {

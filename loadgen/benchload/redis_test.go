@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +116,17 @@ func TestCodeListAndFailed(t *testing.T) {
 	}
 	if got := failed(m); got != 3 {
 		t.Errorf("failed = %d, want 3", got)
+	}
+}
+
+// TestChosen: the Redis store's runs keep to -workloads.
+func TestChosen(t *testing.T) {
+	b := &bench{s: settings{workloads: []string{"hot", "multi"}}}
+	if got := b.chosen(redisWorkloads); !slices.Equal(got, []string{"multi", "hot"}) {
+		t.Errorf("Redis workloads with -workloads hot,multi: %v, want [multi hot]", got)
+	}
+	b.s.workloads = []string{"hot"}
+	if got := b.chosen(keyWorkloads); len(got) != 0 {
+		t.Errorf("key workloads with -workloads hot: %v, want none", got)
 	}
 }
