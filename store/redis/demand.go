@@ -171,11 +171,12 @@ func (d *Demand) loadAndRetry(ctx context.Context, res []rueidis.RedisResult, gr
 	}
 }
 
-// do pipelines cmds. Redis answering counts as a success for the store's
-// circuit breaker, as its own calls do: a health probe that waited behind
-// the exchange's commands does not open it.
+// do pipelines cmds, by ctx's end (see doMulti). Redis answering counts
+// as a success for the store's circuit breaker, as its own calls do: a
+// health probe that waited behind the exchange's commands does not open
+// it.
 func (d *Demand) do(ctx context.Context, cmds rueidis.Commands) []rueidis.RedisResult {
-	res := d.s.client().DoMulti(ctx, cmds...)
+	res := doMulti(ctx, d.s.client(), cmds)
 	for _, r := range res {
 		if _, answered := rueidis.IsRedisErr(r.Error()); answered || r.Error() == nil {
 			d.s.breaker.success()

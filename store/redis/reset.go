@@ -39,7 +39,7 @@ func (s *Store) Reset(ctx context.Context, now int64, hits []store.Hit) error {
 		cmds = append(cmds, c.B().Del().Key(k).Build())
 	}
 	var errs []error
-	for i, res := range c.DoMulti(ctx, cmds...) {
+	for i, res := range doMulti(ctx, c, cmds) {
 		if err := res.Error(); err != nil {
 			errs = append(errs, fmt.Errorf("redis: reset: %w", &store.HitError{Index: i, Err: err}))
 		}

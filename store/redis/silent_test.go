@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -91,4 +92,52 @@ func TestDeadline_RedisSilent(t *testing.T) {
 	waitFor(t, 30*time.Second, "goroutines back to their number before the outages", func() bool {
 		return runtime.NumGoroutine() <= base+8
 	})
+}
+
+// TestDeadline_Redial: Reset and the RLQS demand exchange, called in
+// turn with 20 ms deadlines through six seconds of SIGSTOP, return by
+// their deadline, although rueidis drops the silent connection after a
+// second and a call then waits for its dial (0.5–1 s late without
+// doMulti): the slowest answer within the deadline plus 150 ms plus the
+// worst stall of this process, measured again on a miss (see late).
+func TestDeadline_Redial(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stops Redis for six seconds, up to three times")
+	}
+	srv := redistest.Start(t)
+	s := running(t, Options{URL: "redis://" + srv.Addr, KeyPrefix: "redial:", NoLocalCache: true,
+		ProbeInterval: 200 * time.Millisecond, LogInterval: time.Hour})
+	d := s.Demand("a", 3*time.Second)
+	st := watchStalls(t)
+	r := must(store.NewFixedWindow(10, time.Minute))
+	hits := []store.Hit{{Key: "k", Rule: r, Cost: 1, Veto: true}}
+	claims := map[string]store.Claim{"g": {Capacity: 100, Max: 100, Demands: one(10)}}
+	calls := []func(context.Context) error{
+		func(ctx context.Context) error { return s.Reset(ctx, time.Now().UnixNano(), hits) },
+		func(ctx context.Context) error { _, err := d.Exchange(ctx, time.Now(), claims, nil); return err },
+	}
+	var slowest time.Duration
+	if late(t, "slowest Reset or Exchange while Redis is stopped", func() (took, bound time.Duration) {
+		waitFor(t, 10*time.Second, "Reset and Exchange succeed", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return calls[0](ctx) == nil && calls[1](ctx) == nil
+		})
+		srv.Pause()
+		defer srv.Resume()
+		slowest = 0
+		for i, start := 0, time.Now(); time.Since(start) < 6*time.Second; i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), silentDeadline)
+			t0 := time.Now()
+			if err := calls[i%2](ctx); err == nil {
+				t.Errorf("call %d: no error with Redis stopped", i)
+			}
+			slowest = max(slowest, time.Since(t0))
+			cancel()
+		}
+		return slowest, silentDeadline + 150*time.Millisecond + st.Worst()
+	}) {
+		t.Errorf("in each of 3 outages a call answered %v after it began, past its %v deadline plus 150ms plus the worst stall %v",
+			slowest, silentDeadline, st.Worst())
+	}
 }

@@ -398,6 +398,19 @@ func bounded[T any](ctx context.Context, call func() T) (T, error) {
 	}
 }
 
+// doMulti pipelines cmds on c and returns their results by ctx's end
+// (see bounded); after it, each result is ctx's error.
+func doMulti(ctx context.Context, c rueidis.Client, cmds rueidis.Commands) []rueidis.RedisResult {
+	res, err := bounded(ctx, func() []rueidis.RedisResult { return c.DoMulti(ctx, cmds...) })
+	if err != nil {
+		res = make([]rueidis.RedisResult, len(cmds))
+		for i := range res {
+			res[i] = rueidis.NewErrorResult(err)
+		}
+	}
+	return res
+}
+
 // parseReply reads take.lua's reply for the hits at idx (every hit when
 // idx is nil).
 func parseReply(res rueidis.RedisResult, hits []store.Hit, idx []int) (reply, error) {
