@@ -273,8 +273,8 @@ func (cb *combiner) sendIncr(ctx context.Context, batch []*job, sc *sendScratch)
 		return res
 	})
 	if len(batch) > 1 {
-		if err != nil {
-			sc.cmds = nil
+		if err != nil || !written(res) {
+			sc.cmds = nil // (rueidis may still hold them)
 		} else {
 			clear(cmds)
 			sc.cmds = cmds[:0]

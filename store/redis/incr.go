@@ -66,8 +66,9 @@ func incrCommands(hs []incrHit) int {
 // reads a count: at most 2^32-2), and into took, if not nil, whether its
 // INCRBY counted, which must be given back unless the request fits. fits
 // reports whether every hit's cost fits within the room its count leaves.
-// A reply that is an error, or a count that is not one, is err; the hits
-// read before it are in before and took.
+// A reply that is an error, or a count that is not one, is err (the first
+// such); the other hits are read all the same (on Cluster a node may fail
+// while another counted).
 func readIncr(res []rueidis.RedisResult, hs []incrHit, before []uint64, took []bool) (fits bool, err error) {
 	look := incrLook(hs)
 	fits = !look
@@ -79,31 +80,30 @@ func readIncr(res []rueidis.RedisResult, hs []incrHit, before []uint64, took []b
 		if incr {
 			k++
 		}
-		count, err := m.AsInt64()
+		// (GET answers a string: a count, or a value no one counted)
+		count, e := m.AsInt64()
 		switch {
 		case incr:
 			if took != nil {
-				took[i] = err == nil
+				took[i] = e == nil
 			}
 			count -= int64(h.cost)
-			if err == nil {
+			if e == nil {
 				// (an error there leaves the key without its expiry)
-				err = res[k-1].Error()
+				e = res[k-1].Error()
 			}
-		case rueidis.IsRedisNil(err):
-			count, err = 0, nil
-		case err != nil && m.Error() == nil:
-			// (GET answers a string: a count, or a value no one counted)
-			var v string
-			if v, err = m.ToString(); err == nil {
-				count, err = strconv.ParseInt(v, 10, 64)
+		case rueidis.IsRedisNil(e):
+			count, e = 0, nil
+		}
+		if e == nil && count < 0 {
+			e = fmt.Errorf("the count's key holds %d", count)
+		}
+		if e != nil {
+			if err == nil {
+				err = &store.HitError{Index: i, Err: e}
 			}
-		}
-		if err == nil && count < 0 {
-			err = fmt.Errorf("the count's key holds %d", count)
-		}
-		if err != nil {
-			return false, &store.HitError{Index: i, Err: err}
+			before[i], fits = 0, false
+			continue
 		}
 		// (a reference pod's INCRBY counts on past the limit; the bound of
 		// a count here, as window.lua clamps it)
@@ -113,7 +113,7 @@ func readIncr(res []rueidis.RedisResult, hs []incrHit, before []uint64, took []b
 			fits = false
 		}
 	}
-	return fits, nil
+	return fits && err == nil, err
 }
 
 // runIncr runs a batch of hits on the reference's counters (incrBatch),
@@ -158,8 +158,12 @@ func (s *Store) runIncr(ctx context.Context, deadline time.Time, c *call, hits [
 	}
 	res := c.job.out
 	c.job.cmds, c.job.out = nil, nil // (not kept in the pool)
-	clear(cmds)
-	c.cmds = cmds[:0]
+	if err != nil || !written(res) {
+		c.cmds = nil // (rueidis may still hold them)
+	} else {
+		clear(cmds)
+		c.cmds = cmds[:0]
+	}
 	if err != nil {
 		return reply{}, false, err
 	}
@@ -184,6 +188,18 @@ func (s *Store) runIncr(ctx context.Context, deadline time.Time, c *call, hits [
 	return reply{committed: fits, orig: c.orig, final: c.fin}, false, nil
 }
 
+// written reports whether rueidis is done with the commands whose results
+// are res: after an error that is not Redis's (a connection broken) its
+// writer may still hold them.
+func written(res []rueidis.RedisResult) bool {
+	for i := range res {
+		if res[i].NonRedisError() != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // plainRefundEnd is take.lua's refund field for a key in the reference's
 // layout of a narrow rule (see refundEnd).
 var plainRefundEnd = "p" + strconv.FormatUint(store.MaxFixedWindowLimit+1, 10)
@@ -193,9 +209,10 @@ var plainRefundEnd = "p" + strconv.FormatUint(store.MaxFixedWindowLimit+1, 10)
 // holds an error), through take.lua's refunds, in one call (on Cluster one
 // per hash slot): a count goes down by the cost, never below 0, and a key
 // that expired meanwhile stays gone (a DECRBY would leave a negative
-// count). It reads jobs' keys and hits only: their Takes keep them until
-// their job is done, or for good if they gave up waiting. A refund that
-// fails is counted in Stats.
+// count), waiting for Redis as long as a take does (Options.Timeout). It
+// reads jobs' keys and hits only: their Takes keep them until their job is
+// done, or for good if they gave up waiting. A refund that fails is
+// counted in Stats.
 func (s *Store) settleIncr(ctx context.Context, jobs []*job, res []rueidis.RedisResult) {
 	var keys []string
 	var before []uint64
@@ -221,9 +238,10 @@ func (s *Store) settleIncr(ctx context.Context, jobs []*job, res []rueidis.Redis
 	if len(keys) == 0 {
 		return
 	}
-	// The refund outlives its callers' deadline, not by much: they are
-	// waiting for it.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(s.opt.Timeout, s.opt.RefundTimeout))
+	// As long as a take may wait for Redis: those still waiting wait
+	// for it until their own deadline, and one that fails leaves the
+	// count raised until its window ends.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opt.Timeout)
 	defer cancel()
 	for len(keys) > 0 {
 		// (take.lua's keys must share a slot on Cluster: those of the

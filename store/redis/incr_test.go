@@ -123,14 +123,17 @@ func TestIncr_GivesBack(t *testing.T) {
 	if got := srv.CLI("EXISTS", key("c")); got != "0" {
 		t.Errorf("c exists (%s) after a check", got)
 	}
-	// A key that holds no count fails the request; a's take is given back.
-	_, err := take([]string{"a", "bad"}, 1, 1)
-	var he *store.HitError
-	if !errors.As(err, &he) || he.Index != 1 {
-		t.Errorf("take on a key holding x: %v, want a HitError on hit 1", err)
-	}
-	if got := srv.CLI("GET", key("a")); got != "2" {
-		t.Errorf("a = %q after a failed request, want 2", got)
+	// A key that holds no count fails the request; a's take is given
+	// back, whichever comes first.
+	for bad, keys := range [][]string{{"bad", "a"}, {"a", "bad"}} {
+		_, err := take(keys, 1, 1)
+		var he *store.HitError
+		if !errors.As(err, &he) || keys[he.Index] != "bad" {
+			t.Errorf("take on %v, bad holding x: %v, want a HitError on hit %d", keys, err, bad)
+		}
+		if got := srv.CLI("GET", key("a")); got != "2" {
+			t.Errorf("a = %q after a failed request on %v, want 2", got, keys)
+		}
 	}
 	if out, err := take([]string{"a"}, 3); err != nil || !out[0].Allowed || out[0].Remaining != 0 {
 		t.Errorf("take of 3 on a at 2: %+v %v, want allowed, 0 remaining", out, err)
@@ -152,17 +155,21 @@ func TestIncr_Late(t *testing.T) {
 	srv.CLI("SET", a, "2")
 	srv.CLI("SET", full, "5")
 	ogWarm(t, s)
+	incrs := callsOf(t, srv, "incrby")
 	srv.CLI("CLIENT", "PAUSE", "20000", "WRITE")
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	err := s.Take(ctx, incrNow, plainHits(r, []string{"a", "full"}, 1, 1), make([]store.Decision, 2))
 	srv.CLI("CLIENT", "UNPAUSE")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Take while Redis is paused: %v, want the deadline's error", err)
 	}
-	for start := time.Now(); srv.CLI("GET", a) != "2"; {
+	// The INCRBYs ran once Redis answered (the request was sent, not cut
+	// short before), and were given back.
+	for start := time.Now(); callsOf(t, srv, "incrby") < incrs+2 || srv.CLI("GET", a) != "2"; {
 		if time.Since(start) > 30*time.Second {
-			t.Fatalf("a = %s 30 s after Redis answered, want 2 (given back)", srv.CLI("GET", a))
+			t.Fatalf("%d INCRBYs, a = %s 30 s after Redis answered, want 2 INCRBYs, a given back to 2",
+				callsOf(t, srv, "incrby")-incrs, srv.CLI("GET", a))
 		}
 	}
 	if got := srv.CLI("GET", full); got != "5" {

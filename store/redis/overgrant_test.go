@@ -277,6 +277,14 @@ func (c *ogCase) check(t *testing.T, round int, names []string, reqs []ogRequest
 		if err := c.reader.Take(context.Background(), ogNow, peek, out); err != nil {
 			t.Fatalf("round %d key %s: peek: %v", round, names[k], err)
 		}
+		// (a request that gave up waiting may still hold increments of a
+		// key in the reference's layout, past its limit, until its refund
+		// lands: see runIncr)
+		for start := time.Now(); c.deadlines && key.plain && !out[0].Allowed && time.Since(start) < 30*time.Second; {
+			if err := c.reader.Take(context.Background(), ogNow, peek, out); err != nil {
+				t.Fatalf("round %d key %s: peek: %v", round, names[k], err)
+			}
+		}
 		// (a peek is denied only past the limit, which no take reaches)
 		want := key.rule.Capacity() - min(granted[k], key.rule.Capacity())
 		switch {
@@ -411,10 +419,12 @@ func TestTake_NoOverGrant(t *testing.T) {
 				for _, s := range replicas {
 					failed += s.Stats().RefundFailures
 				}
-				// (a refund call gives back one or more denied requests)
-				if incrs == 0 || calls == 0 || calls > tally.denied-tally.local || failed > 0 {
-					t.Errorf("%d INCRBYs, %d script calls (refunds) for %d requests denied by Redis, %d refunds failed: want INCRBYs, and some refunds, none failed",
-						incrs, calls, tally.denied-tally.local, failed)
+				// (script calls: refunds, each of one or more denied
+				// requests, and take.lua for a request naming a key twice;
+				// that Redis holds what was granted shows the refunds)
+				if incrs == 0 || !c.deadlines && calls > sent || failed > 0 {
+					t.Errorf("%d INCRBYs, %d script calls for %d requests that reached Redis, %d refunds failed: want INCRBYs, at most a script call a request, no refund failed",
+						incrs, calls, sent, failed)
 				}
 			}
 		})

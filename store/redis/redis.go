@@ -157,8 +157,8 @@ func New(ctx context.Context, opt Options) (*Store, error) {
 	}
 	if !opt.NoLocalCache {
 		// A request's calls end within Timeout, its refunds within
-		// RefundTimeout (at most Timeout) after.
-		s.cache = newOverCache(opt.Timeout+min(opt.Timeout, opt.RefundTimeout), s.cluster)
+		// Timeout after (on Cluster RefundTimeout, at most Timeout).
+		s.cache = newOverCache(2*opt.Timeout, s.cluster)
 	}
 	err = s.connect(ctx)
 	switch {
