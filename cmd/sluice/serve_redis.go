@@ -270,7 +270,7 @@ func registerRedisMetrics(reg prometheus.Registerer, st *redis.Store, subsystem 
 			func() float64 { return float64(st.Stats().LocalAnswers) })),
 		reg.Register(prometheus.NewGaugeFunc(opts("local_cache_keys", "Keys in the local over-limit cache."),
 			func() float64 { return float64(st.Stats().LocalKeys) })),
-		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("refund_failures_total", "Cluster refunds that failed: takes left in place until their keys expire (over-deny).")),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("refund_failures_total", "Refunds that failed (Cluster slots that committed in a denied request; increments of a denied request on the reference's keys): takes left in place until their keys expire (over-deny).")),
 			func() float64 { return float64(st.Stats().RefundFailures) })),
 		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts(opts("failed_takes_total", "Requests the Redis store failed (answered by the failure mode): breaker open, out of time, Redis unreachable.")),
 			func() float64 { return float64(st.Stats().Failed) })),

@@ -88,7 +88,7 @@ type Stats struct {
 	Healthy        bool   // see Healthy
 	LocalAnswers   uint64 // requests the local cache answered without Redis
 	LocalKeys      int    // keys in the local cache now
-	RefundFailures uint64 // Cluster refunds that failed (see Take)
+	RefundFailures uint64 // refunds that failed (see Take and runIncr)
 	Failed         uint64 // Takes that returned an error (answered by the failure mode)
 	Opens, Closes  uint64 // transitions of the circuit breaker
 	Probes         uint64 // health probes (pings) Run sent
