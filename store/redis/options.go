@@ -54,9 +54,10 @@ type Options struct {
 	// clocks agree. Fixed windows always use the caller's now.
 	ServerClock bool
 	// OnCall, when set, is told the duration and the outcome of every
-	// Take that went to Redis (a script call, or one per slot on
-	// Cluster; the time queued for a combined call included), for a
-	// latency metric. It must be cheap and safe for concurrent use.
+	// Take that went to Redis (a script call, or one per slot on Cluster,
+	// or a pipeline of INCRBYs; the time queued for a combined call
+	// included), for a latency metric. It must be cheap and safe for
+	// concurrent use.
 	OnCall func(d time.Duration, err error)
 	// RefundTimeout bounds a Cluster refund's wait for Redis, after the
 	// caller's deadline if need be, and at most Timeout (default 50 ms). A
