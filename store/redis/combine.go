@@ -48,6 +48,9 @@ type job struct {
 	keys, args []string            // args start with len(keys) (see window.lua)
 	cmds       []rueidis.Completed // runIncr's, for its hits incr on keys
 	incr       []incrHit
+	counts     []uint64               // settleIncr's reading of out: each hit's count before the request,
+	fits       bool                   // whether the request fits,
+	bad        error                  // and the first error a reply holds
 	deadline   time.Time              // of the Take
 	res        []rueidis.RedisMessage // its part of the reply: 1+len(keys) values
 	out        []rueidis.RedisResult  // or of runIncr's: one per command

@@ -152,7 +152,8 @@ func (s *Store) runIncr(ctx context.Context, deadline time.Time, c *call, hits [
 		cmds = append(cmds, cl.B().Incrby().Key(c.keys[i]).Increment(int64(h.Cost)).Build(),
 			cl.B().Arbitrary("PEXPIRE").Keys(c.keys[i]).Args(ms).Build())
 	}
-	c.job.keys, c.job.cmds, c.job.incr, c.job.deadline, c.job.late = c.keys, cmds, c.incr, deadline, false
+	c.counts = slices.Grow(c.counts[:0], n)[:n]
+	c.job.keys, c.job.cmds, c.job.incr, c.job.counts, c.job.deadline, c.job.late = c.keys, cmds, c.incr, c.counts, deadline, false
 	if abandoned, err = s.incr.do(ctx, &c.job); abandoned {
 		return reply{}, true, err // (c is the job's still)
 	}
@@ -167,10 +168,10 @@ func (s *Store) runIncr(ctx context.Context, deadline time.Time, c *call, hits [
 	if err != nil {
 		return reply{}, false, err
 	}
-	c.counts = slices.Grow(c.counts[:0], n)[:n]
-	fits, err := readIncr(res, c.incr, c.counts, nil)
-	if err != nil {
-		return reply{}, false, fmt.Errorf("redis: %w", err)
+	fits, bad := c.job.fits, c.job.bad
+	c.job.bad = nil
+	if bad != nil {
+		return reply{}, false, fmt.Errorf("redis: %w", bad)
 	}
 	c.orig, c.fin = slices.Grow(c.orig[:0], n)[:n], slices.Grow(c.fin[:0], n)[:n]
 	for i := range hits {
@@ -210,22 +211,21 @@ var plainRefundEnd = "p" + strconv.FormatUint(store.MaxFixedWindowLimit+1, 10)
 // per hash slot): a count goes down by the cost, never below 0, and a key
 // that expired meanwhile stays gone (a DECRBY would leave a negative
 // count), waiting for Redis as long as a take does (Options.Timeout). It
-// reads jobs' keys and hits only: their Takes keep them until their job is
-// done, or for good if they gave up waiting. A refund that fails is
-// counted in Stats.
+// leaves each job's reading of its replies in the job (fits, bad and
+// counts, for its Take), and reads jobs' keys and hits only: their Takes
+// keep them until their job is done, or for good if they gave up waiting.
+// A refund that fails is counted in Stats.
 func (s *Store) settleIncr(ctx context.Context, jobs []*job, res []rueidis.RedisResult) {
 	var keys []string
-	var before []uint64
 	var took []bool
 	args := []string{"r"}
 	for _, j := range jobs {
 		m := incrCommands(j.incr)
-		n := len(j.incr)
-		before, took = slices.Grow(before[:0], n)[:n], slices.Grow(took[:0], n)[:n]
+		took = slices.Grow(took[:0], len(j.incr))[:len(j.incr)]
 		clear(took)
-		fits, err := readIncr(res[:m], j.incr, before, took)
+		j.fits, j.bad = readIncr(res[:m], j.incr, j.counts, took)
 		res = res[m:]
-		if fits && err == nil {
+		if j.fits {
 			continue
 		}
 		for i, t := range took {
