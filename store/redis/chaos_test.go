@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,28 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
 )
 
 // logBuffer collects a logger's lines. Safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type logBuffer struct{ logbuf.Buffer }
 
 // lines returns the lines logged at level ("WARN", "INFO").
 func (l *logBuffer) lines(level string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, ln := range strings.Split(l.b.String(), "\n") {
+	for _, ln := range strings.Split(l.String(), "\n") {
 		if strings.Contains(ln, "level="+level+" ") {
 			out = append(out, ln)
 		}
