@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/logbuf"
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 // logBuffer collects a logger's lines. Safe for concurrent use.
@@ -266,20 +267,9 @@ func TestChaos_RedisPaused(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range 8 {
+		hits := []store.Hit{{Key: fmt.Sprint("k", g), Rule: r, Cost: 1, Veto: true}}
 		wg.Go(func() {
-			hits := []store.Hit{{Key: fmt.Sprint("k", g), Rule: r, Cost: 1, Veto: true}}
-			out := make([]store.Decision, 1)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-				t0 := time.Now()
-				err := s.Take(ctx, t0.UnixNano(), hits, out)
-				took := time.Since(t0)
-				cancel()
+			storetest.Repeat(s, hits, 20*time.Millisecond, stop, func(_ time.Time, took time.Duration, err error) bool {
 				calls.Add(1)
 				if err == nil {
 					lastOK.Store(time.Now().UnixNano())
@@ -289,12 +279,9 @@ func TestChaos_RedisPaused(t *testing.T) {
 				if took > 20*time.Millisecond+30*time.Millisecond+st.Worst() {
 					slow.Add(1)
 				}
-				for w := worst.Load(); int64(took) > w && !worst.CompareAndSwap(w, int64(took)); w = worst.Load() {
-				}
-				if err != nil {
-					time.Sleep(time.Millisecond)
-				}
-			}
+				storetest.RaiseTo(&worst, int64(took))
+				return err != nil
+			})
 		})
 	}
 	defer func() { close(stop); wg.Wait() }()

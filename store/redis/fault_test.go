@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicehq/sluice/store"
 	"github.com/sluicehq/sluice/store/redis/redistest"
+	"github.com/sluicehq/sluice/store/storetest"
 )
 
 // load runs takes from n goroutines until stop is closed and records the
@@ -36,34 +37,24 @@ func (l *load) run(t *testing.T, s *Store, n int, stop <-chan struct{}) *sync.Wa
 	r := must(store.NewFixedWindow(1_000_000_000, time.Hour))
 	var wg sync.WaitGroup
 	for g := range n {
+		hits := []store.Hit{{Key: "load" + string(rune('a'+g)), Rule: r, Cost: 1, Veto: true}}
 		wg.Go(func() {
-			hits := []store.Hit{{Key: "load" + string(rune('a'+g)), Rule: r, Cost: 1, Veto: true}}
-			out := make([]store.Decision, 1)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				t0 := time.Now()
-				err := s.Take(context.Background(), t0.UnixNano(), hits, out)
+			storetest.Repeat(s, hits, 0, stop, func(t0 time.Time, took time.Duration, err error) bool {
 				if err == nil {
 					l.successes.Add(1)
-					for ok := l.lastOK.Load(); t0.UnixNano() > ok && !l.lastOK.CompareAndSwap(ok, t0.UnixNano()); ok = l.lastOK.Load() {
-					}
-					continue
+					storetest.RaiseTo(&l.lastOK, t0.UnixNano())
+					return false
 				}
 				l.failures.Add(1)
 				l.mu.Lock()
-				l.failLat = append(l.failLat, time.Since(t0))
+				l.failLat = append(l.failLat, took)
 				l.mu.Unlock()
 				if errors.Is(err, ErrOpen) {
 					l.fast.Add(1)
-				} else {
-					// Not failing fast: do not spin the CPU.
-					time.Sleep(time.Millisecond)
+					return false
 				}
-			}
+				return true // (not failing fast: do not spin the CPU)
+			})
 		})
 	}
 	return &wg
